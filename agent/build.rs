@@ -1,0 +1,49 @@
+//! Compiles the eBPF programs (the `retry-after-ebpf` crate) for the BPF target, so the agent
+//! can embed the object file. Needs `bpf-linker` on PATH (`cargo xtask setup` installs it).
+
+use anyhow::{Context as _, anyhow};
+use aya_build::Toolchain;
+
+const EBPF_PACKAGE: &str = "retry-after-ebpf";
+
+fn main() -> anyhow::Result<()> {
+    let cargo_metadata::Metadata { packages, .. } = cargo_metadata::MetadataCommand::new()
+        .no_deps()
+        .exec()
+        .context("cargo metadata")?;
+    let package = packages
+        .into_iter()
+        .find(|package| package.name.as_str() == EBPF_PACKAGE)
+        .ok_or_else(|| anyhow!("{EBPF_PACKAGE} package not found"))?;
+    let root_dir = package
+        .manifest_path
+        .parent()
+        .ok_or_else(|| anyhow!("no parent for {}", package.manifest_path))?;
+    // The eBPF crate is built with build-std and one unstable intrinsic (see its counters.rs);
+    // the pinned stable toolchain allows both with RUSTC_BOOTSTRAP, set only for that build.
+    // SAFETY: build scripts are single-threaded; nothing else reads the environment here.
+    unsafe { std::env::set_var("RUSTC_BOOTSTRAP", "1") };
+    let toolchain = pinned_toolchain().context("reading the channel from rust-toolchain.toml")?;
+    aya_build::build_ebpf(
+        [aya_build::Package {
+            name: EBPF_PACKAGE,
+            root_dir: root_dir.as_str(),
+            ..Default::default()
+        }],
+        Toolchain::Custom(Box::leak(toolchain.into_boxed_str())),
+    )
+}
+
+/// The channel named in the workspace's rust-toolchain.toml, so the eBPF crate is built by the
+/// same toolchain (and therefore the same LLVM) that bpf-linker was built against.
+fn pinned_toolchain() -> anyhow::Result<String> {
+    let manifest_dir = std::env::var("CARGO_MANIFEST_DIR")?;
+    let path = std::path::Path::new(&manifest_dir).join("../rust-toolchain.toml");
+    println!("cargo::rerun-if-changed={}", path.display());
+    let text = std::fs::read_to_string(&path)?;
+    text.lines()
+        .find_map(|line| line.trim().strip_prefix("channel"))
+        .and_then(|rest| rest.split('"').nth(1))
+        .map(str::to_owned)
+        .ok_or_else(|| anyhow!("no channel = \"...\" line in {}", path.display()))
+}

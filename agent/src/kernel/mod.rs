@@ -1,0 +1,426 @@
+//! All kernel access of the agent: loading and attaching the eBPF programs, editing the watch
+//! set, and reading counters and listener backlogs into a [`Snapshot`].
+//!
+//! Nothing outside this module talks to aya, BPF maps, cgroups or netlink. Dropping the
+//! [`Probe`] detaches every program (the attachments are BPF links owned by this process, so
+//! they also go away if the process dies).
+
+mod cgroup;
+mod listeners;
+
+use std::{collections::BTreeMap, path::PathBuf, time::Instant};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{HashMap, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues},
+    programs::{CgroupSkb, CgroupSkbAttachType, SockOps, links::CgroupAttachMode},
+    util::nr_cpus,
+};
+use retry_after_common::{
+    CONNECTIONS_MAP, CounterKey, ENDPOINT_COUNTERS_MAP, EndpointCounters, EndpointKey,
+    PROBE_STATS_MAP, ProbeStat, Side, WATCHED_ENDPOINTS_MAP, WatchValue,
+};
+
+use crate::{
+    endpoint::Endpoint,
+    snapshot::{EndpointSnapshot, ProbeStats, Snapshot},
+};
+
+pub use cgroup::find_cgroup2_root;
+pub use listeners::{ListenerBacklog, listener_backlogs};
+
+/// The compiled eBPF object, built by agent/build.rs.
+static EBPF_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/retry-after-ebpf"));
+
+/// Names of our programs, as the kernel lists them (`bpftool prog`).
+pub const PROGRAM_NAMES: [&str; 3] = ["ra_sockops", "ra_ingress", "ra_egress"];
+
+/// How the probe is loaded.
+#[derive(Clone, Debug, Default)]
+pub struct ProbeOptions {
+    /// The cgroup v2 directory to attach to; `None` finds the root of the mounted hierarchy.
+    pub cgroup: Option<PathBuf>,
+    /// Bound on tracked connections (the LRU size); `None` keeps the built-in default.
+    pub max_connections: Option<u32>,
+    /// Let the programs' debug-level log lines through to the agent's log.
+    pub debug_log: bool,
+}
+
+/// What went wrong in the kernel part of the agent.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// No cgroup v2 hierarchy is mounted (the programs attach to one).
+    #[error(
+        "no cgroup v2 hierarchy is mounted; mount one (mount -t cgroup2 none /sys/fs/cgroup/unified) or pass its path"
+    )]
+    NoCgroup2,
+    /// The cgroup directory could not be opened.
+    #[error("cannot open cgroup {path}")]
+    OpenCgroup {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The eBPF object could not be loaded (map creation, relocation).
+    #[error("cannot load the eBPF object (is the agent running as root, with CAP_BPF?)")]
+    Load(#[source] aya::EbpfError),
+    /// A program the object should contain is missing or of the wrong type.
+    #[error("eBPF program {name} is missing from the object or has the wrong type")]
+    MissingProgram {
+        /// Program name.
+        name: &'static str,
+    },
+    /// The kernel refused a program (the verifier log is in the source).
+    #[error("the kernel refused eBPF program {name}")]
+    Verify {
+        /// Program name.
+        name: &'static str,
+        /// The loader's error, with the verifier log.
+        #[source]
+        source: aya::programs::ProgramError,
+    },
+    /// A program could not be attached to the cgroup.
+    #[error(
+        "cannot attach {name} to cgroup {cgroup}: is another retry-after-agent (or another single-attach program) already attached there?"
+    )]
+    Attach {
+        /// Program name.
+        name: &'static str,
+        /// The cgroup directory.
+        cgroup: PathBuf,
+        /// The loader's error.
+        #[source]
+        source: aya::programs::ProgramError,
+    },
+    /// A map the object should contain is missing or of the wrong type.
+    #[error("eBPF map {name} is missing or has the wrong type")]
+    MissingMap {
+        /// Map name.
+        name: &'static str,
+        /// The loader's error.
+        #[source]
+        source: aya::maps::MapError,
+    },
+    /// Reading or writing a map failed.
+    #[error("{operation} on eBPF map {name} failed")]
+    Map {
+        /// What was being done.
+        operation: &'static str,
+        /// Map name.
+        name: &'static str,
+        /// The kernel's error.
+        #[source]
+        source: aya::maps::MapError,
+    },
+    /// The watch map is full.
+    #[error("cannot watch {endpoint}: {limit} endpoints are already watched")]
+    TooManyEndpoints {
+        /// The endpoint refused.
+        endpoint: Endpoint,
+        /// The limit.
+        limit: u32,
+    },
+    /// The number of possible CPUs (the size of per-CPU values) could not be read.
+    #[error("cannot read the number of possible CPUs")]
+    Cpus(#[source] std::io::Error),
+    /// Listener backlogs could not be read.
+    #[error("cannot read listener backlogs over sock_diag netlink")]
+    Netlink(#[source] std::io::Error),
+}
+
+/// The loaded, attached eBPF programs and their maps.
+pub struct Probe {
+    ebpf: Ebpf,
+    cgroup: PathBuf,
+    watched: BTreeMap<Endpoint, u32>,
+    next_generation: u32,
+    cpus: usize,
+}
+
+impl Probe {
+    /// Load the programs and attach them to the cgroup v2 root (or `options.cgroup`).
+    ///
+    /// # Errors
+    /// Any [`ProbeError`] but `Map`, `TooManyEndpoints` and `Netlink`.
+    pub fn attach(options: &ProbeOptions) -> Result<Self, ProbeError> {
+        let cgroup = match &options.cgroup {
+            Some(path) => path.clone(),
+            None => find_cgroup2_root().ok_or(ProbeError::NoCgroup2)?,
+        };
+        let cgroup_dir = std::fs::File::open(&cgroup).map_err(|source| ProbeError::OpenCgroup {
+            path: cgroup.clone(),
+            source,
+        })?;
+        // aya-log levels: 2 = warn, 4 = debug.
+        let log_level: u8 = if options.debug_log { 4 } else { 2 };
+        let mut loader = EbpfLoader::new();
+        loader.override_global("AYA_LOG_LEVEL", &log_level, false);
+        if let Some(max) = options.max_connections {
+            loader.map_max_entries(CONNECTIONS_MAP, max);
+        }
+        let mut ebpf = loader.load(EBPF_OBJECT).map_err(ProbeError::Load)?;
+
+        let [sockops, ingress, egress] = PROGRAM_NAMES;
+        let program: &mut SockOps = program_mut(&mut ebpf, sockops)?;
+        program.load().map_err(|source| ProbeError::Verify {
+            name: sockops,
+            source,
+        })?;
+        // A single attachment: the kernel here refuses AllowMultiple for sock_ops on the root.
+        program
+            .attach(&cgroup_dir, CgroupAttachMode::Single)
+            .map_err(|source| ProbeError::Attach {
+                name: sockops,
+                cgroup: cgroup.clone(),
+                source,
+            })?;
+        for (name, attach_type) in [
+            (ingress, CgroupSkbAttachType::Ingress),
+            (egress, CgroupSkbAttachType::Egress),
+        ] {
+            let program: &mut CgroupSkb = program_mut(&mut ebpf, name)?;
+            program
+                .load()
+                .map_err(|source| ProbeError::Verify { name, source })?;
+            program
+                .attach(&cgroup_dir, attach_type, CgroupAttachMode::Single)
+                .map_err(|source| ProbeError::Attach {
+                    name,
+                    cgroup: cgroup.clone(),
+                    source,
+                })?;
+        }
+        let cpus = nr_cpus()
+            .map_err(|(_, source)| ProbeError::Cpus(source))?
+            .get() as usize;
+        Ok(Self {
+            ebpf,
+            cgroup,
+            watched: BTreeMap::new(),
+            next_generation: 1,
+            cpus,
+        })
+    }
+
+    /// Hand the programs' log records to a forwarder (see `aya_log`); call once, right after
+    /// [`Probe::attach`]. Until it is called the records wait in their ring buffer.
+    ///
+    /// # Errors
+    /// The log map is missing from the object.
+    pub fn take_logger(
+        &mut self,
+    ) -> Result<aya_log::EbpfLogger<&'static dyn log::Log>, aya_log::Error> {
+        aya_log::EbpfLogger::init(&mut self.ebpf)
+    }
+
+    /// The cgroup the programs are attached to.
+    pub fn cgroup(&self) -> &std::path::Path {
+        &self.cgroup
+    }
+
+    /// Kernel ids of our loaded programs.
+    pub fn program_ids(&self) -> Vec<u32> {
+        self.ebpf
+            .programs()
+            .filter_map(|(_, program)| program.info().ok().map(|info| info.id()))
+            .collect()
+    }
+
+    /// The endpoints being watched.
+    pub fn watched(&self) -> impl Iterator<Item = &Endpoint> {
+        self.watched.keys()
+    }
+
+    /// Start counting connections to `endpoint` established from now on. Watching an endpoint
+    /// that is already watched changes nothing.
+    ///
+    /// # Errors
+    /// `TooManyEndpoints` when the watch map is full; `Map` if the kernel refuses the update.
+    pub fn watch(&mut self, endpoint: Endpoint) -> Result<(), ProbeError> {
+        if self.watched.contains_key(&endpoint) {
+            return Ok(());
+        }
+        let limit = retry_after_common::MAX_WATCHED_ENDPOINTS;
+        if self.watched.len() >= limit as usize {
+            return Err(ProbeError::TooManyEndpoints { endpoint, limit });
+        }
+        let key = endpoint.key();
+        let cpus = self.cpus;
+        let mut counters = self.counters_map_mut()?;
+        for side in Side::ALL {
+            let zeros = PerCpuValues::try_from(vec![EndpointCounters::default(); cpus])
+                .map_err(ProbeError::Cpus)?;
+            counters
+                .insert(&CounterKey::new(key, side), zeros, 0)
+                .map_err(|source| map_error("create counters", ENDPOINT_COUNTERS_MAP, source))?;
+        }
+        let generation = self.next_generation;
+        self.next_generation = self.next_generation.wrapping_add(1).max(1);
+        let mut watch = self.watch_map_mut()?;
+        watch
+            .insert(&key, &WatchValue { generation, pad: 0 }, 0)
+            .map_err(|source| map_error("add watch", WATCHED_ENDPOINTS_MAP, source))?;
+        self.watched.insert(endpoint, generation);
+        Ok(())
+    }
+
+    /// Stop counting `endpoint`: its connections stop counting at once and its counters are
+    /// dropped. Unwatching an endpoint that is not watched changes nothing.
+    ///
+    /// # Errors
+    /// `Map` if the kernel refuses the update.
+    pub fn unwatch(&mut self, endpoint: &Endpoint) -> Result<(), ProbeError> {
+        if self.watched.remove(endpoint).is_none() {
+            return Ok(());
+        }
+        let key = endpoint.key();
+        let mut watch = self.watch_map_mut()?;
+        watch
+            .remove(&key)
+            .map_err(|source| map_error("remove watch", WATCHED_ENDPOINTS_MAP, source))?;
+        let mut counters = self.counters_map_mut()?;
+        for side in Side::ALL {
+            counters
+                .remove(&CounterKey::new(key, side))
+                .map_err(|source| map_error("remove counters", ENDPOINT_COUNTERS_MAP, source))?;
+        }
+        Ok(())
+    }
+
+    /// Read every watched endpoint's counters (both sides) and listener backlogs.
+    ///
+    /// # Errors
+    /// `Map` if a counters entry cannot be read; `Netlink` if backlogs cannot be read.
+    pub fn read(&self) -> Result<Snapshot, ProbeError> {
+        let taken_at = Instant::now();
+        let backlogs = listener_backlogs().map_err(ProbeError::Netlink)?;
+        let counters = self.counters_map()?;
+        let mut endpoints = Vec::with_capacity(self.watched.len() * 2);
+        for endpoint in self.watched.keys() {
+            for side in Side::ALL {
+                let per_cpu = counters
+                    .get(&CounterKey::new(endpoint.key(), side), 0)
+                    .map_err(|source| map_error("read counters", ENDPOINT_COUNTERS_MAP, source))?;
+                let counters = per_cpu
+                    .iter()
+                    .fold(EndpointCounters::default(), |sum, cpu| sum.add(cpu));
+                let accept_backlog = match side {
+                    Side::Server => Some(
+                        backlogs
+                            .iter()
+                            .filter(|listener| listener.serves(endpoint))
+                            .map(|listener| listener.queued)
+                            .sum(),
+                    ),
+                    Side::Client => None,
+                };
+                endpoints.push(EndpointSnapshot {
+                    endpoint: *endpoint,
+                    side,
+                    counters,
+                    accept_backlog,
+                });
+            }
+        }
+        Ok(Snapshot {
+            taken_at,
+            endpoints,
+            probe: self.probe_stats()?,
+        })
+    }
+
+    fn probe_stats(&self) -> Result<ProbeStats, ProbeError> {
+        let map = self
+            .ebpf
+            .map(PROBE_STATS_MAP)
+            .ok_or_else(|| missing(PROBE_STATS_MAP))?;
+        let stats: PerCpuArray<&MapData, u64> =
+            PerCpuArray::try_from(map).map_err(|source| ProbeError::MissingMap {
+                name: PROBE_STATS_MAP,
+                source,
+            })?;
+        let read = |stat: ProbeStat| -> Result<u64, ProbeError> {
+            let values = stats
+                .get(&(stat as u32), 0)
+                .map_err(|source| map_error("read", PROBE_STATS_MAP, source))?;
+            Ok(values.iter().sum())
+        };
+        Ok(ProbeStats {
+            connections_untracked: read(ProbeStat::ConnectionsUntracked)?,
+            state_callback_refused: read(ProbeStat::StateCallbackRefused)?,
+            packets_unparsed: read(ProbeStat::PacketsUnparsed)?,
+        })
+    }
+
+    fn counters_map(
+        &self,
+    ) -> Result<PerCpuHashMap<&MapData, CounterKey, EndpointCounters>, ProbeError> {
+        let map = self
+            .ebpf
+            .map(ENDPOINT_COUNTERS_MAP)
+            .ok_or_else(|| missing(ENDPOINT_COUNTERS_MAP))?;
+        PerCpuHashMap::try_from(map).map_err(|source| ProbeError::MissingMap {
+            name: ENDPOINT_COUNTERS_MAP,
+            source,
+        })
+    }
+
+    fn counters_map_mut(
+        &mut self,
+    ) -> Result<PerCpuHashMap<&mut MapData, CounterKey, EndpointCounters>, ProbeError> {
+        let map = self
+            .ebpf
+            .map_mut(ENDPOINT_COUNTERS_MAP)
+            .ok_or_else(|| missing(ENDPOINT_COUNTERS_MAP))?;
+        PerCpuHashMap::try_from(map).map_err(|source| ProbeError::MissingMap {
+            name: ENDPOINT_COUNTERS_MAP,
+            source,
+        })
+    }
+
+    fn watch_map_mut(
+        &mut self,
+    ) -> Result<HashMap<&mut MapData, EndpointKey, WatchValue>, ProbeError> {
+        let map = self
+            .ebpf
+            .map_mut(WATCHED_ENDPOINTS_MAP)
+            .ok_or_else(|| missing(WATCHED_ENDPOINTS_MAP))?;
+        HashMap::try_from(map).map_err(|source| ProbeError::MissingMap {
+            name: WATCHED_ENDPOINTS_MAP,
+            source,
+        })
+    }
+}
+
+fn program_mut<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut T, ProbeError>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program>,
+{
+    ebpf.program_mut(name)
+        .and_then(|program| program.try_into().ok())
+        .ok_or(ProbeError::MissingProgram { name })
+}
+
+fn missing(name: &'static str) -> ProbeError {
+    ProbeError::MissingMap {
+        name,
+        source: aya::maps::MapError::InvalidName {
+            name: name.to_owned(),
+        },
+    }
+}
+
+fn map_error(
+    operation: &'static str,
+    name: &'static str,
+    source: aya::maps::MapError,
+) -> ProbeError {
+    ProbeError::Map {
+        operation,
+        name,
+        source,
+    }
+}

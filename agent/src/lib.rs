@@ -1,0 +1,12 @@
+//! retry-after-agent: computes Retry-After for load-shedding proxies from backend load that
+//! eBPF programs observe in the kernel.
+//!
+//! Data flows kernel → [`kernel::Probe`] (BPF maps) → [`snapshot::Snapshot`] each tick → the
+//! estimator → the proxy. See docs/architecture.md.
+
+pub mod config;
+pub mod endpoint;
+pub mod kernel;
+pub mod run;
+pub mod shutdown;
+pub mod snapshot;

@@ -1,0 +1,60 @@
+//! What the agent reads from the kernel on each tick: the estimator's only input from the
+//! kernel side.
+
+use std::time::Instant;
+
+use retry_after_common::{EndpointCounters, Side};
+
+use crate::endpoint::Endpoint;
+
+/// The counters of one watched endpoint seen from one side.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EndpointSnapshot {
+    /// The watched endpoint.
+    pub endpoint: Endpoint,
+    /// Server side (a local listener) or client side (connections this node opened).
+    pub side: Side,
+    /// Exact counters since the endpoint was watched (summed over CPUs).
+    pub counters: EndpointCounters,
+    /// Server side: connections waiting in the accept queues of listeners serving this
+    /// endpoint. Client side: `None` (the remote backlog cannot be seen from here).
+    pub accept_backlog: Option<u32>,
+}
+
+impl EndpointSnapshot {
+    /// Requests begun and not yet answered or abandoned.
+    pub fn in_flight(&self) -> u64 {
+        self.counters.in_flight()
+    }
+}
+
+/// Probe-wide counters of data the programs could not handle.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProbeStats {
+    /// Watched connections that could not be tracked (connection map full or failing).
+    pub connections_untracked: u64,
+    /// Watched connections whose close is not reported (state callback refused).
+    pub state_callback_refused: u64,
+    /// Segments of tracked connections whose headers could not be read.
+    pub packets_unparsed: u64,
+}
+
+/// Every watched endpoint, both sides, read at one moment.
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    /// When the counters were read.
+    pub taken_at: Instant,
+    /// One entry per watched endpoint and side.
+    pub endpoints: Vec<EndpointSnapshot>,
+    /// Probe-wide counters.
+    pub probe: ProbeStats,
+}
+
+impl Snapshot {
+    /// The counters of `endpoint` from `side`, if it is watched.
+    pub fn endpoint(&self, endpoint: &Endpoint, side: Side) -> Option<&EndpointSnapshot> {
+        self.endpoints
+            .iter()
+            .find(|snapshot| snapshot.endpoint == *endpoint && snapshot.side == side)
+    }
+}

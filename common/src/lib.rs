@@ -1,0 +1,210 @@
+//! Types shared by the eBPF programs and the agent, and the request/response turn state
+//! machine that both sides agree on.
+//!
+//! Everything here is `#![no_std]`, `#[repr(C)]` and free of pointers, so the same bytes mean
+//! the same thing in a BPF map and in the agent. With the `user` feature the types implement
+//! `aya::Pod`, which lets the agent read and write them through aya's map API.
+
+#![no_std]
+
+pub mod turn;
+
+/// Name of the map of watched endpoints: [`EndpointKey`] → [`WatchValue`].
+pub const WATCHED_ENDPOINTS_MAP: &str = "WATCHED_ENDPOINTS";
+/// Name of the per-CPU counters map: [`CounterKey`] → [`EndpointCounters`].
+pub const ENDPOINT_COUNTERS_MAP: &str = "ENDPOINT_COUNTERS";
+/// Name of the per-connection state map: socket cookie (`u64`) → [`ConnState`].
+pub const CONNECTIONS_MAP: &str = "CONNECTIONS";
+/// Name of the per-CPU array of probe-wide counters, indexed by [`ProbeStat`].
+pub const PROBE_STATS_MAP: &str = "PROBE_STATS";
+
+/// How many connections the kernel tracks at once (the LRU bound of [`CONNECTIONS_MAP`]).
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 65_536;
+/// How many endpoints can be watched at once.
+pub const MAX_WATCHED_ENDPOINTS: u32 = 1_024;
+
+/// A watched backend endpoint.
+///
+/// `addr` is an IPv6 address; IPv4 addresses are stored IPv4-mapped (`::ffff:a.b.c.d`), which
+/// is also how the kernel reports IPv4 peers of dual-stack sockets. An all-zero `addr` is a
+/// port-only wildcard: it matches that port on any address. `port` is in host byte order.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EndpointKey {
+    /// IPv6 or IPv4-mapped address, network byte order; all zero for "any address".
+    pub addr: [u8; 16],
+    /// TCP port, host byte order.
+    pub port: u16,
+    /// Always zero (explicit padding, so keys compare byte for byte).
+    pub pad: u16,
+}
+
+impl EndpointKey {
+    /// An endpoint from an IPv6 (or IPv4-mapped) address and a port.
+    pub const fn new(addr: [u8; 16], port: u16) -> Self {
+        Self { addr, port, pad: 0 }
+    }
+
+    /// An endpoint from an IPv4 address (network byte order octets) and a port.
+    pub const fn from_ipv4(octets: [u8; 4], port: u16) -> Self {
+        let [a, b, c, d] = octets;
+        Self::new([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, a, b, c, d], port)
+    }
+
+    /// The port-only wildcard for `port`: matches every address.
+    pub const fn any_address(port: u16) -> Self {
+        Self::new([0; 16], port)
+    }
+
+    /// True for a port-only wildcard.
+    pub const fn is_wildcard(&self) -> bool {
+        let mut i = 0;
+        while i < 16 {
+            if self.addr[i] != 0 {
+                return false;
+            }
+            i += 1;
+        }
+        true
+    }
+}
+
+/// Value of a watched endpoint. The generation changes each time the endpoint is (re)added,
+/// so a connection opened under an earlier watch of the same endpoint stops counting instead
+/// of resuming mid-turn.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WatchValue {
+    /// Incremented by the agent on every add; never zero for a live watch.
+    pub generation: u32,
+    /// Always zero.
+    pub pad: u32,
+}
+
+/// From which end of a connection the kernel sees it.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Side {
+    /// The watched endpoint is a local listener; connections are accepted here.
+    Server = 0,
+    /// The watched endpoint is remote; a local process opened the connection to it.
+    Client = 1,
+}
+
+impl Side {
+    /// Both sides, server first.
+    pub const ALL: [Side; 2] = [Side::Server, Side::Client];
+
+    /// Lower-case name, as used in metrics labels and logs.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Side::Server => "server",
+            Side::Client => "client",
+        }
+    }
+}
+
+/// Key of the counters map: one set of counters per watched endpoint and side.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CounterKey {
+    /// The watch entry that matched (exact or wildcard).
+    pub endpoint: EndpointKey,
+    /// The vantage point: `Side as u32`.
+    pub side: u32,
+}
+
+impl CounterKey {
+    /// The counters of `endpoint` seen from `side`.
+    pub const fn new(endpoint: EndpointKey, side: Side) -> Self {
+        Self {
+            endpoint,
+            side: side as u32,
+        }
+    }
+}
+
+/// Exact, monotonically increasing counters of one endpoint from one side (one copy per CPU in
+/// the map; the agent sums them).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EndpointCounters {
+    /// Connections accepted (server side) or opened (client side) while watched.
+    pub connections_opened: u64,
+    /// Of those, connections that have closed.
+    pub connections_closed: u64,
+    /// Request turns begun: first client→server payload after the previous response.
+    pub requests_started: u64,
+    /// Request turns whose server→client payload completed (see [`turn`]).
+    pub responses_completed: u64,
+    /// Request turns ended by the connection closing before any response byte.
+    pub requests_abandoned: u64,
+    /// Client→server payload bytes (new bytes only; retransmissions are not counted).
+    pub request_bytes: u64,
+    /// Server→client payload bytes seen during response turns.
+    pub response_bytes: u64,
+}
+
+impl EndpointCounters {
+    /// Requests begun and not yet answered or abandoned.
+    pub const fn in_flight(&self) -> u64 {
+        self.requests_started
+            .saturating_sub(self.responses_completed)
+            .saturating_sub(self.requests_abandoned)
+    }
+
+    /// Field-wise sum, used to add up per-CPU copies.
+    pub const fn add(&self, other: &Self) -> Self {
+        Self {
+            connections_opened: self.connections_opened + other.connections_opened,
+            connections_closed: self.connections_closed + other.connections_closed,
+            requests_started: self.requests_started + other.requests_started,
+            responses_completed: self.responses_completed + other.responses_completed,
+            requests_abandoned: self.requests_abandoned + other.requests_abandoned,
+            request_bytes: self.request_bytes + other.request_bytes,
+            response_bytes: self.response_bytes + other.response_bytes,
+        }
+    }
+}
+
+/// Per-connection state, keyed by socket cookie (unique for the life of the boot, so a socket
+/// whose memory is reused after close never inherits another connection's state).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnState {
+    /// Which counters this connection feeds.
+    pub counters: CounterKey,
+    /// The watch generation the connection was opened under.
+    pub generation: u32,
+    /// The request/response turn of this connection.
+    pub turn: turn::Turn,
+}
+
+/// Probe-wide counters, one slot each in [`PROBE_STATS_MAP`].
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProbeStat {
+    /// A watched connection could not be tracked (connection map insert failed).
+    ConnectionsUntracked = 0,
+    /// A watched connection did not accept the state callback flag; its close is only seen
+    /// when the LRU evicts it.
+    StateCallbackRefused = 1,
+    /// Packets of tracked connections whose headers could not be read.
+    PacketsUnparsed = 2,
+}
+
+/// Number of slots in [`PROBE_STATS_MAP`].
+pub const PROBE_STATS_LEN: u32 = 3;
+
+#[cfg(feature = "user")]
+mod pod {
+    use super::*;
+
+    // SAFETY: all of these are #[repr(C)], contain only integers and explicit padding fields,
+    // and every bit pattern is a valid value.
+    unsafe impl aya::Pod for EndpointKey {}
+    unsafe impl aya::Pod for WatchValue {}
+    unsafe impl aya::Pod for CounterKey {}
+    unsafe impl aya::Pod for EndpointCounters {}
+    unsafe impl aya::Pod for ConnState {}
+}

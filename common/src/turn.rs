@@ -1,0 +1,259 @@
+//! Request/response turn-taking on one TCP connection.
+//!
+//! The kernel shows us TCP segments, not requests. A request/response protocol (HTTP/1.x,
+//! Redis, memcached) takes turns: the client sends a request, the server answers, and only then
+//! does the client send the next one. So, per connection:
+//!
+//! * a **request starts** with the first new client→server payload byte after the previous
+//!   response (or on a fresh connection);
+//! * a **response completes** when its turn is over: the client sends the next request, the
+//!   connection closes, or the connection goes quiet with every server→client byte of the turn
+//!   acknowledged by the client (the ACK that covers the last response byte).
+//!
+//! The same segments are seen from both ends (server: requests in, responses out; client: the
+//! reverse), so both vantage points reach the same counts. Retransmitted bytes are recognised
+//! by sequence number and never start a second turn.
+//!
+//! Where this falls short: pipelined requests (several sent before the first answer) count as
+//! one turn; multiplexed protocols (HTTP/2, gRPC) interleave streams on one connection and
+//! count as one long turn per burst; a streamed response that pauses long enough for the
+//! client to acknowledge everything sent so far completes at that pause, and later chunks of
+//! it are not counted again.
+//!
+//! This module is plain integer code so the eBPF programs can run it and host tests can check
+//! it.
+
+/// No request is open.
+pub const PHASE_IDLE: u8 = 0;
+/// A request is arriving or being processed; no response byte yet.
+pub const PHASE_REQUEST: u8 = 1;
+/// Response bytes are flowing.
+pub const PHASE_RESPONSE: u8 = 2;
+
+const HAVE_REQUEST_END: u8 = 1;
+
+/// The turn state of one connection.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Turn {
+    /// One of `PHASE_IDLE`, `PHASE_REQUEST`, `PHASE_RESPONSE`.
+    pub phase: u8,
+    /// Bit flags (whether `request_end` is set).
+    pub flags: u8,
+    /// Always zero.
+    pub pad: u16,
+    /// Sequence number just past the highest client→server byte seen.
+    pub request_end: u32,
+    /// Sequence number just past the highest server→client byte of the current response.
+    pub response_end: u32,
+}
+
+/// What one event did to the counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TurnDelta {
+    /// Requests started by this event (0 or 1).
+    pub started: u8,
+    /// Responses completed by this event (0 or 1).
+    pub completed: u8,
+    /// Requests abandoned by this event (0 or 1).
+    pub abandoned: u8,
+    /// New client→server payload bytes.
+    pub request_bytes: u32,
+    /// Server→client payload bytes counted toward a response.
+    pub response_bytes: u32,
+}
+
+/// True if sequence number `a` is after `b`, modulo 2^32 (RFC 793 comparison).
+#[inline(always)]
+pub const fn seq_after(a: u32, b: u32) -> bool {
+    (a.wrapping_sub(b) as i32) > 0
+}
+
+impl Turn {
+    /// A client→server segment: `len` payload bytes at `seq`, and the acknowledgement number
+    /// it carries (`None` if the ACK flag is clear).
+    #[inline(always)]
+    pub fn on_client_segment(&mut self, seq: u32, len: u32, ack: Option<u32>) -> TurnDelta {
+        let mut delta = TurnDelta::default();
+        if len > 0 {
+            self.on_request_payload(seq, len, &mut delta);
+        }
+        if let Some(ack) = ack {
+            self.on_response_ack(ack, &mut delta);
+        }
+        delta
+    }
+
+    /// A server→client segment: `len` payload bytes at `seq`.
+    #[inline(always)]
+    pub fn on_server_segment(&mut self, seq: u32, len: u32) -> TurnDelta {
+        let mut delta = TurnDelta::default();
+        if len == 0 {
+            return delta;
+        }
+        let end = seq.wrapping_add(len);
+        match self.phase {
+            PHASE_REQUEST => {
+                self.phase = PHASE_RESPONSE;
+                self.response_end = end;
+                delta.response_bytes = len;
+            }
+            PHASE_RESPONSE if seq_after(end, self.response_end) => {
+                delta.response_bytes = end.wrapping_sub(self.response_end).min(len);
+                self.response_end = end;
+            }
+            // Retransmitted response bytes, or server bytes outside a turn (a greeting, or the
+            // tail of a response that already completed at a pause): nothing to count.
+            _ => {}
+        }
+        delta
+    }
+
+    /// The connection closed (the socket reached TCP_CLOSE).
+    #[inline(always)]
+    pub fn on_close(&mut self) -> TurnDelta {
+        let mut delta = TurnDelta::default();
+        match self.phase {
+            PHASE_REQUEST => delta.abandoned = 1,
+            PHASE_RESPONSE => delta.completed = 1,
+            _ => {}
+        }
+        self.phase = PHASE_IDLE;
+        delta
+    }
+
+    #[inline(always)]
+    fn on_request_payload(&mut self, seq: u32, len: u32, delta: &mut TurnDelta) {
+        let end = seq.wrapping_add(len);
+        let new_bytes = if self.flags & HAVE_REQUEST_END == 0 {
+            len
+        } else if seq_after(end, self.request_end) {
+            end.wrapping_sub(self.request_end).min(len)
+        } else {
+            // Every byte of this segment was seen before: a retransmission.
+            return;
+        };
+        self.flags |= HAVE_REQUEST_END;
+        self.request_end = end;
+        delta.request_bytes = new_bytes;
+        match self.phase {
+            PHASE_IDLE => {
+                self.phase = PHASE_REQUEST;
+                delta.started = 1;
+            }
+            PHASE_RESPONSE => {
+                self.phase = PHASE_REQUEST;
+                delta.completed = 1;
+                delta.started = 1;
+            }
+            // More of the same request (or a pipelined one: see the module docs).
+            _ => {}
+        }
+    }
+
+    #[inline(always)]
+    fn on_response_ack(&mut self, ack: u32, delta: &mut TurnDelta) {
+        if self.phase == PHASE_RESPONSE && !seq_after(self.response_end, ack) {
+            self.phase = PHASE_IDLE;
+            delta.completed = 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ACK: Option<u32> = Some(0);
+
+    #[test]
+    fn one_turn_completes_when_the_response_is_acknowledged() {
+        let mut t = Turn::default();
+        let d = t.on_client_segment(100, 50, ACK);
+        assert_eq!((d.started, d.completed, d.request_bytes), (1, 0, 50));
+        assert_eq!(t.phase, PHASE_REQUEST);
+        let d = t.on_server_segment(1000, 200);
+        assert_eq!((d.started, d.completed, d.response_bytes), (0, 0, 200));
+        // An ACK short of the end keeps the turn open.
+        let d = t.on_client_segment(150, 0, Some(1100));
+        assert_eq!(d, TurnDelta::default());
+        let d = t.on_client_segment(150, 0, Some(1200));
+        assert_eq!(d.completed, 1);
+        assert_eq!(t.phase, PHASE_IDLE);
+    }
+
+    #[test]
+    fn next_request_completes_the_previous_response() {
+        let mut t = Turn::default();
+        t.on_client_segment(0, 10, None);
+        t.on_server_segment(0, 10);
+        // The next request carries an ACK of the whole response; it counts once.
+        let d = t.on_client_segment(10, 10, Some(10));
+        assert_eq!((d.started, d.completed), (1, 1));
+        assert_eq!(t.phase, PHASE_REQUEST);
+    }
+
+    #[test]
+    fn multi_segment_request_and_response_count_once() {
+        let mut t = Turn::default();
+        let mut started = 0;
+        let mut completed = 0;
+        for i in 0..5u32 {
+            let d = t.on_client_segment(i * 1000, 1000, Some(0));
+            started += d.started;
+        }
+        for i in 0..5u32 {
+            let d = t.on_server_segment(i * 1000, 1000);
+            completed += d.completed;
+            let d = t.on_client_segment(5000, 0, Some(i * 1000 + 500));
+            completed += d.completed;
+        }
+        let d = t.on_client_segment(5000, 0, Some(5000));
+        completed += d.completed;
+        assert_eq!((started, completed), (1, 1));
+    }
+
+    #[test]
+    fn retransmitted_request_bytes_do_not_start_a_turn() {
+        let mut t = Turn::default();
+        t.on_client_segment(0, 100, None);
+        t.on_server_segment(0, 10);
+        let d = t.on_client_segment(0, 100, None);
+        assert_eq!(d, TurnDelta::default());
+        assert_eq!(t.phase, PHASE_RESPONSE);
+        // Partly new bytes: only the new ones count, and they start a turn.
+        let d = t.on_client_segment(50, 100, None);
+        assert_eq!((d.started, d.completed, d.request_bytes), (1, 1, 50));
+    }
+
+    #[test]
+    fn close_ends_the_open_turn() {
+        let mut t = Turn::default();
+        t.on_client_segment(0, 1, None);
+        assert_eq!(t.on_close().abandoned, 1);
+        let mut t = Turn::default();
+        t.on_client_segment(0, 1, None);
+        t.on_server_segment(0, 1);
+        assert_eq!(t.on_close().completed, 1);
+        let mut t = Turn::default();
+        assert_eq!(t.on_close(), TurnDelta::default());
+    }
+
+    #[test]
+    fn sequence_numbers_wrap() {
+        let mut t = Turn::default();
+        t.on_client_segment(u32::MAX - 5, 10, None);
+        let d = t.on_server_segment(u32::MAX - 1, 4);
+        assert_eq!(d.response_bytes, 4);
+        assert_eq!(t.on_client_segment(4, 0, Some(2)).completed, 1);
+        assert!(seq_after(3, u32::MAX));
+        assert!(!seq_after(u32::MAX, 3));
+    }
+
+    #[test]
+    fn server_bytes_outside_a_turn_are_ignored() {
+        let mut t = Turn::default();
+        assert_eq!(t.on_server_segment(0, 100), TurnDelta::default());
+        assert_eq!(t.phase, PHASE_IDLE);
+    }
+}

@@ -1,0 +1,264 @@
+//! The eBPF programs of retry-after-agent.
+//!
+//! Three programs, all attached to the root of the cgroup v2 hierarchy, so they see every
+//! TCP socket on the node without touching any application:
+//!
+//! * `ra_sockops` (sock_ops): a connection to or from a watched endpoint is established →
+//!   count it, start tracking it by socket cookie, and ask for state callbacks; it reaches
+//!   TCP_CLOSE → close its open turn, count the close, forget it.
+//! * `ra_ingress` / `ra_egress` (cgroup_skb): every TCP segment a tracked socket receives or
+//!   sends → feed the turn state machine of `retry_after_common::turn`. Segments are seen as
+//!   they arrive, before the application reads them, so a request waiting unread in a socket
+//!   buffer is already counted.
+//!
+//! The programs only observe: every path returns "allow", whatever happens.
+
+#![no_std]
+#![no_main]
+// Atomic adds (see counters.rs); the eBPF build enables unstable features for this crate.
+#![allow(internal_features)]
+#![feature(core_intrinsics)]
+
+mod counters;
+mod packet;
+
+use core::ptr::read_volatile;
+
+use aya_ebpf::{
+    EbpfContext,
+    bindings::{
+        BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB,
+        BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG, BPF_TCP_CLOSE,
+    },
+    helpers::bpf_get_socket_cookie,
+    macros::{cgroup_skb, map, sock_ops},
+    maps::{HashMap, LruHashMap, PerCpuArray, PerCpuHashMap},
+    programs::{SkBuffContext, SockOpsContext},
+};
+use aya_log_ebpf::{debug, warn};
+use retry_after_common::{
+    ConnState, CounterKey, DEFAULT_MAX_CONNECTIONS, EndpointCounters, EndpointKey,
+    MAX_WATCHED_ENDPOINTS, PROBE_STATS_LEN, ProbeStat, Side, WatchValue, turn::Turn,
+};
+
+/// Endpoints to observe; edited by the agent at run time.
+#[map]
+static WATCHED_ENDPOINTS: HashMap<EndpointKey, WatchValue> =
+    HashMap::with_max_entries(MAX_WATCHED_ENDPOINTS, 0);
+
+/// Counters per watched endpoint and side. The agent creates an entry when it adds a watch;
+/// the programs only ever increment existing entries.
+#[map]
+static ENDPOINT_COUNTERS: PerCpuHashMap<CounterKey, EndpointCounters> =
+    PerCpuHashMap::with_max_entries(MAX_WATCHED_ENDPOINTS * 2, 0);
+
+/// Tracked connections by socket cookie. Entries are removed on close; the LRU bound keeps a
+/// missed close from leaking memory.
+#[map]
+static CONNECTIONS: LruHashMap<u64, ConnState> =
+    LruHashMap::with_max_entries(DEFAULT_MAX_CONNECTIONS, 0);
+
+/// Probe-wide counters of things that went wrong (see `ProbeStat`).
+#[map]
+static PROBE_STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(PROBE_STATS_LEN, 0);
+
+const AF_INET: u32 = 2;
+const AF_INET6: u32 = 10;
+
+/// Connection establishment and close.
+#[sock_ops]
+fn ra_sockops(ctx: SockOpsContext) -> u32 {
+    match ctx.op() {
+        BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB => on_established(&ctx, Side::Server),
+        BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB => on_established(&ctx, Side::Client),
+        BPF_SOCK_OPS_STATE_CB if ctx.arg(1) == BPF_TCP_CLOSE => on_close(&ctx),
+        _ => {}
+    }
+    // sock_ops return values are ignored for these callbacks; 1 means "handled".
+    1
+}
+
+/// A segment arrives at a local socket.
+#[cgroup_skb(ingress)]
+fn ra_ingress(ctx: SkBuffContext) -> i32 {
+    on_segment(&ctx, true);
+    1
+}
+
+/// A local socket sends a segment.
+#[cgroup_skb(egress)]
+fn ra_egress(ctx: SkBuffContext) -> i32 {
+    on_segment(&ctx, false);
+    1
+}
+
+/// The endpoint a new connection belongs to, from the side it is seen: the local address for
+/// an accepted connection, the remote one for a connection this node opened.
+fn endpoint_of(ctx: &SockOpsContext, side: Side) -> Option<EndpointKey> {
+    // The verifier only accepts context loads at a constant offset from the context pointer.
+    // Reading every field unconditionally, each with its own volatile load, keeps the compiler
+    // from selecting between field pointers (which the verifier rejects) and selects between
+    // the loaded values instead.
+    let ops = ctx.ops;
+    // SAFETY: `ops` is the sock_ops context the kernel passed in; these are plain u32 fields.
+    let (family, local_port, remote_port, local_ip4, remote_ip4) = unsafe {
+        (
+            read_volatile(&raw const (*ops).family),
+            read_volatile(&raw const (*ops).local_port),
+            read_volatile(&raw const (*ops).remote_port),
+            read_volatile(&raw const (*ops).local_ip4),
+            read_volatile(&raw const (*ops).remote_ip4),
+        )
+    };
+    let mut local_ip6 = [0u32; 4];
+    let mut remote_ip6 = [0u32; 4];
+    if family == AF_INET6 {
+        // SAFETY: as above.
+        unsafe {
+            local_ip6[0] = read_volatile(&raw const (*ops).local_ip6[0]);
+            local_ip6[1] = read_volatile(&raw const (*ops).local_ip6[1]);
+            local_ip6[2] = read_volatile(&raw const (*ops).local_ip6[2]);
+            local_ip6[3] = read_volatile(&raw const (*ops).local_ip6[3]);
+            remote_ip6[0] = read_volatile(&raw const (*ops).remote_ip6[0]);
+            remote_ip6[1] = read_volatile(&raw const (*ops).remote_ip6[1]);
+            remote_ip6[2] = read_volatile(&raw const (*ops).remote_ip6[2]);
+            remote_ip6[3] = read_volatile(&raw const (*ops).remote_ip6[3]);
+        }
+    }
+    let (ip4, ip6, port) = match side {
+        Side::Server => (local_ip4, local_ip6, local_port as u16),
+        // remote_port holds the port in network byte order in its upper 16 bits.
+        Side::Client => (remote_ip4, remote_ip6, u32::from_be(remote_port) as u16),
+    };
+    match family {
+        AF_INET => Some(EndpointKey::from_ipv4(ip4.to_ne_bytes(), port)),
+        AF_INET6 => {
+            let mut addr = [0u8; 16];
+            let mut i = 0;
+            while i < 4 {
+                let word = ip6[i].to_ne_bytes();
+                addr[i * 4] = word[0];
+                addr[i * 4 + 1] = word[1];
+                addr[i * 4 + 2] = word[2];
+                addr[i * 4 + 3] = word[3];
+                i += 1;
+            }
+            Some(EndpointKey::new(addr, port))
+        }
+        _ => None,
+    }
+}
+
+/// The watch entry matching `endpoint`: the exact address first, then the port wildcard.
+fn matching_watch(endpoint: &EndpointKey) -> Option<(EndpointKey, WatchValue)> {
+    // SAFETY: the value is copied out at once; the map holds plain integers.
+    if let Some(watch) = unsafe { WATCHED_ENDPOINTS.get(endpoint) } {
+        return Some((*endpoint, *watch));
+    }
+    let wildcard = EndpointKey::any_address(endpoint.port);
+    unsafe { WATCHED_ENDPOINTS.get(&wildcard) }.map(|watch| (wildcard, *watch))
+}
+
+fn on_established(ctx: &SockOpsContext, side: Side) {
+    let Some(endpoint) = endpoint_of(ctx, side) else {
+        return;
+    };
+    let Some((watched, watch)) = matching_watch(&endpoint) else {
+        return;
+    };
+    let key = CounterKey::new(watched, side);
+    // SAFETY: the helper only reads the context it is given.
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    let conn = ConnState {
+        counters: key,
+        generation: watch.generation,
+        turn: Turn::default(),
+    };
+    if CONNECTIONS.insert(&cookie, &conn, 0).is_err() {
+        counters::probe_stat(&PROBE_STATS, ProbeStat::ConnectionsUntracked);
+        warn!(ctx, "cannot track connection on port {}", endpoint.port);
+        return;
+    }
+    if ctx
+        .set_cb_flags((ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG) as i32)
+        .is_err()
+    {
+        counters::probe_stat(&PROBE_STATS, ProbeStat::StateCallbackRefused);
+    }
+    if let Some(c) = ENDPOINT_COUNTERS.get_ptr_mut(&key) {
+        // SAFETY: `c` points into this CPU's copy of a live map value.
+        unsafe { counters::add(&mut (*c).connections_opened, 1) };
+    }
+    debug!(
+        ctx,
+        "tracking {} connection on port {}", side as u32, endpoint.port
+    );
+}
+
+fn on_close(ctx: &SockOpsContext) {
+    // SAFETY: the helper only reads the context it is given.
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    let Some(conn) = CONNECTIONS.get_ptr_mut(&cookie) else {
+        return;
+    };
+    // SAFETY: `conn` points at a live value of CONNECTIONS; it is removed only below.
+    let conn = unsafe { &mut *conn };
+    if let Some(c) = live_counters(conn) {
+        let delta = conn.turn.on_close();
+        // SAFETY: `c` points into this CPU's copy of a live map value.
+        unsafe {
+            counters::apply(c, &delta);
+            counters::add(&mut (*c).connections_closed, 1);
+        }
+    }
+    let _ = CONNECTIONS.remove(&cookie);
+}
+
+/// The counters a tracked connection feeds, or `None` if its watch was removed or replaced
+/// since it was opened.
+fn live_counters(conn: &ConnState) -> Option<*mut EndpointCounters> {
+    let watch = unsafe { WATCHED_ENDPOINTS.get(&conn.counters.endpoint) }?;
+    if watch.generation != conn.generation {
+        return None;
+    }
+    ENDPOINT_COUNTERS.get_ptr_mut(&conn.counters)
+}
+
+fn on_segment(ctx: &SkBuffContext, ingress: bool) {
+    // SAFETY: the helper only reads the context it is given.
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    let Some(conn) = CONNECTIONS.get_ptr_mut(&cookie) else {
+        return;
+    };
+    let Some(segment) = packet::parse_tcp(ctx) else {
+        counters::probe_stat(&PROBE_STATS, ProbeStat::PacketsUnparsed);
+        return;
+    };
+    // SAFETY: `conn` points at a live value of CONNECTIONS.
+    let conn = unsafe { &mut *conn };
+    let Some(c) = live_counters(conn) else {
+        let _ = CONNECTIONS.remove(&cookie);
+        return;
+    };
+    // Which way the segment travels between client and server.
+    let from_client = (conn.counters.side == Side::Server as u32) == ingress;
+    let delta = if from_client {
+        conn.turn
+            .on_client_segment(segment.seq, segment.payload_len, segment.ack)
+    } else {
+        conn.turn
+            .on_server_segment(segment.seq, segment.payload_len)
+    };
+    // SAFETY: `c` points into this CPU's copy of a live map value.
+    unsafe { counters::apply(c, &delta) };
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 4] = *b"GPL\0";

@@ -1,0 +1,254 @@
+//! A small, real HTTP/1.1 server and client for loopback tests.
+//!
+//! The server runs a thread per connection, answers every request with a fixed-size body in a
+//! single write, keeps connections alive unless the client says `Connection: close`, and can
+//! hold requests at a gate (a slow backend) until the test opens it.
+
+use std::{
+    io::{self, BufRead, BufReader, Read, Write},
+    net::{SocketAddr, TcpListener, TcpStream},
+    sync::{
+        Arc, Condvar, Mutex,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+    },
+    thread,
+    time::Duration,
+};
+
+/// Holds requests until opened.
+#[derive(Default)]
+pub struct Gate {
+    open: Mutex<bool>,
+    opened: Condvar,
+    /// Requests that have arrived at the gate (read in full by the server).
+    pub arrived: AtomicUsize,
+}
+
+impl Gate {
+    /// Let every held and future request through.
+    pub fn open(&self) {
+        *self.open.lock().unwrap() = true;
+        self.opened.notify_all();
+    }
+
+    fn pass(&self) {
+        self.arrived.fetch_add(1, Ordering::SeqCst);
+        let mut open = self.open.lock().unwrap();
+        while !*open {
+            open = self.opened.wait(open).unwrap();
+        }
+    }
+}
+
+/// How the server answers.
+#[derive(Clone, Default)]
+pub struct ServerOptions {
+    /// Response body size in bytes.
+    pub response_body: usize,
+    /// If set, each request waits here before it is answered.
+    pub gate: Option<Arc<Gate>>,
+}
+
+/// A running server; stops accepting when dropped.
+pub struct HttpServer {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    /// Requests answered so far.
+    pub answered: Arc<AtomicUsize>,
+}
+
+impl HttpServer {
+    /// Start on `bind` (use port 0 for an ephemeral port).
+    pub fn start(bind: &str, options: ServerOptions) -> Self {
+        let listener = TcpListener::bind(bind).unwrap_or_else(|e| panic!("bind {bind}: {e}"));
+        Self::serve(listener, options)
+    }
+
+    /// Serve on an already bound listener.
+    pub fn serve(listener: TcpListener, options: ServerOptions) -> Self {
+        let addr = listener.local_addr().unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let answered = Arc::new(AtomicUsize::new(0));
+        let (stop_flag, answered_count) = (stop.clone(), answered.clone());
+        thread::spawn(move || {
+            for stream in listener.incoming() {
+                if stop_flag.load(Ordering::SeqCst) {
+                    return;
+                }
+                let Ok(stream) = stream else { continue };
+                let options = options.clone();
+                let answered = answered_count.clone();
+                thread::spawn(move || {
+                    let _ = serve_connection(stream, &options, &answered);
+                });
+            }
+        });
+        Self {
+            addr,
+            stop,
+            answered,
+        }
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Wake the accept loop so it sees the flag.
+        let _ = TcpStream::connect(self.addr);
+    }
+}
+
+fn serve_connection(
+    stream: TcpStream,
+    options: &ServerOptions,
+    answered: &AtomicUsize,
+) -> io::Result<()> {
+    stream.set_nodelay(true)?;
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut writer = stream;
+    let body = vec![b'x'; options.response_body];
+    while let Some(request) = read_request(&mut reader)? {
+        if let Some(gate) = &options.gate {
+            gate.pass();
+        }
+        let mut response = format!(
+            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n{}\r\n",
+            body.len(),
+            if request.close {
+                "Connection: close\r\n"
+            } else {
+                ""
+            }
+        )
+        .into_bytes();
+        response.extend_from_slice(&body);
+        writer.write_all(&response)?;
+        answered.fetch_add(1, Ordering::SeqCst);
+        if request.close {
+            break;
+        }
+    }
+    Ok(())
+}
+
+struct Request {
+    close: bool,
+}
+
+/// Read one request (head and Content-Length body); `None` at a clean end of stream.
+fn read_request(reader: &mut impl BufRead) -> io::Result<Option<Request>> {
+    let mut line = String::new();
+    if reader.read_line(&mut line)? == 0 {
+        return Ok(None);
+    }
+    let mut content_length = 0usize;
+    let mut close = false;
+    loop {
+        line.clear();
+        if reader.read_line(&mut line)? == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        let header = line.trim_end();
+        if header.is_empty() {
+            break;
+        }
+        if let Some((name, value)) = header.split_once(':') {
+            let value = value.trim();
+            if name.eq_ignore_ascii_case("content-length") {
+                content_length = value.parse().map_err(|_| io::ErrorKind::InvalidData)?;
+            } else if name.eq_ignore_ascii_case("connection") && value.eq_ignore_ascii_case("close")
+            {
+                close = true;
+            }
+        }
+    }
+    io::copy(&mut reader.take(content_length as u64), &mut io::sink())?;
+    Ok(Some(Request { close }))
+}
+
+/// A keep-alive client connection.
+pub struct HttpClient {
+    reader: BufReader<TcpStream>,
+    writer: TcpStream,
+    /// Request bytes written so far (head and body).
+    pub bytes_sent: usize,
+}
+
+impl HttpClient {
+    /// Connect to `addr`.
+    pub fn connect(addr: SocketAddr) -> Self {
+        let stream = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+        stream.set_nodelay(true).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        Self {
+            reader: BufReader::new(stream.try_clone().unwrap()),
+            writer: stream,
+            bytes_sent: 0,
+        }
+    }
+
+    /// Send one request with a body of `body` bytes, without waiting for the answer.
+    pub fn send(&mut self, body: usize, close: bool) {
+        let mut request = format!(
+            "POST /work HTTP/1.1\r\nHost: test\r\nContent-Length: {body}\r\n{}\r\n",
+            if close { "Connection: close\r\n" } else { "" }
+        )
+        .into_bytes();
+        request.resize(request.len() + body, b'y');
+        self.writer.write_all(&request).expect("send request");
+        self.bytes_sent += request.len();
+    }
+
+    /// Read one whole response; returns its body size.
+    pub fn receive(&mut self) -> usize {
+        let mut line = String::new();
+        self.reader.read_line(&mut line).expect("read status line");
+        assert!(
+            line.starts_with("HTTP/1.1 200"),
+            "unexpected status line {line:?}"
+        );
+        let mut content_length = 0;
+        loop {
+            line.clear();
+            self.reader.read_line(&mut line).expect("read header");
+            let header = line.trim_end();
+            if header.is_empty() {
+                break;
+            }
+            if let Some(value) = header.strip_prefix("Content-Length: ") {
+                content_length = value.parse().expect("content length");
+            }
+        }
+        let copied = io::copy(
+            &mut (&mut self.reader).take(content_length as u64),
+            &mut io::sink(),
+        )
+        .expect("read body");
+        assert_eq!(copied as usize, content_length, "short body");
+        content_length
+    }
+
+    /// One request/response turn.
+    pub fn exchange(&mut self, body: usize) -> usize {
+        self.send(body, false);
+        self.receive()
+    }
+}
+
+/// One request on a fresh connection that closes after the answer.
+pub fn exchange_once(addr: SocketAddr, body: usize) {
+    let mut client = HttpClient::connect(addr);
+    client.send(body, true);
+    client.receive();
+    // The server closes after answering; wait for that before closing our side.
+    let mut rest = Vec::new();
+    let _ = client.reader.read_to_end(&mut rest);
+}

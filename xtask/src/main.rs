@@ -1,0 +1,152 @@
+//! Project tasks, run through `./dev` (which first installs the pinned toolchain):
+//!
+//! * `setup`: everything a fresh Debian machine needs beyond rustup: bpf-linker built against
+//!   the pinned toolchain's own LLVM, and the Debian packages the tests and benchmarks use.
+//!   Idempotent: a second run only checks.
+//! * `run`: setup, then the agent with the embedded default configuration.
+//! * `test`: setup, then formatting, lints (host crates and the eBPF crate) and every test,
+//!   including the integration tests that attach the real programs (needs root).
+//! * `bench`: setup, then the data-path benchmark (see docs/evaluation.md).
+
+mod bench;
+mod setup;
+
+use std::{
+    ffi::OsStr,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context as _, Result, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(about = "retry-after-agent project tasks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Debug, Subcommand)]
+enum Task {
+    /// Install bpf-linker (against the pinned toolchain's LLVM) and the Debian packages used.
+    Setup,
+    /// Set up, then run the agent (release build) with the embedded default configuration.
+    Run {
+        /// Arguments after `run` for the agent, e.g. `--config my.toml`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Set up, then check formatting and lints and run every test (as root).
+    Test,
+    /// Set up, then measure the data-path cost of the attached programs.
+    Bench(bench::BenchArgs),
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let root = workspace_root();
+    let env = setup::setup(&root)?;
+    match cli.task {
+        Task::Setup => Ok(()),
+        Task::Run { args } => {
+            let mut command = env.cargo(&root);
+            command.args([
+                "run",
+                "--release",
+                "--package",
+                "retry-after-agent",
+                "--",
+                "run",
+            ]);
+            command.args(args);
+            run(command)
+        }
+        Task::Test => test(&root, &env),
+        Task::Bench(args) => bench::bench(&root, &env, &args),
+    }
+}
+
+fn test(root: &Path, env: &setup::Env) -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!(
+            "the integration tests load and attach eBPF programs: run the tests as root (CAP_BPF, CAP_NET_ADMIN)"
+        );
+    }
+    let mut fmt = env.cargo(root);
+    fmt.args(["fmt", "--all", "--", "--check"]);
+    run(fmt)?;
+    let mut clippy = env.cargo(root);
+    clippy.args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]);
+    run(clippy)?;
+    // The eBPF crate builds for the BPF target only, so it is linted on its own.
+    let mut clippy_ebpf = env.cargo(&root.join("ebpf"));
+    clippy_ebpf.env("RUSTC_BOOTSTRAP", "1").args([
+        "clippy",
+        "--release",
+        "--target",
+        "bpfel-unknown-none",
+        "-Z",
+        "build-std=core",
+        "--",
+        "-D",
+        "warnings",
+    ]);
+    run(clippy_ebpf)?;
+    // Unit tests of every crate, then the integration tests one at a time: they attach to the
+    // root cgroup, where only one attachment of each program type is allowed.
+    let mut unit = env.cargo(root);
+    unit.args([
+        "test",
+        "--workspace",
+        "--exclude",
+        "retry-after-integration-tests",
+    ]);
+    run(unit)?;
+    let mut integration = env.cargo(root);
+    integration.args([
+        "test",
+        "--package",
+        "retry-after-integration-tests",
+        "--",
+        "--test-threads=1",
+    ]);
+    run(integration)
+}
+
+/// The workspace root (the parent of this crate's directory).
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives inside the workspace")
+        .to_path_buf()
+}
+
+/// Run a command to completion, failing with its command line if it fails.
+fn run(mut command: Command) -> Result<()> {
+    let line = command_line(&command);
+    eprintln!("+ {line}");
+    let status = command
+        .status()
+        .with_context(|| format!("cannot start `{line}`"))?;
+    if !status.success() {
+        bail!("`{line}` failed ({status})");
+    }
+    Ok(())
+}
+
+fn command_line(command: &Command) -> String {
+    std::iter::once(command.get_program())
+        .chain(command.get_args())
+        .map(OsStr::to_string_lossy)
+        .collect::<Vec<_>>()
+        .join(" ")
+}

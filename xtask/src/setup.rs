@@ -1,0 +1,176 @@
+//! Installing what the build and tests need, idempotently.
+//!
+//! The pinned toolchain itself (with rust-src) is installed by `./dev` through rustup before
+//! this runs. Here:
+//!
+//! * bpf-linker, built against the pinned toolchain's own LLVM (no system LLVM is new enough),
+//!   into `.tools/` of the workspace. A stamp records which rustc it was built for, so a
+//!   toolchain change rebuilds it and an unchanged one costs nothing.
+//! * Debian packages: `wrk` (load generator for the benchmark) and `bpftool` (the tests check
+//!   with it that nothing stays attached).
+
+use std::{
+    ffi::OsString,
+    fs,
+    os::unix::fs::symlink,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context as _, Result, bail};
+
+/// bpf-linker release built here.
+const BPF_LINKER_VERSION: &str = "0.13.0";
+/// Debian packages the tests and benchmarks run.
+const DEBIAN_PACKAGES: [&str; 2] = ["wrk", "bpftool"];
+
+/// The environment later steps run in: PATH with `.tools/bin` first.
+pub struct Env {
+    path: OsString,
+}
+
+impl Env {
+    /// A `cargo` command in `dir` with this environment.
+    pub fn cargo(&self, dir: &Path) -> Command {
+        let mut command = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+        command.current_dir(dir).env("PATH", &self.path);
+        command
+    }
+}
+
+/// Make sure everything is installed; return the environment to run in.
+pub fn setup(root: &Path) -> Result<Env> {
+    let tools = root.join(".tools");
+    let bin = tools.join("bin");
+    let mut path = OsString::from(&bin);
+    if let Some(existing) = std::env::var_os("PATH") {
+        path.push(":");
+        path.push(existing);
+    }
+    ensure_bpf_linker(root, &tools)?;
+    ensure_debian_packages()?;
+    Ok(Env { path })
+}
+
+fn ensure_bpf_linker(root: &Path, tools: &Path) -> Result<()> {
+    let rustc = capture(Command::new("rustc").current_dir(root).arg("-vV"))?;
+    let stamp_path = tools.join("bpf-linker.stamp");
+    let stamp = format!("bpf-linker {BPF_LINKER_VERSION}\n{rustc}");
+    let linker = tools.join("bin/bpf-linker");
+    if linker.exists() && fs::read_to_string(&stamp_path).ok().as_deref() == Some(stamp.as_str()) {
+        return Ok(());
+    }
+    let llvm_major = rustc
+        .lines()
+        .find_map(|line| line.strip_prefix("LLVM version: "))
+        .and_then(|version| version.split('.').next())
+        .context("rustc -vV does not name its LLVM version")?
+        .to_owned();
+    let sysroot = PathBuf::from(
+        capture(
+            Command::new("rustc")
+                .current_dir(root)
+                .args(["--print", "sysroot"]),
+        )?
+        .trim(),
+    );
+    let llvm_lib = fs::read_dir(sysroot.join("lib"))
+        .with_context(|| format!("reading {}/lib", sysroot.display()))?
+        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+        .find(|path| {
+            path.file_name()
+                .and_then(|name| name.to_str())
+                .is_some_and(|name| name.starts_with("libLLVM.so."))
+        })
+        .with_context(|| {
+            format!(
+                "no libLLVM.so.* in {}/lib: is this a rustup toolchain?",
+                sysroot.display()
+            )
+        })?;
+    // bpf-linker's build looks for $LLVM_PREFIX/lib/libLLVM.so; point it at the toolchain's.
+    let prefix = tools.join("llvm");
+    let prefix_lib = prefix.join("lib");
+    fs::create_dir_all(&prefix_lib)?;
+    for name in [
+        OsString::from("libLLVM.so"),
+        llvm_lib.file_name().unwrap().to_owned(),
+    ] {
+        let link = prefix_lib.join(name);
+        let _ = fs::remove_file(&link);
+        symlink(&llvm_lib, &link).with_context(|| format!("linking {}", link.display()))?;
+    }
+    eprintln!(
+        "+ building bpf-linker {BPF_LINKER_VERSION} against LLVM {llvm_major} of the pinned toolchain"
+    );
+    let status = Command::new("cargo")
+        .current_dir(root)
+        .env("LLVM_PREFIX", &prefix)
+        .args([
+            "install",
+            "bpf-linker",
+            "--version",
+            BPF_LINKER_VERSION,
+            "--locked",
+            "--force",
+        ])
+        .args([
+            "--no-default-features",
+            "--features",
+            &format!("llvm-{llvm_major}"),
+        ])
+        .arg("--root")
+        .arg(tools)
+        .status()
+        .context("cannot run cargo install")?;
+    if !status.success() {
+        bail!("building bpf-linker failed ({status})");
+    }
+    fs::write(&stamp_path, stamp)?;
+    Ok(())
+}
+
+fn ensure_debian_packages() -> Result<()> {
+    let missing: Vec<&str> = DEBIAN_PACKAGES
+        .into_iter()
+        .filter(|package| {
+            Command::new("dpkg-query")
+                .args(["-W", "-f=${Status}", package])
+                .output()
+                .map(|out| !String::from_utf8_lossy(&out.stdout).contains("install ok installed"))
+                .unwrap_or(true)
+        })
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("Debian packages {missing:?} are missing; run this as root so it can install them");
+    }
+    eprintln!("+ apt-get install {}", missing.join(" "));
+    let update = Command::new("apt-get").args(["update", "-q"]).status()?;
+    if !update.success() {
+        bail!("apt-get update failed ({update})");
+    }
+    let install = Command::new("apt-get")
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .args(["install", "-y", "-q", "--no-install-recommends"])
+        .args(&missing)
+        .status()?;
+    if !install.success() {
+        bail!("apt-get install {} failed ({install})", missing.join(" "));
+    }
+    Ok(())
+}
+
+/// Run a command and return its standard output.
+fn capture(command: &mut Command) -> Result<String> {
+    let out = command
+        .output()
+        .with_context(|| format!("cannot run {command:?}"))?;
+    if !out.status.success() {
+        bail!("{command:?} failed ({})", out.status);
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
