@@ -47,6 +47,8 @@ pub struct ServerOptions {
     pub response_body: usize,
     /// If set, each request waits here before it is answered.
     pub gate: Option<Arc<Gate>>,
+    /// Close the connection after reading a request, without answering it.
+    pub hang_up: bool,
 }
 
 /// A running server; stops accepting when dropped.
@@ -116,6 +118,9 @@ fn serve_connection(
     while let Some(request) = read_request(&mut reader)? {
         if let Some(gate) = &options.gate {
             gate.pass();
+        }
+        if options.hang_up {
+            break;
         }
         let mut response = format!(
             "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n{}\r\n",
@@ -236,6 +241,12 @@ impl HttpClient {
         content_length
     }
 
+    /// Wait until the server closes the connection (reading and discarding anything left).
+    pub fn wait_for_close(mut self) {
+        let mut rest = Vec::new();
+        let _ = self.reader.read_to_end(&mut rest);
+    }
+
     /// One request/response turn.
     pub fn exchange(&mut self, body: usize) -> usize {
         self.send(body, false);
@@ -249,6 +260,5 @@ pub fn exchange_once(addr: SocketAddr, body: usize) {
     client.send(body, true);
     client.receive();
     // The server closes after answering; wait for that before closing our side.
-    let mut rest = Vec::new();
-    let _ = client.reader.read_to_end(&mut rest);
+    client.wait_for_close();
 }

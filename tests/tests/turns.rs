@@ -16,7 +16,7 @@ fn ten_keep_alive_connections_of_a_hundred_turns_each() {
         "127.0.0.1:0",
         ServerOptions {
             response_body: 300,
-            gate: None,
+            ..Default::default()
         },
     );
     let endpoint = Endpoint::from(server.addr());
@@ -62,7 +62,7 @@ fn two_hundred_connection_per_request_exchanges() {
         "127.0.0.1:0",
         ServerOptions {
             response_body: 100,
-            gate: None,
+            ..Default::default()
         },
     );
     let endpoint = Endpoint::from(server.addr());
@@ -101,7 +101,7 @@ fn bodies_spanning_many_segments_count_once_per_turn() {
         "127.0.0.1:0",
         ServerOptions {
             response_body: RESPONSE_BODY,
-            gate: None,
+            ..Default::default()
         },
     );
     let endpoint = Endpoint::from(server.addr());
@@ -141,7 +141,7 @@ fn ipv6_loopback_counts_like_ipv4() {
         "[::1]:0",
         ServerOptions {
             response_body: 10,
-            gate: None,
+            ..Default::default()
         },
     );
     let endpoint = Endpoint::from(server.addr());

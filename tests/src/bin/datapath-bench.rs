@@ -25,7 +25,7 @@ fn main() {
         "127.0.0.1:0",
         ServerOptions {
             response_body: 128,
-            gate: None,
+            ..Default::default()
         },
     );
     let url = format!("http://{}/", server.addr());
