@@ -69,6 +69,7 @@ pub async fn run(
                         "tick"
                     );
                 }
+                debug!(probe = ?snapshot.probe, "tick");
                 snapshots.send_replace(Some(snapshot));
             }
         }

@@ -37,6 +37,8 @@ pub struct ProbeStats {
     pub state_callback_refused: u64,
     /// Segments of tracked connections whose headers could not be read.
     pub packets_unparsed: u64,
+    /// Segments of tracked connections whose headers had to be copied out (slow path).
+    pub headers_copied: u64,
 }
 
 /// Every watched endpoint, both sides, read at one moment.

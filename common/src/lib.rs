@@ -11,10 +11,17 @@ pub mod turn;
 
 /// Name of the map of watched endpoints: [`EndpointKey`] → [`WatchValue`].
 pub const WATCHED_ENDPOINTS_MAP: &str = "WATCHED_ENDPOINTS";
-/// Name of the per-CPU counters map: [`CounterKey`] → [`EndpointCounters`].
+/// Name of the per-CPU counters array, indexed by [`counter_index`] → [`EndpointCounters`].
 pub const ENDPOINT_COUNTERS_MAP: &str = "ENDPOINT_COUNTERS";
+/// Name of the array of current watch generations, indexed by watch slot (0 = slot free).
+pub const SLOT_GENERATIONS_MAP: &str = "SLOT_GENERATIONS";
 /// Name of the per-connection state map: socket cookie (`u64`) → [`ConnState`].
 pub const CONNECTIONS_MAP: &str = "CONNECTIONS";
+/// Name of the bitmap of watched ports: [`WATCHED_PORT_WORDS`] `u64` words, bit `port % 64` of
+/// word `port / 64` set while some watched endpoint has that port.
+pub const WATCHED_PORTS_MAP: &str = "WATCHED_PORTS";
+/// Words in [`WATCHED_PORTS_MAP`] (65,536 ports).
+pub const WATCHED_PORT_WORDS: u32 = 1024;
 /// Name of the per-CPU array of probe-wide counters, indexed by [`ProbeStat`].
 pub const PROBE_STATS_MAP: &str = "PROBE_STATS";
 
@@ -69,16 +76,24 @@ impl EndpointKey {
     }
 }
 
-/// Value of a watched endpoint. The generation changes each time the endpoint is (re)added,
-/// so a connection opened under an earlier watch of the same endpoint stops counting instead
-/// of resuming mid-turn.
+/// Value of a watched endpoint: where its counters live, and under which generation.
+///
+/// The agent gives every watch a slot (an index into the counters array, so the per-segment
+/// path does array lookups only) and a generation that is new on every add. A connection
+/// remembers both; it counts only while `SLOT_GENERATIONS[slot]` still holds its generation,
+/// so a connection opened under an earlier watch stops counting instead of resuming mid-turn.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WatchValue {
-    /// Incremented by the agent on every add; never zero for a live watch.
+    /// Index of the watch's counters (see [`counter_index`]).
+    pub slot: u32,
+    /// Never zero for a live watch; never reused.
     pub generation: u32,
-    /// Always zero.
-    pub pad: u32,
+}
+
+/// Index into the counters array of a watch slot's counters from one side.
+pub const fn counter_index(slot: u32, side: Side) -> u32 {
+    slot * 2 + side as u32
 }
 
 /// From which end of a connection the kernel sees it.
@@ -100,26 +115,6 @@ impl Side {
         match self {
             Side::Server => "server",
             Side::Client => "client",
-        }
-    }
-}
-
-/// Key of the counters map: one set of counters per watched endpoint and side.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct CounterKey {
-    /// The watch entry that matched (exact or wildcard).
-    pub endpoint: EndpointKey,
-    /// The vantage point: `Side as u32`.
-    pub side: u32,
-}
-
-impl CounterKey {
-    /// The counters of `endpoint` seen from `side`.
-    pub const fn new(endpoint: EndpointKey, side: Side) -> Self {
-        Self {
-            endpoint,
-            side: side as u32,
         }
     }
 }
@@ -172,10 +167,12 @@ impl EndpointCounters {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConnState {
-    /// Which counters this connection feeds.
-    pub counters: CounterKey,
+    /// The watch slot whose counters this connection feeds.
+    pub slot: u32,
     /// The watch generation the connection was opened under.
     pub generation: u32,
+    /// The vantage point: `Side as u32`.
+    pub side: u32,
     /// The request/response turn of this connection.
     pub turn: turn::Turn,
 }
@@ -191,10 +188,13 @@ pub enum ProbeStat {
     StateCallbackRefused = 1,
     /// Packets of tracked connections whose headers could not be read.
     PacketsUnparsed = 2,
+    /// Packets of tracked connections whose headers were not in the linear buffer and had to
+    /// be copied out (the slow path).
+    HeadersCopied = 3,
 }
 
 /// Number of slots in [`PROBE_STATS_MAP`].
-pub const PROBE_STATS_LEN: u32 = 3;
+pub const PROBE_STATS_LEN: u32 = 4;
 
 #[cfg(feature = "user")]
 mod pod {
@@ -204,7 +204,6 @@ mod pod {
     // and every bit pattern is a valid value.
     unsafe impl aya::Pod for EndpointKey {}
     unsafe impl aya::Pod for WatchValue {}
-    unsafe impl aya::Pod for CounterKey {}
     unsafe impl aya::Pod for EndpointCounters {}
     unsafe impl aya::Pod for ConnState {}
 }

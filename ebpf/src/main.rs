@@ -32,13 +32,13 @@ use aya_ebpf::{
     },
     helpers::bpf_get_socket_cookie,
     macros::{cgroup_skb, map, sock_ops},
-    maps::{HashMap, LruHashMap, PerCpuArray, PerCpuHashMap},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray},
     programs::{SkBuffContext, SockOpsContext},
 };
 use aya_log_ebpf::{debug, warn};
 use retry_after_common::{
-    ConnState, CounterKey, DEFAULT_MAX_CONNECTIONS, EndpointCounters, EndpointKey,
-    MAX_WATCHED_ENDPOINTS, PROBE_STATS_LEN, ProbeStat, Side, WatchValue, turn::Turn,
+    ConnState, DEFAULT_MAX_CONNECTIONS, EndpointCounters, EndpointKey, MAX_WATCHED_ENDPOINTS,
+    PROBE_STATS_LEN, ProbeStat, Side, WATCHED_PORT_WORDS, WatchValue, counter_index, turn::Turn,
 };
 
 /// Endpoints to observe; edited by the agent at run time.
@@ -46,11 +46,21 @@ use retry_after_common::{
 static WATCHED_ENDPOINTS: HashMap<EndpointKey, WatchValue> =
     HashMap::with_max_entries(MAX_WATCHED_ENDPOINTS, 0);
 
-/// Counters per watched endpoint and side. The agent creates an entry when it adds a watch;
-/// the programs only ever increment existing entries.
+/// Counters per watch slot and side (`counter_index`). The agent zeroes a slot's counters
+/// before it hands the slot to a new watch; the programs only increment.
 #[map]
-static ENDPOINT_COUNTERS: PerCpuHashMap<CounterKey, EndpointCounters> =
-    PerCpuHashMap::with_max_entries(MAX_WATCHED_ENDPOINTS * 2, 0);
+static ENDPOINT_COUNTERS: PerCpuArray<EndpointCounters> =
+    PerCpuArray::with_max_entries(MAX_WATCHED_ENDPOINTS * 2, 0);
+
+/// The live generation of each watch slot (0: free). Checked on every segment, so removing a
+/// watch stops its connections from counting at once.
+#[map]
+static SLOT_GENERATIONS: Array<u32> = Array::with_max_entries(MAX_WATCHED_ENDPOINTS, 0);
+
+/// Bitmap of the ports of watched endpoints: lets every segment of every other socket on the
+/// node leave after two array lookups, without a hash lookup.
+#[map]
+static WATCHED_PORTS: Array<u64> = Array::with_max_entries(WATCHED_PORT_WORDS, 0);
 
 /// Tracked connections by socket cookie. Entries are removed on close; the LRU bound keeps a
 /// missed close from leaking memory.
@@ -150,28 +160,28 @@ fn endpoint_of(ctx: &SockOpsContext, side: Side) -> Option<EndpointKey> {
 }
 
 /// The watch entry matching `endpoint`: the exact address first, then the port wildcard.
-fn matching_watch(endpoint: &EndpointKey) -> Option<(EndpointKey, WatchValue)> {
-    // SAFETY: the value is copied out at once; the map holds plain integers.
+fn matching_watch(endpoint: &EndpointKey) -> Option<WatchValue> {
+    // SAFETY: the values are copied out at once; the map holds plain integers.
     if let Some(watch) = unsafe { WATCHED_ENDPOINTS.get(endpoint) } {
-        return Some((*endpoint, *watch));
+        return Some(*watch);
     }
     let wildcard = EndpointKey::any_address(endpoint.port);
-    unsafe { WATCHED_ENDPOINTS.get(&wildcard) }.map(|watch| (wildcard, *watch))
+    unsafe { WATCHED_ENDPOINTS.get(&wildcard) }.copied()
 }
 
 fn on_established(ctx: &SockOpsContext, side: Side) {
     let Some(endpoint) = endpoint_of(ctx, side) else {
         return;
     };
-    let Some((watched, watch)) = matching_watch(&endpoint) else {
+    let Some(watch) = matching_watch(&endpoint) else {
         return;
     };
-    let key = CounterKey::new(watched, side);
     // SAFETY: the helper only reads the context it is given.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     let conn = ConnState {
-        counters: key,
+        slot: watch.slot,
         generation: watch.generation,
+        side: side as u32,
         turn: Turn::default(),
     };
     if CONNECTIONS.insert(&cookie, &conn, 0).is_err() {
@@ -185,7 +195,7 @@ fn on_established(ctx: &SockOpsContext, side: Side) {
     {
         counters::probe_stat(&PROBE_STATS, ProbeStat::StateCallbackRefused);
     }
-    if let Some(c) = ENDPOINT_COUNTERS.get_ptr_mut(&key) {
+    if let Some(c) = live_counters(&conn) {
         // SAFETY: `c` points into this CPU's copy of a live map value.
         unsafe { counters::add(&mut (*c).connections_opened, 1) };
     }
@@ -215,16 +225,38 @@ fn on_close(ctx: &SockOpsContext) {
 }
 
 /// The counters a tracked connection feeds, or `None` if its watch was removed or replaced
-/// since it was opened.
+/// since it was opened. Two array lookups, which the verifier inlines.
+#[inline(always)]
 fn live_counters(conn: &ConnState) -> Option<*mut EndpointCounters> {
-    let watch = unsafe { WATCHED_ENDPOINTS.get(&conn.counters.endpoint) }?;
-    if watch.generation != conn.generation {
+    let generation = SLOT_GENERATIONS.get(conn.slot)?;
+    if *generation != conn.generation {
         return None;
     }
-    ENDPOINT_COUNTERS.get_ptr_mut(&conn.counters)
+    let side = if conn.side == Side::Client as u32 {
+        Side::Client
+    } else {
+        Side::Server
+    };
+    ENDPOINT_COUNTERS.get_ptr_mut(counter_index(conn.slot, side))
+}
+
+/// True if `port` (host byte order) is the port of a watched endpoint.
+#[inline(always)]
+fn port_watched(port: u16) -> bool {
+    match WATCHED_PORTS.get((port / 64) as u32) {
+        Some(word) => word & (1u64 << (port % 64)) != 0,
+        None => false,
+    }
 }
 
 fn on_segment(ctx: &SkBuffContext, ingress: bool) {
+    // The socket's ports: local in host byte order, remote in network byte order in the upper
+    // 16 bits. A tracked connection always has a watched port on one end.
+    let local_port = ctx.skb.local_port() as u16;
+    let remote_port = u32::from_be(ctx.skb.remote_port()) as u16;
+    if !port_watched(local_port) && !port_watched(remote_port) {
+        return;
+    }
     // SAFETY: the helper only reads the context it is given.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     let Some(conn) = CONNECTIONS.get_ptr_mut(&cookie) else {
@@ -241,7 +273,7 @@ fn on_segment(ctx: &SkBuffContext, ingress: bool) {
         return;
     };
     // Which way the segment travels between client and server.
-    let from_client = (conn.counters.side == Side::Server as u32) == ingress;
+    let from_client = (conn.side == Side::Server as u32) == ingress;
     let delta = if from_client {
         conn.turn
             .on_client_segment(segment.seq, segment.payload_len, segment.ack)

@@ -9,11 +9,11 @@ use crate::setup::Env;
 /// Options of the data-path benchmark.
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
-    /// Alternating with/without rounds.
-    #[arg(long, default_value_t = 5)]
+    /// Rounds; each measures the three setups in rotating order.
+    #[arg(long, default_value_t = 10)]
     rounds: u64,
     /// Seconds of load per measurement.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 5)]
     seconds: u64,
     /// Concurrent keep-alive connections.
     #[arg(long, default_value_t = 16)]

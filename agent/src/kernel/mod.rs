@@ -12,13 +12,14 @@ use std::{collections::BTreeMap, path::PathBuf, time::Instant};
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{HashMap, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues},
+    maps::{Array, HashMap, MapData, PerCpuArray, PerCpuValues},
     programs::{CgroupSkb, CgroupSkbAttachType, SockOps, links::CgroupAttachMode},
     util::nr_cpus,
 };
 use retry_after_common::{
-    CONNECTIONS_MAP, CounterKey, ENDPOINT_COUNTERS_MAP, EndpointCounters, EndpointKey,
-    PROBE_STATS_MAP, ProbeStat, Side, WATCHED_ENDPOINTS_MAP, WatchValue,
+    CONNECTIONS_MAP, ENDPOINT_COUNTERS_MAP, EndpointCounters, EndpointKey, MAX_WATCHED_ENDPOINTS,
+    PROBE_STATS_MAP, ProbeStat, SLOT_GENERATIONS_MAP, Side, WATCHED_ENDPOINTS_MAP,
+    WATCHED_PORTS_MAP, WatchValue, counter_index,
 };
 
 use crate::{
@@ -131,11 +132,25 @@ pub enum ProbeError {
     Netlink(#[source] std::io::Error),
 }
 
+/// Execution statistics of one program.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProgramRunStats {
+    /// Program name.
+    pub name: String,
+    /// Runs since statistics were enabled.
+    pub run_count: u64,
+    /// Total time spent in those runs.
+    pub run_time: std::time::Duration,
+}
+
 /// The loaded, attached eBPF programs and their maps.
 pub struct Probe {
     ebpf: Ebpf,
     cgroup: PathBuf,
-    watched: BTreeMap<Endpoint, u32>,
+    /// Each watched endpoint's slot and generation.
+    watched: BTreeMap<Endpoint, WatchValue>,
+    /// Slots not in use, lowest last.
+    free_slots: Vec<u32>,
     next_generation: u32,
     cpus: usize,
 }
@@ -200,6 +215,7 @@ impl Probe {
             ebpf,
             cgroup,
             watched: BTreeMap::new(),
+            free_slots: (0..MAX_WATCHED_ENDPOINTS).rev().collect(),
             next_generation: 1,
             cpus,
         })
@@ -229,6 +245,22 @@ impl Probe {
             .collect()
     }
 
+    /// How often each of our programs ran and for how long in total. The kernel keeps these
+    /// only while run-time statistics are enabled (`aya::sys::enable_stats`); otherwise zero.
+    pub fn program_run_stats(&self) -> Vec<ProgramRunStats> {
+        self.ebpf
+            .programs()
+            .filter_map(|(name, program)| {
+                let info = program.info().ok()?;
+                Some(ProgramRunStats {
+                    name: name.to_owned(),
+                    run_count: info.run_count(),
+                    run_time: info.run_time(),
+                })
+            })
+            .collect()
+    }
+
     /// The endpoints being watched.
     pub fn watched(&self) -> impl Iterator<Item = &Endpoint> {
         self.watched.keys()
@@ -238,33 +270,46 @@ impl Probe {
     /// that is already watched changes nothing.
     ///
     /// # Errors
-    /// `TooManyEndpoints` when the watch map is full; `Map` if the kernel refuses the update.
+    /// `TooManyEndpoints` when every slot is taken; `Map` if the kernel refuses the update.
     pub fn watch(&mut self, endpoint: Endpoint) -> Result<(), ProbeError> {
         if self.watched.contains_key(&endpoint) {
             return Ok(());
         }
-        let limit = retry_after_common::MAX_WATCHED_ENDPOINTS;
-        if self.watched.len() >= limit as usize {
-            return Err(ProbeError::TooManyEndpoints { endpoint, limit });
+        let Some(slot) = self.free_slots.pop() else {
+            return Err(ProbeError::TooManyEndpoints {
+                endpoint,
+                limit: MAX_WATCHED_ENDPOINTS,
+            });
+        };
+        let generation = self.next_generation;
+        self.next_generation = self.next_generation.checked_add(1).expect("2^32 watches");
+        let watch = WatchValue { slot, generation };
+        if let Err(error) = self.install(endpoint.key(), watch) {
+            self.free_slots.push(slot);
+            return Err(error);
         }
-        let key = endpoint.key();
+        self.watched.insert(endpoint, watch);
+        self.update_port_bitmap(endpoint.port())
+    }
+
+    /// Zero the slot's counters, make the slot live under its new generation, then publish the
+    /// watch (in that order, so no program ever counts into stale counters).
+    fn install(&mut self, key: EndpointKey, watch: WatchValue) -> Result<(), ProbeError> {
         let cpus = self.cpus;
         let mut counters = self.counters_map_mut()?;
         for side in Side::ALL {
             let zeros = PerCpuValues::try_from(vec![EndpointCounters::default(); cpus])
                 .map_err(ProbeError::Cpus)?;
             counters
-                .insert(&CounterKey::new(key, side), zeros, 0)
-                .map_err(|source| map_error("create counters", ENDPOINT_COUNTERS_MAP, source))?;
+                .set(counter_index(watch.slot, side), zeros, 0)
+                .map_err(|source| map_error("reset counters", ENDPOINT_COUNTERS_MAP, source))?;
         }
-        let generation = self.next_generation;
-        self.next_generation = self.next_generation.wrapping_add(1).max(1);
-        let mut watch = self.watch_map_mut()?;
-        watch
-            .insert(&key, &WatchValue { generation, pad: 0 }, 0)
-            .map_err(|source| map_error("add watch", WATCHED_ENDPOINTS_MAP, source))?;
-        self.watched.insert(endpoint, generation);
-        Ok(())
+        self.generations_map_mut()?
+            .set(watch.slot, &watch.generation, 0)
+            .map_err(|source| map_error("set generation", SLOT_GENERATIONS_MAP, source))?;
+        self.watch_map_mut()?
+            .insert(&key, &watch, 0)
+            .map_err(|source| map_error("add watch", WATCHED_ENDPOINTS_MAP, source))
     }
 
     /// Stop counting `endpoint`: its connections stop counting at once and its counters are
@@ -273,21 +318,40 @@ impl Probe {
     /// # Errors
     /// `Map` if the kernel refuses the update.
     pub fn unwatch(&mut self, endpoint: &Endpoint) -> Result<(), ProbeError> {
-        if self.watched.remove(endpoint).is_none() {
+        let Some(watch) = self.watched.remove(endpoint) else {
             return Ok(());
-        }
-        let key = endpoint.key();
-        let mut watch = self.watch_map_mut()?;
-        watch
-            .remove(&key)
+        };
+        self.watch_map_mut()?
+            .remove(&endpoint.key())
             .map_err(|source| map_error("remove watch", WATCHED_ENDPOINTS_MAP, source))?;
-        let mut counters = self.counters_map_mut()?;
-        for side in Side::ALL {
-            counters
-                .remove(&CounterKey::new(key, side))
-                .map_err(|source| map_error("remove counters", ENDPOINT_COUNTERS_MAP, source))?;
-        }
-        Ok(())
+        self.generations_map_mut()?
+            .set(watch.slot, &0, 0)
+            .map_err(|source| map_error("clear generation", SLOT_GENERATIONS_MAP, source))?;
+        self.free_slots.push(watch.slot);
+        self.update_port_bitmap(endpoint.port())
+    }
+
+    /// Rewrite the bitmap word holding `port` from the watch set.
+    fn update_port_bitmap(&mut self, port: u16) -> Result<(), ProbeError> {
+        let index = u32::from(port / 64);
+        let word = self
+            .watched
+            .keys()
+            .map(Endpoint::port)
+            .filter(|p| u32::from(p / 64) == index)
+            .fold(0u64, |word, p| word | 1 << (p % 64));
+        let map = self
+            .ebpf
+            .map_mut(WATCHED_PORTS_MAP)
+            .ok_or_else(|| missing(WATCHED_PORTS_MAP))?;
+        let mut ports: Array<&mut MapData, u64> =
+            Array::try_from(map).map_err(|source| ProbeError::MissingMap {
+                name: WATCHED_PORTS_MAP,
+                source,
+            })?;
+        ports
+            .set(index, &word, 0)
+            .map_err(|source| map_error("update port bitmap", WATCHED_PORTS_MAP, source))
     }
 
     /// Read every watched endpoint's counters (both sides) and listener backlogs.
@@ -299,10 +363,10 @@ impl Probe {
         let backlogs = listener_backlogs().map_err(ProbeError::Netlink)?;
         let counters = self.counters_map()?;
         let mut endpoints = Vec::with_capacity(self.watched.len() * 2);
-        for endpoint in self.watched.keys() {
+        for (endpoint, watch) in &self.watched {
             for side in Side::ALL {
                 let per_cpu = counters
-                    .get(&CounterKey::new(endpoint.key(), side), 0)
+                    .get(&counter_index(watch.slot, side), 0)
                     .map_err(|source| map_error("read counters", ENDPOINT_COUNTERS_MAP, source))?;
                 let counters = per_cpu
                     .iter()
@@ -352,17 +416,16 @@ impl Probe {
             connections_untracked: read(ProbeStat::ConnectionsUntracked)?,
             state_callback_refused: read(ProbeStat::StateCallbackRefused)?,
             packets_unparsed: read(ProbeStat::PacketsUnparsed)?,
+            headers_copied: read(ProbeStat::HeadersCopied)?,
         })
     }
 
-    fn counters_map(
-        &self,
-    ) -> Result<PerCpuHashMap<&MapData, CounterKey, EndpointCounters>, ProbeError> {
+    fn counters_map(&self) -> Result<PerCpuArray<&MapData, EndpointCounters>, ProbeError> {
         let map = self
             .ebpf
             .map(ENDPOINT_COUNTERS_MAP)
             .ok_or_else(|| missing(ENDPOINT_COUNTERS_MAP))?;
-        PerCpuHashMap::try_from(map).map_err(|source| ProbeError::MissingMap {
+        PerCpuArray::try_from(map).map_err(|source| ProbeError::MissingMap {
             name: ENDPOINT_COUNTERS_MAP,
             source,
         })
@@ -370,13 +433,24 @@ impl Probe {
 
     fn counters_map_mut(
         &mut self,
-    ) -> Result<PerCpuHashMap<&mut MapData, CounterKey, EndpointCounters>, ProbeError> {
+    ) -> Result<PerCpuArray<&mut MapData, EndpointCounters>, ProbeError> {
         let map = self
             .ebpf
             .map_mut(ENDPOINT_COUNTERS_MAP)
             .ok_or_else(|| missing(ENDPOINT_COUNTERS_MAP))?;
-        PerCpuHashMap::try_from(map).map_err(|source| ProbeError::MissingMap {
+        PerCpuArray::try_from(map).map_err(|source| ProbeError::MissingMap {
             name: ENDPOINT_COUNTERS_MAP,
+            source,
+        })
+    }
+
+    fn generations_map_mut(&mut self) -> Result<Array<&mut MapData, u32>, ProbeError> {
+        let map = self
+            .ebpf
+            .map_mut(SLOT_GENERATIONS_MAP)
+            .ok_or_else(|| missing(SLOT_GENERATIONS_MAP))?;
+        Array::try_from(map).map_err(|source| ProbeError::MissingMap {
+            name: SLOT_GENERATIONS_MAP,
             source,
         })
     }
