@@ -7,8 +7,10 @@
 //! * a **request starts** with the first new client→server payload byte after the previous
 //!   response (or on a fresh connection);
 //! * a **response completes** when its turn is over: the client sends the next request, the
-//!   connection closes, or the connection goes quiet with every server→client byte of the turn
-//!   acknowledged by the client (the ACK that covers the last response byte).
+//!   connection closes, or the connection goes quiet: the client acknowledges every
+//!   server→client byte of the turn, and the last of them carried PSH (TCP sets it on the
+//!   segment that ends each write, so an ACK that catches up with a response the server is
+//!   still writing does not end the turn).
 //!
 //! The same segments are seen from both ends (server: requests in, responses out; client: the
 //! reverse), so both vantage points reach the same counts. Retransmitted bytes are recognised
@@ -31,6 +33,8 @@ pub const PHASE_REQUEST: u8 = 1;
 pub const PHASE_RESPONSE: u8 = 2;
 
 const HAVE_REQUEST_END: u8 = 1;
+/// The highest response byte so far ended a write (its segment carried PSH).
+const RESPONSE_PUSHED: u8 = 2;
 
 /// The turn state of one connection.
 #[repr(C)]
@@ -84,9 +88,9 @@ impl Turn {
         delta
     }
 
-    /// A server→client segment: `len` payload bytes at `seq`.
+    /// A server→client segment: `len` payload bytes at `seq`; `push` if it carried PSH.
     #[inline(always)]
-    pub fn on_server_segment(&mut self, seq: u32, len: u32) -> TurnDelta {
+    pub fn on_server_segment(&mut self, seq: u32, len: u32, push: bool) -> TurnDelta {
         let mut delta = TurnDelta::default();
         if len == 0 {
             return delta;
@@ -96,11 +100,13 @@ impl Turn {
             PHASE_REQUEST => {
                 self.phase = PHASE_RESPONSE;
                 self.response_end = end;
+                self.set_pushed(push);
                 delta.response_bytes = len;
             }
             PHASE_RESPONSE if seq_after(end, self.response_end) => {
                 delta.response_bytes = end.wrapping_sub(self.response_end).min(len);
                 self.response_end = end;
+                self.set_pushed(push);
             }
             // Retransmitted response bytes, or server bytes outside a turn (a greeting, or the
             // tail of a response that already completed at a pause): nothing to count.
@@ -152,8 +158,20 @@ impl Turn {
     }
 
     #[inline(always)]
+    fn set_pushed(&mut self, push: bool) {
+        if push {
+            self.flags |= RESPONSE_PUSHED;
+        } else {
+            self.flags &= !RESPONSE_PUSHED;
+        }
+    }
+
+    #[inline(always)]
     fn on_response_ack(&mut self, ack: u32, delta: &mut TurnDelta) {
-        if self.phase == PHASE_RESPONSE && !seq_after(self.response_end, ack) {
+        if self.phase == PHASE_RESPONSE
+            && self.flags & RESPONSE_PUSHED != 0
+            && !seq_after(self.response_end, ack)
+        {
             self.phase = PHASE_IDLE;
             delta.completed = 1;
         }
@@ -172,7 +190,7 @@ mod tests {
         let d = t.on_client_segment(100, 50, ACK);
         assert_eq!((d.started, d.completed, d.request_bytes), (1, 0, 50));
         assert_eq!(t.phase, PHASE_REQUEST);
-        let d = t.on_server_segment(1000, 200);
+        let d = t.on_server_segment(1000, 200, true);
         assert_eq!((d.started, d.completed, d.response_bytes), (0, 0, 200));
         // An ACK short of the end keeps the turn open.
         let d = t.on_client_segment(150, 0, Some(1100));
@@ -183,10 +201,22 @@ mod tests {
     }
 
     #[test]
+    fn an_ack_that_catches_up_mid_write_does_not_end_the_turn() {
+        let mut t = Turn::default();
+        t.on_client_segment(0, 10, None);
+        // The first 64 KiB of a larger write, without PSH, acknowledged in full.
+        t.on_server_segment(0, 65536, false);
+        assert_eq!(t.on_client_segment(10, 0, Some(65536)).completed, 0);
+        // The rest of the write ends with PSH; its ACK ends the turn.
+        t.on_server_segment(65536, 1000, true);
+        assert_eq!(t.on_client_segment(10, 0, Some(66536)).completed, 1);
+    }
+
+    #[test]
     fn next_request_completes_the_previous_response() {
         let mut t = Turn::default();
         t.on_client_segment(0, 10, None);
-        t.on_server_segment(0, 10);
+        t.on_server_segment(0, 10, true);
         // The next request carries an ACK of the whole response; it counts once.
         let d = t.on_client_segment(10, 10, Some(10));
         assert_eq!((d.started, d.completed), (1, 1));
@@ -203,7 +233,7 @@ mod tests {
             started += d.started;
         }
         for i in 0..5u32 {
-            let d = t.on_server_segment(i * 1000, 1000);
+            let d = t.on_server_segment(i * 1000, 1000, i == 4);
             completed += d.completed;
             let d = t.on_client_segment(5000, 0, Some(i * 1000 + 500));
             completed += d.completed;
@@ -217,7 +247,7 @@ mod tests {
     fn retransmitted_request_bytes_do_not_start_a_turn() {
         let mut t = Turn::default();
         t.on_client_segment(0, 100, None);
-        t.on_server_segment(0, 10);
+        t.on_server_segment(0, 10, true);
         let d = t.on_client_segment(0, 100, None);
         assert_eq!(d, TurnDelta::default());
         assert_eq!(t.phase, PHASE_RESPONSE);
@@ -233,7 +263,7 @@ mod tests {
         assert_eq!(t.on_close().abandoned, 1);
         let mut t = Turn::default();
         t.on_client_segment(0, 1, None);
-        t.on_server_segment(0, 1);
+        t.on_server_segment(0, 1, true);
         assert_eq!(t.on_close().completed, 1);
         let mut t = Turn::default();
         assert_eq!(t.on_close(), TurnDelta::default());
@@ -243,7 +273,7 @@ mod tests {
     fn sequence_numbers_wrap() {
         let mut t = Turn::default();
         t.on_client_segment(u32::MAX - 5, 10, None);
-        let d = t.on_server_segment(u32::MAX - 1, 4);
+        let d = t.on_server_segment(u32::MAX - 1, 4, true);
         assert_eq!(d.response_bytes, 4);
         assert_eq!(t.on_client_segment(4, 0, Some(2)).completed, 1);
         assert!(seq_after(3, u32::MAX));
@@ -253,7 +283,7 @@ mod tests {
     #[test]
     fn server_bytes_outside_a_turn_are_ignored() {
         let mut t = Turn::default();
-        assert_eq!(t.on_server_segment(0, 100), TurnDelta::default());
+        assert_eq!(t.on_server_segment(0, 100, true), TurnDelta::default());
         assert_eq!(t.phase, PHASE_IDLE);
     }
 }

@@ -279,7 +279,7 @@ fn on_segment(ctx: &SkBuffContext, ingress: bool) {
             .on_client_segment(segment.seq, segment.payload_len, segment.ack)
     } else {
         conn.turn
-            .on_server_segment(segment.seq, segment.payload_len)
+            .on_server_segment(segment.seq, segment.payload_len, segment.push)
     };
     // SAFETY: `c` points into this CPU's copy of a live map value.
     unsafe { counters::apply(c, &delta) };

@@ -18,6 +18,7 @@ const IPV4_MIN_HEADER_LEN: usize = 20;
 const IPV6_HEADER_LEN: usize = 40;
 /// The TCP header up to and including the flags byte.
 const TCP_PREFIX_LEN: usize = 14;
+const TCP_FLAG_PSH: u8 = 0x08;
 const TCP_FLAG_ACK: u8 = 0x10;
 
 /// What the turn state machine needs from one TCP segment.
@@ -28,6 +29,8 @@ pub struct Segment {
     pub ack: Option<u32>,
     /// Payload bytes (the whole GSO super-packet on egress).
     pub payload_len: u32,
+    /// The PSH flag: set on the segment that ends each write.
+    pub push: bool,
 }
 
 /// The TCP segment in `ctx`, or `None` if it is not TCP over IPv4/IPv6 without extension
@@ -128,5 +131,6 @@ fn segment(ctx: &SkBuffContext, headers: Headers) -> Option<Segment> {
         seq,
         ack: (t[13] & TCP_FLAG_ACK != 0).then_some(ack),
         payload_len,
+        push: t[13] & TCP_FLAG_PSH != 0,
     })
 }
