@@ -8,7 +8,10 @@ use std::{collections::BTreeSet, path::Path, time::Duration};
 
 use serde::Deserialize;
 
-use crate::endpoint::Endpoint;
+use crate::{
+    endpoint::Endpoint,
+    estimate::{PolicyConstants, RetryAfterPolicy, policy::MAX_RETRY_AFTER_S},
+};
 
 /// The configuration the agent runs with when no file is given. It watches port 8080 on every
 /// address, server and client side.
@@ -68,6 +71,155 @@ pub struct ServiceConfig {
     pub frontend: Option<String>,
     /// The proxy's queue limit for this service (the proposal's `max_queued_requests`).
     pub max_queued_requests: Option<u64>,
+    /// How rejections are answered (the proposal's BackpressureConfig).
+    #[serde(default)]
+    pub backpressure: BackpressureConfig,
+}
+
+impl ServiceConfig {
+    /// The frontend endpoint, if any (validated).
+    pub fn frontend_endpoint(&self) -> Option<Endpoint> {
+        self.frontend
+            .as_ref()
+            .map(|f| f.parse().expect("validated"))
+    }
+}
+
+/// The proposal's BackpressureConfig, with the computed policy's constants beside it.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct BackpressureConfig {
+    /// Status of a rejection: 429 (default) or 503.
+    pub status_code: u16,
+    /// `static` (default) or `router_queue_drain_rate`.
+    pub retry_after_policy: String,
+    /// The static value, and the fallback of computed policies; none: no header.
+    pub retry_after_s: Option<u64>,
+    /// EWMA weight of the newest interval (0.3).
+    pub alpha: f64,
+    /// Intervals with completions before the drain rate is used (3).
+    pub warm_after_intervals: u32,
+    /// Seconds without backend work after which the drain rate is forgotten (30).
+    pub cold_after_s: f64,
+    /// Backoff streak at which the backoff signal saturates: B (5).
+    pub backoff_streak_saturation: u32,
+    /// Weight of occupancy: w1 (0.25).
+    pub occupancy_weight: f64,
+    /// Weight of the backoff signal: w2 (0.25).
+    pub backoff_weight: f64,
+    /// Relative jitter, 0 to 0.5 (0.2 = ±20%).
+    pub jitter: f64,
+    /// Lower clamp, seconds (1).
+    pub min_retry_after_s: u64,
+    /// Upper clamp, seconds (60, the most allowed).
+    pub max_retry_after_s: u64,
+}
+
+impl Default for BackpressureConfig {
+    fn default() -> Self {
+        let c = PolicyConstants::default();
+        Self {
+            status_code: 429,
+            retry_after_policy: RetryAfterPolicy::default().to_string(),
+            retry_after_s: None,
+            alpha: c.alpha,
+            warm_after_intervals: c.warm_after_intervals,
+            cold_after_s: c.cold_after_s,
+            backoff_streak_saturation: c.backoff_streak_saturation,
+            occupancy_weight: c.occupancy_weight,
+            backoff_weight: c.backoff_weight,
+            jitter: c.jitter,
+            min_retry_after_s: c.min_retry_after_s,
+            max_retry_after_s: c.max_retry_after_s,
+        }
+    }
+}
+
+impl BackpressureConfig {
+    /// The policy (validated).
+    pub fn policy(&self) -> RetryAfterPolicy {
+        self.retry_after_policy.parse().expect("validated")
+    }
+
+    /// The policy constants.
+    pub fn constants(&self) -> PolicyConstants {
+        PolicyConstants {
+            alpha: self.alpha,
+            warm_after_intervals: self.warm_after_intervals,
+            cold_after_s: self.cold_after_s,
+            backoff_streak_saturation: self.backoff_streak_saturation,
+            occupancy_weight: self.occupancy_weight,
+            backoff_weight: self.backoff_weight,
+            jitter: self.jitter,
+            min_retry_after_s: self.min_retry_after_s,
+            max_retry_after_s: self.max_retry_after_s,
+        }
+    }
+
+    /// The first invalid field, as (field name, reason).
+    fn invalid_field(&self) -> Option<(&'static str, String)> {
+        let b = self;
+        if ![429, 503].contains(&b.status_code) {
+            return Some((
+                "status_code",
+                format!("{} is not 429 or 503", b.status_code),
+            ));
+        }
+        if let Err(e) = b.retry_after_policy.parse::<RetryAfterPolicy>() {
+            return Some(("retry_after_policy", e.to_string()));
+        }
+        if !(b.alpha > 0.0 && b.alpha <= 1.0) {
+            return Some(("alpha", format!("{} is outside (0, 1]", b.alpha)));
+        }
+        if b.warm_after_intervals == 0 {
+            return Some((
+                "warm_after_intervals",
+                "0: at least one interval is needed".into(),
+            ));
+        }
+        if !(b.cold_after_s.is_finite() && b.cold_after_s > 0.0) {
+            return Some((
+                "cold_after_s",
+                format!("{} is not a positive number", b.cold_after_s),
+            ));
+        }
+        if b.backoff_streak_saturation == 0 {
+            return Some(("backoff_streak_saturation", "0: must be at least 1".into()));
+        }
+        for (field, weight) in [
+            ("occupancy_weight", b.occupancy_weight),
+            ("backoff_weight", b.backoff_weight),
+        ] {
+            if !(weight.is_finite() && weight >= 0.0) {
+                return Some((field, format!("{weight} is not a non-negative number")));
+            }
+        }
+        if !(0.0..=0.5).contains(&b.jitter) {
+            return Some(("jitter", format!("{} is outside [0, 0.5]", b.jitter)));
+        }
+        if b.max_retry_after_s > MAX_RETRY_AFTER_S || b.max_retry_after_s == 0 {
+            return Some((
+                "max_retry_after_s",
+                format!(
+                    "{} is outside 1..={MAX_RETRY_AFTER_S} (the clamp may narrow, never widen)",
+                    b.max_retry_after_s
+                ),
+            ));
+        }
+        if b.min_retry_after_s == 0 || b.min_retry_after_s > b.max_retry_after_s {
+            return Some((
+                "min_retry_after_s",
+                format!(
+                    "{} is outside 1..={}",
+                    b.min_retry_after_s, b.max_retry_after_s
+                ),
+            ));
+        }
+        if let Some(s) = b.retry_after_s.filter(|s| *s > 86_400) {
+            return Some(("retry_after_s", format!("{s} is more than a day")));
+        }
+        None
+    }
 }
 
 /// One backend replica.
@@ -78,6 +230,13 @@ pub struct BackendConfig {
     pub address: String,
     /// Requests the replica serves at once (the proposal's `max_ongoing_requests`).
     pub max_ongoing_requests: Option<u64>,
+}
+
+impl BackendConfig {
+    /// The endpoint (validated).
+    pub fn endpoint(&self) -> Endpoint {
+        self.address.parse().expect("validated")
+    }
 }
 
 /// A configuration that cannot be used.
@@ -190,6 +349,15 @@ impl Config {
                     ));
                 }
             }
+            if let Some((field, reason)) = service.backpressure.invalid_field() {
+                return Err(invalid(at(&format!("backpressure.{field}")), reason));
+            }
+            if service.max_queued_requests == Some(0) {
+                return Err(invalid(
+                    at("max_queued_requests"),
+                    "0 would reject everything; omit it if unknown".into(),
+                ));
+            }
             if let Some(frontend) = &service.frontend {
                 frontend
                     .parse::<Endpoint>()
@@ -203,12 +371,8 @@ impl Config {
     pub fn watched_endpoints(&self) -> BTreeSet<Endpoint> {
         let mut endpoints = BTreeSet::new();
         for service in &self.services {
-            for backend in &service.backends {
-                endpoints.insert(backend.address.parse().expect("validated"));
-            }
-            if let Some(frontend) = &service.frontend {
-                endpoints.insert(frontend.parse().expect("validated"));
-            }
+            endpoints.extend(service.backends.iter().map(BackendConfig::endpoint));
+            endpoints.extend(service.frontend_endpoint());
         }
         endpoints
     }
@@ -256,6 +420,49 @@ mod tests {
             e.contains("agent.tick_interval_ms") && e.contains('5'),
             "{e}"
         );
+    }
+
+    #[test]
+    fn an_unknown_policy_names_its_field_and_value() {
+        let e = error_of(
+            "[[service]]\nname = \"a\"\nbackends = [{ address = \"*:1\" }]\n[service.backpressure]\nretry_after_policy = \"auto\"\n",
+        );
+        assert!(
+            e.contains("service[0].backpressure.retry_after_policy"),
+            "{e}"
+        );
+        assert!(e.contains("\"auto\""), "{e}");
+    }
+
+    #[test]
+    fn backpressure_defaults_are_the_proposals_and_bad_constants_are_refused() {
+        let config =
+            Config::parse("[[service]]\nname = \"a\"\nbackends = [{ address = \"*:1\" }]\n")
+                .unwrap();
+        let b = &config.services[0].backpressure;
+        assert_eq!(b.policy(), RetryAfterPolicy::Static);
+        assert_eq!(b.constants(), PolicyConstants::default());
+        assert_eq!(b.status_code, 429);
+        for (line, field) in [
+            ("status_code = 500", "status_code"),
+            ("alpha = 0.0", "alpha"),
+            ("jitter = 0.9", "jitter"),
+            ("max_retry_after_s = 120", "max_retry_after_s"),
+            (
+                "min_retry_after_s = 30\nmax_retry_after_s = 10",
+                "min_retry_after_s",
+            ),
+            ("occupancy_weight = -1.0", "occupancy_weight"),
+            ("cold_after_s = 0.0", "cold_after_s"),
+        ] {
+            let e = error_of(&format!(
+                "[[service]]\nname = \"a\"\nbackends = [{{ address = \"*:1\" }}]\n[service.backpressure]\n{line}\n"
+            ));
+            assert!(
+                e.contains(&format!("service[0].backpressure.{field}")),
+                "{line}: {e}"
+            );
+        }
     }
 
     #[test]

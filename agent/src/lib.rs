@@ -6,6 +6,7 @@
 
 pub mod config;
 pub mod endpoint;
+pub mod estimate;
 pub mod kernel;
 pub mod run;
 pub mod shutdown;
