@@ -8,6 +8,7 @@ use tracing::{debug, info, warn};
 
 use crate::{
     config::Config,
+    estimate::Estimator,
     kernel::{Probe, ProbeError, ProbeOptions},
     snapshot::Snapshot,
 };
@@ -48,6 +49,7 @@ pub async fn run(
         "attached; watching"
     );
 
+    let mut estimator = Estimator::from_config(&config);
     let mut tick = tokio::time::interval(config.agent.tick_interval());
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(shutdown);
@@ -70,6 +72,18 @@ pub async fn run(
                     );
                 }
                 debug!(probe = ?snapshot.probe, "tick");
+                estimator.observe(&snapshot);
+                for (name, service) in estimator.services() {
+                    let signals = service.signals(Default::default());
+                    debug!(
+                        service = name,
+                        drain_rate = ?signals.drain_rate,
+                        queue_depth = signals.queue_depth,
+                        source = signals.queue_depth_source.as_str(),
+                        admitted_share = ?service.judge().admitted_share(),
+                        "estimate"
+                    );
+                }
                 snapshots.send_replace(Some(snapshot));
             }
         }
