@@ -8,6 +8,7 @@ pub mod config;
 pub mod endpoint;
 pub mod estimate;
 pub mod kernel;
+pub use retry_after_protocol as protocol;
 pub mod run;
 pub mod shutdown;
 pub mod snapshot;

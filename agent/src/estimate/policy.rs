@@ -68,8 +68,7 @@ pub struct PolicyConstants {
     pub max_retry_after_s: u64,
 }
 
-/// The widest clamp: common client SDKs ignore Retry-After above 60 s.
-pub const MAX_RETRY_AFTER_S: u64 = 60;
+pub use retry_after_protocol::MAX_RETRY_AFTER_S;
 
 impl Default for PolicyConstants {
     fn default() -> Self {

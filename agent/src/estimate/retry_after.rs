@@ -7,6 +7,8 @@
 
 use std::fmt;
 
+use retry_after_protocol::{header_value, jitter_factor};
+
 use super::policy::{Computed, PolicyConstants, RetryAfterPolicy, Signals};
 
 /// A source of uniform random numbers in [0, 1): injected, so tests are deterministic.
@@ -80,18 +82,25 @@ pub fn retry_after(
 ) -> RetryAfter {
     let computed = policy.compute(&signals, constants);
     if let Some(c) = computed {
-        let factor = jitter_factor(constants.jitter, jitter);
-        let value = c.base_s * factor;
-        if value.is_finite() && value >= 0.0 {
-            let (min, max) = clamp_bounds(constants);
-            let micros = to_micros(value);
+        let unit = if constants.jitter > 0.0 {
+            jitter.unit()
+        } else {
+            0.5
+        };
+        if let Some((seconds, millis)) = header_value(
+            c.base_s,
+            constants.jitter,
+            unit,
+            constants.min_retry_after_s,
+            constants.max_retry_after_s,
+        ) {
             return RetryAfter {
-                seconds: Some(micros.div_ceil(1_000_000).clamp(min, max)),
-                millis: Some(micros.div_ceil(1_000).clamp(min * 1000, max * 1000)),
+                seconds: Some(seconds),
+                millis: Some(millis),
                 rung: Rung::Computed,
                 signals,
                 computed,
-                jitter_factor: factor,
+                jitter_factor: jitter_factor(constants.jitter, unit),
             };
         }
     }
@@ -107,42 +116,6 @@ pub fn retry_after(
         computed,
         jitter_factor: 1.0,
     }
-}
-
-/// A factor drawn uniformly from [1 − j, 1 + j], j limited to [0, 1).
-pub fn jitter_factor(relative: f64, jitter: &mut impl Jitter) -> f64 {
-    let j = if relative.is_finite() {
-        relative.clamp(0.0, 0.999)
-    } else {
-        0.0
-    };
-    if j == 0.0 {
-        return 1.0;
-    }
-    let u = jitter.unit();
-    let u = if u.is_finite() {
-        u.clamp(0.0, 1.0)
-    } else {
-        0.5
-    };
-    1.0 + j * (2.0 * u - 1.0)
-}
-
-/// The effective clamp: the configured one, never wider than [1, 60].
-pub fn clamp_bounds(constants: &PolicyConstants) -> (u64, u64) {
-    let max = constants
-        .max_retry_after_s
-        .clamp(1, super::policy::MAX_RETRY_AFTER_S);
-    let min = constants.min_retry_after_s.clamp(1, max);
-    (min, max)
-}
-
-/// Seconds to whole microseconds, rounded to nearest: rounding up to seconds or milliseconds
-/// then happens in integers, so floating-point noise (30 × 0.1 = 3.0000000000000004) cannot
-/// add a whole second. `value` must be finite and non-negative; `as` saturates far beyond the
-/// clamp.
-fn to_micros(value: f64) -> u64 {
-    (value * 1e6).round() as u64
 }
 
 #[cfg(test)]
@@ -245,7 +218,22 @@ mod tests {
             max_retry_after_s: 600,
             ..c
         };
-        assert_eq!(clamp_bounds(&wide), (1, 60));
+        let r = retry_after(
+            COMPUTED,
+            &wide,
+            None,
+            signals(0, Some(1.0)),
+            &mut Fixed(vec![0.5]),
+        );
+        assert_eq!(r.seconds, Some(1));
+        let r = retry_after(
+            COMPUTED,
+            &wide,
+            None,
+            signals(1000, Some(1.0)),
+            &mut Fixed(vec![0.5]),
+        );
+        assert_eq!(r.seconds, Some(60));
     }
 
     #[test]
@@ -288,11 +276,6 @@ mod tests {
             &mut Fixed(vec![0.25]),
         );
         assert_eq!((r.seconds, r.millis), (Some(2), Some(1890)));
-        // Floating-point noise does not round up a whole second: 0.1 × 3 × 10 is
-        // 3.0000000000000004 in floats, whose ceiling is 4.
-        let noisy: f64 = 0.1 * 3.0 * 10.0;
-        assert_eq!(noisy.ceil(), 4.0, "the case is real");
-        assert_eq!(to_micros(noisy).div_ceil(1_000_000), 3);
         // Through the ladder: 30 queued at 10/s is 3 s.
         let r = retry_after(
             COMPUTED,
@@ -302,10 +285,16 @@ mod tests {
             &mut Fixed(vec![0.5]),
         );
         assert_eq!((r.seconds, r.millis), (Some(3), Some(3000)));
-        // A broken random source cannot push the factor out of bounds.
+        // A broken random source cannot push the value out of bounds.
         for u in [f64::NAN, -3.0, 7.0] {
-            let f = jitter_factor(0.2, &mut Fixed(vec![u]));
-            assert!((0.8..=1.2).contains(&f), "{u} → {f}");
+            let r = retry_after(
+                COMPUTED,
+                &c,
+                None,
+                signals(10, Some(1.0)),
+                &mut Fixed(vec![u]),
+            );
+            assert!((8..=12).contains(&r.seconds.unwrap()), "{u} → {r:?}");
         }
     }
 
