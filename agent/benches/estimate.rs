@@ -82,6 +82,7 @@ fn warm_estimator(t0: Instant) -> ServiceEstimator {
         policy: RetryAfterPolicy::RouterQueueDrainRate,
         constants: PolicyConstants::default(),
         static_retry_after_s: Some(5),
+        status_code: 429,
         max_queued_requests: Some(64),
         backends,
         frontend: None,

@@ -40,6 +40,19 @@ pub struct AgentConfig {
     pub max_connections: u32,
     /// cgroup v2 directory to attach to (default: the root of the mounted hierarchy).
     pub cgroup: Option<String>,
+    /// Path of the Unix socket proxies connect to.
+    pub socket_path: String,
+    /// Permissions of the socket file, octal (default "0660": owner and group).
+    pub socket_mode: String,
+    /// If set, only peers with these uids (SO_PEERCRED) are served.
+    pub allowed_uids: Option<Vec<u32>>,
+    /// Socket connections held at once; at the limit the longest-idle one is shed (256).
+    pub max_clients: usize,
+    /// A connection that sends no request for this long is closed, unless it subscribed
+    /// (30000).
+    pub client_idle_timeout_ms: u64,
+    /// Address of the Prometheus endpoint (`/metrics`), loopback by default.
+    pub metrics_listen: String,
 }
 
 impl Default for AgentConfig {
@@ -48,6 +61,12 @@ impl Default for AgentConfig {
             tick_interval_ms: 1000,
             max_connections: retry_after_common::DEFAULT_MAX_CONNECTIONS,
             cgroup: None,
+            socket_path: "/run/retry-after-agent/agent.sock".into(),
+            socket_mode: "0660".into(),
+            allowed_uids: None,
+            max_clients: 256,
+            client_idle_timeout_ms: 30_000,
+            metrics_listen: "127.0.0.1:9464".into(),
         }
     }
 }
@@ -56,6 +75,21 @@ impl AgentConfig {
     /// The tick interval.
     pub fn tick_interval(&self) -> Duration {
         Duration::from_millis(self.tick_interval_ms)
+    }
+
+    /// The socket file mode (validated).
+    pub fn socket_mode(&self) -> u32 {
+        u32::from_str_radix(&self.socket_mode, 8).expect("validated")
+    }
+
+    /// The metrics address (validated).
+    pub fn metrics_listen(&self) -> std::net::SocketAddr {
+        self.metrics_listen.parse().expect("validated")
+    }
+
+    /// The idle timeout of socket connections.
+    pub fn client_idle_timeout(&self) -> Duration {
+        Duration::from_millis(self.client_idle_timeout_ms)
     }
 }
 
@@ -306,6 +340,46 @@ impl Config {
             return Err(invalid(
                 "agent.max_connections".into(),
                 format!("{} is below the minimum of 64", agent.max_connections),
+            ));
+        }
+        if agent.socket_path.is_empty() || !agent.socket_path.starts_with('/') {
+            return Err(invalid(
+                "agent.socket_path".into(),
+                format!("{:?} is not an absolute path", agent.socket_path),
+            ));
+        }
+        if !matches!(u32::from_str_radix(&agent.socket_mode, 8), Ok(mode) if mode <= 0o777) {
+            return Err(invalid(
+                "agent.socket_mode".into(),
+                format!(
+                    "{:?} is not an octal mode such as \"0660\"",
+                    agent.socket_mode
+                ),
+            ));
+        }
+        if !(1..=65_536).contains(&agent.max_clients) {
+            return Err(invalid(
+                "agent.max_clients".into(),
+                format!("{} is outside 1..=65536", agent.max_clients),
+            ));
+        }
+        if agent.client_idle_timeout_ms < 100 {
+            return Err(invalid(
+                "agent.client_idle_timeout_ms".into(),
+                format!(
+                    "{} is below the minimum of 100",
+                    agent.client_idle_timeout_ms
+                ),
+            ));
+        }
+        if agent
+            .metrics_listen
+            .parse::<std::net::SocketAddr>()
+            .is_err()
+        {
+            return Err(invalid(
+                "agent.metrics_listen".into(),
+                format!("{:?} is not ADDRESS:PORT", agent.metrics_listen),
             ));
         }
         let mut names = BTreeSet::new();

@@ -1,14 +1,18 @@
-//! The `retry-after-agent` binary: parses the command line and runs the daemon.
+//! The `retry-after-agent` binary: parses the command line and runs one command.
 
-use std::path::PathBuf;
+use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use retry_after_agent::{config::Config, run, shutdown};
+use retry_after_agent::{
+    config::{Config, DEFAULT_CONFIG},
+    kernel::{Probe, ProbeOptions, find_cgroup2_root},
+    run, shutdown,
+};
 use tracing::info;
 
 /// Tells load-shedding proxies when to tell clients to come back: computes Retry-After from
-/// backend load observed in the kernel with eBPF.
+/// backend load observed in the kernel with eBPF, and serves it over a Unix socket.
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Cli {
@@ -18,11 +22,37 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run the daemon (needs root or CAP_BPF + CAP_NET_ADMIN): attach the eBPF programs and
-    /// watch the configured backends until SIGINT or SIGTERM.
+    /// Run the daemon (as root, or with CAP_BPF and CAP_NET_ADMIN): attach the eBPF programs,
+    /// watch the configured backends, serve proxies and metrics until SIGINT or SIGTERM.
     Run {
-        /// Configuration file (TOML). Without it the embedded default configuration is used;
-        /// `print-default-config` shows it.
+        /// Configuration file (TOML); without it the embedded default is used.
+        #[arg(long, short, value_name = "FILE")]
+        config: Option<PathBuf>,
+    },
+    /// Ask a running agent for a service's Retry-After, as a proxy would, and print the answer.
+    Query {
+        /// The service, as named in the configuration.
+        service: String,
+        /// Your queue depth for the service.
+        #[arg(long, value_name = "N")]
+        queue_depth: Option<u64>,
+        /// Your placement backoff streak.
+        #[arg(long, value_name = "N")]
+        backoff_streak: Option<u32>,
+        /// The agent's socket (default: agent.socket_path of --config, or of the default
+        /// configuration).
+        #[arg(long, value_name = "PATH")]
+        socket: Option<PathBuf>,
+        /// Configuration file whose socket path to use.
+        #[arg(long, short, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Give up after this many milliseconds.
+        #[arg(long, default_value_t = 2000, value_name = "MS")]
+        timeout_ms: u64,
+    },
+    /// Validate a configuration and check that this machine has what the agent needs.
+    Check {
+        /// Configuration file (TOML); without it the embedded default is checked.
         #[arg(long, short, value_name = "FILE")]
         config: Option<PathBuf>,
     },
@@ -30,32 +60,171 @@ enum Command {
     PrintDefaultConfig,
 }
 
+fn load(config: Option<&PathBuf>) -> anyhow::Result<Config> {
+    Ok(match config {
+        Some(path) => Config::from_file(path)?,
+        None => Config::default_config(),
+    })
+}
+
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> anyhow::Result<ExitCode> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
+        .with_writer(std::io::stderr)
         .init();
     match Cli::parse().command {
         Command::Run { config } => {
-            let config = match &config {
-                Some(path) => Config::from_file(path)?,
-                None => Config::default_config(),
-            };
-            let (snapshots, _) = tokio::sync::watch::channel(None);
+            let config = load(config.as_ref())?;
             let shutdown = async {
                 match shutdown::signal().await {
                     Ok(signal) => info!(signal, "stopping"),
                     Err(error) => tracing::error!(%error, "cannot wait for signals; stopping"),
                 }
             };
-            run::run(config, snapshots, shutdown)
+            run::run(config, shutdown)
                 .await
                 .context("retry-after-agent failed")?;
+            Ok(ExitCode::SUCCESS)
         }
-        Command::PrintDefaultConfig => print!("{}", retry_after_agent::config::DEFAULT_CONFIG),
+        Command::Query {
+            service,
+            queue_depth,
+            backoff_streak,
+            socket,
+            config,
+            timeout_ms,
+        } => {
+            let socket = match socket {
+                Some(socket) => socket,
+                None => PathBuf::from(load(config.as_ref())?.agent.socket_path),
+            };
+            let answer = retry_after_client::query(
+                &socket,
+                &service,
+                queue_depth,
+                backoff_streak,
+                Duration::from_millis(timeout_ms),
+            )
+            .with_context(|| format!("query to {}", socket.display()))?;
+            println!("{}", answer.line);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Check { config } => Ok(check(config.as_ref())),
+        Command::PrintDefaultConfig => {
+            print!("{DEFAULT_CONFIG}");
+            Ok(ExitCode::SUCCESS)
+        }
     }
-    Ok(())
+}
+
+/// Print one line per requirement; exit non-zero if any is missing.
+fn check(config: Option<&PathBuf>) -> ExitCode {
+    let mut missing = 0;
+    let mut report = |ok: bool, what: &str, detail: String| {
+        println!(
+            "{} {what}: {detail}",
+            if ok { "ok     " } else { "MISSING" }
+        );
+        missing += usize::from(!ok);
+    };
+    let config = match load(config) {
+        Ok(config) => {
+            report(
+                true,
+                "configuration",
+                format!(
+                    "{} service(s), {} endpoint(s) to watch",
+                    config.services.len(),
+                    config.watched_endpoints().len()
+                ),
+            );
+            Some(config)
+        }
+        Err(error) => {
+            report(false, "configuration", format!("{error:#}"));
+            None
+        }
+    };
+    let btf = std::path::Path::new("/sys/kernel/btf/vmlinux").exists();
+    report(
+        btf,
+        "kernel BTF",
+        if btf {
+            "/sys/kernel/btf/vmlinux present".into()
+        } else {
+            "/sys/kernel/btf/vmlinux is absent: use a kernel built with CONFIG_DEBUG_INFO_BTF"
+                .into()
+        },
+    );
+    let cgroup = config
+        .as_ref()
+        .and_then(|c| c.agent.cgroup.clone().map(PathBuf::from))
+        .or_else(find_cgroup2_root);
+    report(
+        cgroup.is_some(),
+        "cgroup v2",
+        match &cgroup {
+            Some(path) => format!("attaching to {}", path.display()),
+            None => "no cgroup2 hierarchy is mounted: mount -t cgroup2 none /sys/fs/cgroup/unified"
+                .into(),
+        },
+    );
+    if cgroup.is_some() {
+        // The real thing: load, verify and attach the programs, then detach at once.
+        let options = ProbeOptions {
+            cgroup,
+            ..ProbeOptions::default()
+        };
+        match Probe::attach(&options) {
+            Ok(probe) => report(
+                true,
+                "eBPF programs",
+                format!(
+                    "sock_ops and cgroup_skb programs load and attach ({} programs)",
+                    probe.program_ids().len()
+                ),
+            ),
+            Err(error) => report(
+                false,
+                "eBPF programs",
+                format!("{:#}", anyhow::Error::from(error)),
+            ),
+        }
+    }
+    if let Some(config) = &config {
+        let socket = PathBuf::from(&config.agent.socket_path);
+        let dir = socket.parent().map(PathBuf::from).unwrap_or_default();
+        let writable = std::fs::create_dir_all(&dir).is_ok() && tempfile_in(&dir).is_ok();
+        report(
+            writable,
+            "socket directory",
+            format!(
+                "{} {}",
+                dir.display(),
+                if writable {
+                    "is writable"
+                } else {
+                    "cannot be written"
+                }
+            ),
+        );
+    }
+    if missing == 0 {
+        println!("everything the agent needs is here");
+        ExitCode::SUCCESS
+    } else {
+        println!("{missing} requirement(s) missing");
+        ExitCode::FAILURE
+    }
+}
+
+/// Create and remove a file in `dir`.
+fn tempfile_in(dir: &std::path::Path) -> std::io::Result<()> {
+    let path = dir.join(format!(".retry-after-check-{}", std::process::id()));
+    std::fs::write(&path, b"")?;
+    std::fs::remove_file(path)
 }

@@ -1,16 +1,22 @@
-//! The daemon's main loop: attach, watch the configured endpoints, read a snapshot each tick,
-//! stop when told to.
+//! The daemon: attach, watch the configured endpoints, serve proxies and metrics, read the
+//! counters and update the estimates each tick, stop when told to.
 
-use std::{future::Future, path::PathBuf};
+use std::{
+    future::Future,
+    path::{Path, PathBuf},
+    sync::{Arc, atomic::Ordering},
+    time::Instant,
+};
 
-use tokio::{io::unix::AsyncFd, sync::watch};
+use tokio::{io::unix::AsyncFd, sync::broadcast};
 use tracing::{debug, info, warn};
 
 use crate::{
     config::Config,
     estimate::Estimator,
     kernel::{Probe, ProbeError, ProbeOptions},
-    snapshot::Snapshot,
+    metrics,
+    server::{self, ServerError, ServerOptions, Shared},
 };
 
 /// Why the daemon stopped with an error.
@@ -19,23 +25,31 @@ pub enum RunError {
     /// The kernel side failed (attach, watch, or a read).
     #[error(transparent)]
     Probe(#[from] ProbeError),
+    /// The proxy socket could not be set up.
+    #[error(transparent)]
+    Server(#[from] ServerError),
+    /// The metrics endpoint could not be bound.
+    #[error("cannot listen for metrics on {addr}")]
+    Metrics {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
-/// Run the agent until `shutdown` completes. Every program is detached before this returns,
-/// whether it returns `Ok` or an error.
-///
-/// `snapshots` receives every tick's snapshot (consumers see the latest only).
+/// Run the agent until `shutdown` completes. Every program is detached and the socket file
+/// removed before this returns, whether it returns `Ok` or an error.
 ///
 /// # Errors
-/// [`RunError`] if the programs cannot be attached or the counters cannot be read.
-pub async fn run(
-    config: Config,
-    snapshots: watch::Sender<Option<Snapshot>>,
-    shutdown: impl Future<Output = ()>,
-) -> Result<(), RunError> {
+/// [`RunError`] if the programs, the socket or the metrics endpoint cannot be set up, or the
+/// counters cannot be read.
+pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
+    let agent = &config.agent;
     let options = ProbeOptions {
-        cgroup: config.agent.cgroup.as_ref().map(PathBuf::from),
-        max_connections: Some(config.agent.max_connections),
+        cgroup: agent.cgroup.as_ref().map(PathBuf::from),
+        max_connections: Some(agent.max_connections),
         debug_log: tracing::enabled!(tracing::Level::DEBUG),
     };
     let mut probe = Probe::attach(&options)?;
@@ -43,54 +57,102 @@ pub async fn run(
     for endpoint in config.watched_endpoints() {
         probe.watch(endpoint)?;
     }
+    let shared = Arc::new(Shared::new(Estimator::from_config(&config)));
+    shared
+        .endpoints
+        .store(probe.watched().count(), Ordering::Relaxed);
+
+    let metrics_addr = agent.metrics_listen();
+    let metrics_listener =
+        metrics::bind(metrics_addr)
+            .await
+            .map_err(|source| RunError::Metrics {
+                addr: metrics_addr,
+                source,
+            })?;
+    let socket_path = PathBuf::from(&agent.socket_path);
+    let listener = server::bind(&socket_path, agent.socket_mode())?;
+    let _socket_file = RemoveOnDrop(socket_path.clone());
+    let (stop, _) = broadcast::channel(1);
+    let server = tokio::spawn(server::serve(
+        listener,
+        shared.clone(),
+        ServerOptions {
+            allowed_uids: agent.allowed_uids.clone(),
+            max_clients: agent.max_clients,
+            idle_timeout: agent.client_idle_timeout(),
+        },
+        stop.subscribe(),
+    ));
+    let metrics_shared = shared.clone();
+    let metrics_server = tokio::spawn(metrics::serve(metrics_listener, move || {
+        metrics_shared.metrics.render()
+    }));
     info!(
         cgroup = %probe.cgroup().display(),
+        socket = %socket_path.display(),
+        metrics = %metrics_addr,
         endpoints = ?probe.watched().map(ToString::to_string).collect::<Vec<_>>(),
-        "attached; watching"
+        "attached; serving"
     );
 
-    let mut estimator = Estimator::from_config(&config);
-    let mut tick = tokio::time::interval(config.agent.tick_interval());
+    let mut tick = tokio::time::interval(agent.tick_interval());
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(shutdown);
-    loop {
+    let result = loop {
         tokio::select! {
-            _ = &mut shutdown => break,
+            _ = &mut shutdown => break Ok(()),
             _ = tick.tick() => {
-                let snapshot = probe.read()?;
-                for endpoint in &snapshot.endpoints {
-                    debug!(
-                        endpoint = %endpoint.endpoint,
-                        side = endpoint.side.as_str(),
-                        opened = endpoint.counters.connections_opened,
-                        closed = endpoint.counters.connections_closed,
-                        requests = endpoint.counters.requests_started,
-                        responses = endpoint.counters.responses_completed,
-                        in_flight = endpoint.in_flight(),
-                        backlog = ?endpoint.accept_backlog,
-                        "tick"
-                    );
+                let started = Instant::now();
+                let snapshot = match probe.read() {
+                    Ok(snapshot) => snapshot,
+                    Err(error) => break Err(error.into()),
+                };
+                {
+                    let mut estimator = shared.estimator();
+                    let settled = estimator.observe(&snapshot);
+                    shared.metrics.record_tick(&snapshot, &estimator, &settled, started.elapsed());
+                    for (name, service) in estimator.services() {
+                        let signals = service.signals(Default::default());
+                        debug!(
+                            service = name,
+                            drain_rate = ?signals.drain_rate,
+                            queue_depth = signals.queue_depth,
+                            source = signals.queue_depth_source.as_str(),
+                            admitted_share = ?service.judge().admitted_share(),
+                            "tick"
+                        );
+                    }
                 }
-                debug!(probe = ?snapshot.probe, "tick");
-                estimator.observe(&snapshot);
-                for (name, service) in estimator.services() {
-                    let signals = service.signals(Default::default());
-                    debug!(
-                        service = name,
-                        drain_rate = ?signals.drain_rate,
-                        queue_depth = signals.queue_depth,
-                        source = signals.queue_depth_source.as_str(),
-                        admitted_share = ?service.judge().admitted_share(),
-                        "estimate"
-                    );
-                }
-                snapshots.send_replace(Some(snapshot));
+                let ticks = shared.ticks.fetch_add(1, Ordering::Relaxed) + 1;
+                *shared.last_tick.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+                let _ = shared.tick.send(ticks);
             }
         }
-    }
+    };
+    let _ = stop.send(());
+    let _ = server.await;
+    metrics_server.abort();
     drop(probe);
     info!("detached; stopped");
-    Ok(())
+    result
+}
+
+/// Removes the socket file when the daemon stops.
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        remove_socket(&self.0);
+    }
+}
+
+fn remove_socket(path: &Path) {
+    if let Err(error) = std::fs::remove_file(path)
+        && error.kind() != std::io::ErrorKind::NotFound
+    {
+        warn!(%error, path = %path.display(), "cannot remove the socket file");
+    }
 }
 
 /// Forward the programs' aya-log records into our log, as they arrive.
@@ -103,15 +165,15 @@ fn forward_ebpf_logs(probe: &mut Probe) {
         }
     };
     // SAFETY: the logger owns its ring buffer fd; flushing neither closes nor replaces it.
-    let logger =
-        match unsafe { AsyncFd::register_with_interest(logger, tokio::io::Interest::READABLE) } {
-            Ok(logger) => logger,
-            Err(error) => {
-                warn!(%error, "eBPF log records will not be forwarded");
-                return;
-            }
-        };
-    let mut logger = logger;
+    let registered =
+        unsafe { AsyncFd::register_with_interest(logger, tokio::io::Interest::READABLE) };
+    let mut logger = match registered {
+        Ok(logger) => logger,
+        Err(error) => {
+            warn!(%error, "eBPF log records will not be forwarded");
+            return;
+        }
+    };
     tokio::spawn(async move {
         loop {
             let Ok(mut guard) = logger.readable_mut().await else {

@@ -33,6 +33,7 @@ fn admitted_share_and_drain_times_match_the_hand_computation() {
             ..PolicyConstants::default()
         },
         static_retry_after_s: None,
+        status_code: 429,
         max_queued_requests: Some(30),
         backends: vec![(Endpoint::AnyAddress(9000), None)],
         frontend: Some(Endpoint::AnyAddress(8000)),
@@ -118,6 +119,7 @@ fn a_slowdown_the_estimate_did_not_foresee_shows_as_ratios_above_one() {
             ..PolicyConstants::default()
         },
         static_retry_after_s: None,
+        status_code: 429,
         max_queued_requests: Some(15),
         backends: vec![(Endpoint::AnyAddress(9000), None)],
         frontend: Some(Endpoint::AnyAddress(8000)),

@@ -110,11 +110,17 @@ impl Judge {
     }
 
     /// Feed one tick: the queue depth and completed total at `now`. Settles what can be
-    /// settled.
-    pub fn observe(&mut self, now: Instant, queue_depth: u64, completed_total: u64) {
+    /// settled, and returns the observed / suggested ratios settled now, with their counts.
+    pub fn observe(
+        &mut self,
+        now: Instant,
+        queue_depth: u64,
+        completed_total: u64,
+    ) -> Vec<(f64, u64)> {
         let max_queued = self.max_queued_requests;
         let horizon = self.horizon;
         let stats = &mut self.stats;
+        let mut settled = Vec::new();
         self.pending.retain_mut(|p| {
             let since = now.saturating_duration_since(p.at);
             if p.drained.is_none() && completed_total.saturating_sub(p.completed_at) >= p.depth {
@@ -145,11 +151,13 @@ impl Judge {
                         .unwrap_or(RATIO_BUCKETS.len());
                     stats.ratio_counts[bucket] += p.weight;
                     stats.ratio_sum += ratio * p.weight as f64;
+                    settled.push((ratio, p.weight));
                 }
                 None => stats.undrained += p.weight,
             }
             false
         });
+        settled
     }
 
     /// The running results.

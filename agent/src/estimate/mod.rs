@@ -61,6 +61,8 @@ pub struct ServiceSettings {
     pub constants: PolicyConstants,
     /// The static value and fallback.
     pub static_retry_after_s: Option<u64>,
+    /// The status code rejections carry.
+    pub status_code: u16,
     /// The proxy's queue limit.
     pub max_queued_requests: Option<u64>,
     /// Backends and their `max_ongoing_requests`.
@@ -80,6 +82,7 @@ impl ServiceSettings {
             policy: backpressure.policy(),
             constants: backpressure.constants(),
             static_retry_after_s: backpressure.retry_after_s,
+            status_code: backpressure.status_code,
             max_queued_requests: service.max_queued_requests,
             backends: service
                 .backends
@@ -124,23 +127,51 @@ impl ServiceEstimator {
         &self.settings
     }
 
-    /// Feed one tick's snapshot.
-    pub fn observe(&mut self, snapshot: &Snapshot) {
+    /// Feed one tick's snapshot. Returns the suggestions the judge settled: (observed /
+    /// suggested, count).
+    pub fn observe(&mut self, snapshot: &Snapshot) -> Vec<(f64, u64)> {
         let load = self.load_from(snapshot);
-        self.observe_load(snapshot.taken_at, load);
+        self.observe_load(snapshot.taken_at, load)
+    }
+
+    /// What a subscriber needs to answer rejections itself until the next tick: the computed
+    /// base (from the agent's queue depth, before jitter and clamp) and the terms to redo it
+    /// with the proxy's own depth and streak.
+    pub fn push(&self, seq: u64) -> retry_after_protocol::EstimatePush {
+        let s = &self.settings;
+        let c = &s.constants;
+        let signals = self.signals(Query::default());
+        let computed = s.policy.compute(&signals, c);
+        let occupancy = signals.occupancy.map_or(0.0, |o| o.clamp(0.0, 1.0));
+        retry_after_protocol::EstimatePush {
+            service: s.name.clone(),
+            seq,
+            base_ms: computed.map(|c| (c.base_s * 1000.0).round().min(u64::MAX as f64) as u64),
+            jitter: c.jitter,
+            min_s: c.min_retry_after_s,
+            max_s: c.max_retry_after_s,
+            static_s: s.static_retry_after_s,
+            status_code: s.status_code,
+            queue_depth: signals.queue_depth,
+            // Only a computing policy lets the proxy compute with its own depth.
+            drain_rate: computed.and(signals.drain_rate),
+            occupancy_factor: 1.0 + c.occupancy_weight * occupancy,
+            backoff_weight: c.backoff_weight,
+            backoff_saturation: c.backoff_streak_saturation,
+        }
     }
 
     /// Feed one tick's service load (what [`ServiceEstimator::observe`] derives from a
-    /// snapshot).
-    pub fn observe_load(&mut self, at: Instant, load: ServiceLoad) {
+    /// snapshot). Returns the suggestions the judge settled: (observed / suggested, count).
+    pub fn observe_load(&mut self, at: Instant, load: ServiceLoad) -> Vec<(f64, u64)> {
         let completed = load.completed_total();
         self.drain.observe(at, completed, load.in_flight());
         let fresh_proxy_depth = self.proxy_depth.filter(|(when, _)| {
             at.saturating_duration_since(*when) <= self.settings.tick_interval * 2
         });
         let depth = load.queue_depth(fresh_proxy_depth.map(|(_, d)| d)).0;
-        self.judge.observe(at, depth, completed);
         self.load = load;
+        self.judge.observe(at, depth, completed)
     }
 
     /// The signals for a rejection now.
@@ -259,11 +290,13 @@ impl Estimator {
         }
     }
 
-    /// Feed one tick's snapshot to every service.
-    pub fn observe(&mut self, snapshot: &Snapshot) {
-        for service in self.services.values_mut() {
-            service.observe(snapshot);
-        }
+    /// Feed one tick's snapshot to every service. Returns, per service, the suggestions its
+    /// judge settled: (observed / suggested, count).
+    pub fn observe(&mut self, snapshot: &Snapshot) -> Vec<(String, Vec<(f64, u64)>)> {
+        self.services
+            .iter_mut()
+            .map(|(name, service)| (name.clone(), service.observe(snapshot)))
+            .collect()
     }
 
     /// The Retry-After for a rejection by `service`, or `None` if there is no such service.

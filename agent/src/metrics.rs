@@ -1,0 +1,321 @@
+//! Prometheus metrics, and the small HTTP endpoint that serves them.
+//!
+//! Names follow Prometheus conventions (`retry_after_` prefix, base units, `_total` on
+//! counters). docs/metrics.md lists every series. Kernel counters are monotonic per watch; they
+//! are exported as counters advanced by the difference since the last tick.
+
+use std::{
+    collections::HashMap,
+    net::SocketAddr,
+    time::{Duration, Instant},
+};
+
+use prometheus::{
+    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
+};
+use retry_after_common::EndpointCounters;
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::TcpListener,
+};
+
+use crate::{
+    estimate::{Estimator, QueueDepthSource, RetryAfter, Rung},
+    protocol::ErrorCode,
+    snapshot::Snapshot,
+};
+
+/// Every metric of the agent.
+pub struct Metrics {
+    registry: Registry,
+    endpoint_counters: [IntCounterVec; 7],
+    endpoint_in_flight: IntGaugeVec,
+    endpoint_accept_backlog: IntGaugeVec,
+    probe_problems: IntGaugeVec,
+    drain_rate: GaugeVec,
+    drain_rate_warm: IntGaugeVec,
+    queue_depth: IntGaugeVec,
+    queue_depth_source: IntGaugeVec,
+    occupancy: GaugeVec,
+    saturation_factor: GaugeVec,
+    suggested_delay: HistogramVec,
+    rung: IntCounterVec,
+    judge_admitted_ratio: GaugeVec,
+    judge_observed_over_suggested: HistogramVec,
+    socket_connections: IntGauge,
+    queries: IntCounterVec,
+    query_errors: IntCounterVec,
+    query_duration: Histogram,
+    tick_duration: Histogram,
+    ticks: IntCounter,
+    last_counters: std::sync::Mutex<HashMap<(String, &'static str), EndpointCounters>>,
+}
+
+const ENDPOINT_COUNTERS: [(&str, &str); 7] = [
+    (
+        "retry_after_endpoint_connections_opened_total",
+        "Connections accepted (server side) or opened (client side) to the endpoint.",
+    ),
+    (
+        "retry_after_endpoint_connections_closed_total",
+        "Connections to the endpoint that closed.",
+    ),
+    (
+        "retry_after_endpoint_requests_started_total",
+        "Request turns begun on connections to the endpoint.",
+    ),
+    (
+        "retry_after_endpoint_responses_completed_total",
+        "Request turns whose response completed.",
+    ),
+    (
+        "retry_after_endpoint_requests_abandoned_total",
+        "Request turns ended by close before any response byte.",
+    ),
+    (
+        "retry_after_endpoint_request_bytes_total",
+        "Client-to-server payload bytes.",
+    ),
+    (
+        "retry_after_endpoint_response_bytes_total",
+        "Server-to-client payload bytes within response turns.",
+    ),
+];
+
+fn field(c: &EndpointCounters, i: usize) -> u64 {
+    [
+        c.connections_opened,
+        c.connections_closed,
+        c.requests_started,
+        c.responses_completed,
+        c.requests_abandoned,
+        c.request_bytes,
+        c.response_bytes,
+    ][i]
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// All series, registered, at zero.
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        fn reg<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, m: T) -> T {
+            r.register(Box::new(m.clone()))
+                .expect("unique metric names");
+            m
+        }
+        let endpoint = ["endpoint", "side"];
+        let service = ["service"];
+        let delay_buckets = vec![1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0, 34.0, 60.0];
+        let ratio_buckets = crate::estimate::judge::RATIO_BUCKETS.to_vec();
+        Self {
+            endpoint_counters: ENDPOINT_COUNTERS.map(|(name, help)| {
+                reg(&registry, IntCounterVec::new(Opts::new(name, help), &endpoint).unwrap())
+            }),
+            endpoint_in_flight: reg(&registry, IntGaugeVec::new(Opts::new("retry_after_endpoint_requests_in_flight", "Requests begun and not yet answered or abandoned."), &endpoint).unwrap()),
+            endpoint_accept_backlog: reg(&registry, IntGaugeVec::new(Opts::new("retry_after_endpoint_accept_backlog", "Connections waiting in the accept queues of listeners serving the endpoint."), &["endpoint"]).unwrap()),
+            probe_problems: reg(&registry, IntGaugeVec::new(Opts::new("retry_after_probe_problems", "Things the kernel programs could not observe, since start."), &["kind"]).unwrap()),
+            drain_rate: reg(&registry, GaugeVec::new(Opts::new("retry_after_service_drain_rate_per_second", "EWMA of responses completed per second across the service's backends."), &service).unwrap()),
+            drain_rate_warm: reg(&registry, IntGaugeVec::new(Opts::new("retry_after_service_drain_rate_warm", "1 when the drain rate is warm enough to compute with."), &service).unwrap()),
+            queue_depth: reg(&registry, IntGaugeVec::new(Opts::new("retry_after_service_queue_depth", "Queue depth from the best kernel source, at the last tick."), &service).unwrap()),
+            queue_depth_source: reg(&registry, IntGaugeVec::new(Opts::new("retry_after_service_queue_depth_source", "1 for the source the queue depth came from at the last tick."), &["service", "source"]).unwrap()),
+            occupancy: reg(&registry, GaugeVec::new(Opts::new("retry_after_service_occupancy_ratio", "Requests in flight over fleet capacity (absent when capacity is unknown)."), &service).unwrap()),
+            saturation_factor: reg(&registry, GaugeVec::new(Opts::new("retry_after_service_saturation_factor", "1 + w1·occupancy (the backoff term depends on each query)."), &service).unwrap()),
+            suggested_delay: reg(&registry, HistogramVec::new(HistogramOpts::new("retry_after_suggested_delay_seconds", "Retry-After values answered to queries.").buckets(delay_buckets), &service).unwrap()),
+            rung: reg(&registry, IntCounterVec::new(Opts::new("retry_after_ladder_rung_total", "Query answers by fallback ladder rung."), &["service", "rung"]).unwrap()),
+            judge_admitted_ratio: reg(&registry, GaugeVec::new(Opts::new("retry_after_judge_admitted_ratio", "Share of judged suggestions after which a retry would have been admitted."), &service).unwrap()),
+            judge_observed_over_suggested: reg(&registry, HistogramVec::new(HistogramOpts::new("retry_after_judge_observed_over_suggested_ratio", "Observed queue drain time over the suggested delay, per settled suggestion.").buckets(ratio_buckets), &service).unwrap()),
+            socket_connections: reg(&registry, IntGauge::new("retry_after_socket_connections", "Open connections on the proxy socket.").unwrap()),
+            queries: reg(&registry, IntCounterVec::new(Opts::new("retry_after_queries_total", "Requests received on the proxy socket, by command."), &["command"]).unwrap()),
+            query_errors: reg(&registry, IntCounterVec::new(Opts::new("retry_after_query_errors_total", "Error lines sent on the proxy socket, by code."), &["code"]).unwrap()),
+            query_duration: reg(&registry, Histogram::with_opts(HistogramOpts::new("retry_after_query_duration_seconds", "Time to answer a QUERY, from its line read to its answer written.").buckets(vec![1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 1e-2])).unwrap()),
+            tick_duration: reg(&registry, Histogram::with_opts(HistogramOpts::new("retry_after_tick_duration_seconds", "Time to read the kernel counters and update the estimates.").buckets(vec![1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2])).unwrap()),
+            ticks: reg(&registry, IntCounter::new("retry_after_ticks_total", "Counter reads since start.").unwrap()),
+            registry,
+            last_counters: std::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Record a tick: the snapshot, the estimates after it, what the judges settled, and how
+    /// long it took.
+    pub fn record_tick(
+        &self,
+        snapshot: &Snapshot,
+        estimator: &Estimator,
+        settled: &[(String, Vec<(f64, u64)>)],
+        took: Duration,
+    ) {
+        self.ticks.inc();
+        self.tick_duration.observe(took.as_secs_f64());
+        let mut last_counters = self
+            .last_counters
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        for e in &snapshot.endpoints {
+            let endpoint = e.endpoint.to_string();
+            let side = e.side.as_str();
+            let last = last_counters
+                .insert((endpoint.clone(), side), e.counters)
+                .unwrap_or_default();
+            for (i, counter) in self.endpoint_counters.iter().enumerate() {
+                let (now, before) = (field(&e.counters, i), field(&last, i));
+                // A watch added anew starts from zero: so does its series.
+                counter
+                    .with_label_values(&[endpoint.as_str(), side])
+                    .inc_by(now.saturating_sub(before));
+            }
+            self.endpoint_in_flight
+                .with_label_values(&[endpoint.as_str(), side])
+                .set(e.in_flight() as i64);
+            if let Some(backlog) = e.accept_backlog {
+                self.endpoint_accept_backlog
+                    .with_label_values(&[endpoint.as_str()])
+                    .set(i64::from(backlog));
+            }
+        }
+        let p = &snapshot.probe;
+        for (kind, value) in [
+            ("connections_untracked", p.connections_untracked),
+            ("state_callback_refused", p.state_callback_refused),
+            ("packets_unparsed", p.packets_unparsed),
+            ("headers_copied", p.headers_copied),
+        ] {
+            self.probe_problems
+                .with_label_values(&[kind])
+                .set(value as i64);
+        }
+        for (name, service) in estimator.services() {
+            let signals = service.signals(Default::default());
+            self.drain_rate
+                .with_label_values(&[name])
+                .set(service.drain_rate_ewma());
+            self.drain_rate_warm
+                .with_label_values(&[name])
+                .set(i64::from(signals.drain_rate.is_some()));
+            self.queue_depth
+                .with_label_values(&[name])
+                .set(signals.queue_depth as i64);
+            for source in QueueDepthSource::ALL {
+                self.queue_depth_source
+                    .with_label_values(&[name, source.as_str()])
+                    .set(i64::from(source == signals.queue_depth_source));
+            }
+            if let Some(occupancy) = signals.occupancy {
+                self.occupancy.with_label_values(&[name]).set(occupancy);
+            }
+            let c = &service.settings().constants;
+            self.saturation_factor
+                .with_label_values(&[name])
+                .set(1.0 + c.occupancy_weight * signals.occupancy.unwrap_or(0.0).clamp(0.0, 1.0));
+            if let Some(share) = service.judge().admitted_share() {
+                self.judge_admitted_ratio
+                    .with_label_values(&[name])
+                    .set(share);
+            }
+            for rung in Rung::ALL {
+                self.rung.with_label_values(&[name, rung.as_str()]);
+            }
+            self.suggested_delay.with_label_values(&[name]);
+            self.judge_observed_over_suggested
+                .with_label_values(&[name]);
+        }
+        for (name, ratios) in settled {
+            let histogram = self
+                .judge_observed_over_suggested
+                .with_label_values(&[name.as_str()]);
+            for (ratio, count) in ratios {
+                for _ in 0..*count {
+                    histogram.observe(*ratio);
+                }
+            }
+        }
+    }
+
+    /// Record one answered QUERY.
+    pub fn record_query(&self, service: &str, answer: &RetryAfter, took: Duration) {
+        self.query_duration.observe(took.as_secs_f64());
+        self.rung
+            .with_label_values(&[service, answer.rung.as_str()])
+            .inc();
+        if let Some(seconds) = answer.seconds {
+            self.suggested_delay
+                .with_label_values(&[service])
+                .observe(seconds as f64);
+        }
+    }
+
+    /// Count a request by command.
+    pub fn record_request(&self, command: &str) {
+        self.queries.with_label_values(&[command]).inc();
+    }
+
+    /// Count an error line.
+    pub fn record_error(&self, code: ErrorCode) {
+        self.query_errors.with_label_values(&[code.as_str()]).inc();
+    }
+
+    /// Set the number of open socket connections.
+    pub fn set_connections(&self, connections: usize) {
+        self.socket_connections.set(connections as i64);
+    }
+
+    /// The text exposition of every series.
+    pub fn render(&self) -> String {
+        let mut buffer = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buffer)
+            .expect("text encoding does not fail");
+        String::from_utf8(buffer).expect("text exposition is UTF-8")
+    }
+}
+
+/// Serve `GET /metrics` on `listener` until the task is dropped. Anything else gets 404; a
+/// request head larger than 8 KiB or slower than 5 s is dropped.
+pub async fn serve(listener: TcpListener, render: impl Fn() -> String + Send + Sync + 'static) {
+    let render = std::sync::Arc::new(render);
+    loop {
+        let Ok((mut stream, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let render = render.clone();
+        tokio::spawn(async move {
+            let mut head = Vec::with_capacity(512);
+            let deadline = Instant::now() + Duration::from_secs(5);
+            let mut buf = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                let remaining = deadline.saturating_duration_since(Instant::now());
+                match tokio::time::timeout(remaining, stream.read(&mut buf)).await {
+                    Ok(Ok(n)) if n > 0 && head.len() + n <= 8192 => {
+                        head.extend_from_slice(&buf[..n])
+                    }
+                    _ => return,
+                }
+            }
+            let (status, body) = if head.starts_with(b"GET /metrics ") {
+                ("200 OK", render())
+            } else {
+                ("404 Not Found", "only /metrics is served here\n".to_owned())
+            };
+            let response = format!(
+                "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(response.as_bytes()).await;
+        });
+    }
+}
+
+/// Bind the metrics listener.
+///
+/// # Errors
+/// The address cannot be bound.
+pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr).await
+}
