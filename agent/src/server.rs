@@ -4,7 +4,8 @@
 //! Each connection is a task. One bad connection is answered with an `ERR` line and never
 //! affects another. Limits: a request line is at most `MAX_LINE_LEN` bytes (longer ones are
 //! discarded as they arrive, then refused); at most `max_clients` connections, and at that
-//! limit a new connection sheds the connection idle the longest (subscribers are not shed); a
+//! limit a new connection sheds one that never sent a request, else the one idle the longest
+//! (subscribers are not shed); a
 //! connection that sends nothing for `idle_timeout` is closed unless it subscribed; optionally
 //! only peers whose uid (SO_PEERCRED) is allowed are served.
 
@@ -175,6 +176,8 @@ struct Registry {
 
 struct Entry {
     last_active: Instant,
+    /// Has sent at least one valid request.
+    working: bool,
     subscriber: bool,
     shed: Arc<Notify>,
 }
@@ -186,15 +189,16 @@ impl Registry {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Admit a connection, shedding the longest-idle non-subscriber if at `max`. `None`: no
-    /// room (every connection subscribed).
+    /// Admit a connection, shedding one if at `max`: a connection that never sent a request
+    /// goes first (the oldest of them), then the one idle the longest; subscribers are never
+    /// shed. `None`: no room (every connection subscribed).
     fn admit(&self, max: usize) -> Option<(u64, Arc<Notify>, usize)> {
         let mut connections = self.lock();
         if connections.len() >= max {
             let idlest = connections
                 .iter()
                 .filter(|(_, e)| !e.subscriber)
-                .min_by_key(|(_, e)| e.last_active)
+                .min_by_key(|(_, e)| (e.working, e.last_active))
                 .map(|(id, _)| *id)?;
             let entry = connections.remove(&idlest).expect("present");
             entry.shed.notify_one();
@@ -205,6 +209,7 @@ impl Registry {
             id,
             Entry {
                 last_active: Instant::now(),
+                working: false,
                 subscriber: false,
                 shed: shed.clone(),
             },
@@ -215,6 +220,7 @@ impl Registry {
     fn touch(&self, id: u64, subscriber: bool) {
         if let Some(entry) = self.lock().get_mut(&id) {
             entry.last_active = Instant::now();
+            entry.working = true;
             entry.subscriber |= subscriber;
         }
     }

@@ -49,6 +49,40 @@ pub struct ServerOptions {
     pub gate: Option<Arc<Gate>>,
     /// Close the connection after reading a request, without answering it.
     pub hang_up: bool,
+    /// If set, a request is served only by one of these workers, each taking
+    /// `service_time` per request: a backend with fixed capacity and a queue in front.
+    pub workers: Option<Arc<Workers>>,
+    /// Time a worker spends on one request.
+    pub service_time: Duration,
+}
+
+/// A fixed number of workers (a counting semaphore).
+pub struct Workers {
+    free: Mutex<usize>,
+    released: Condvar,
+}
+
+impl Workers {
+    /// `n` workers.
+    pub fn new(n: usize) -> Arc<Self> {
+        Arc::new(Self {
+            free: Mutex::new(n),
+            released: Condvar::new(),
+        })
+    }
+
+    fn run<T>(&self, work: impl FnOnce() -> T) -> T {
+        let mut free = self.free.lock().unwrap();
+        while *free == 0 {
+            free = self.released.wait(free).unwrap();
+        }
+        *free -= 1;
+        drop(free);
+        let result = work();
+        *self.free.lock().unwrap() += 1;
+        self.released.notify_one();
+        result
+    }
 }
 
 /// A running server; stops accepting when dropped.
@@ -121,6 +155,11 @@ fn serve_connection(
         }
         if options.hang_up {
             break;
+        }
+        match &options.workers {
+            Some(workers) => workers.run(|| thread::sleep(options.service_time)),
+            None if !options.service_time.is_zero() => thread::sleep(options.service_time),
+            None => {}
         }
         let mut response = format!(
             "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n{}\r\n",

@@ -126,5 +126,151 @@ pub fn error_chain(error: &dyn std::error::Error) -> String {
     text
 }
 
+/// The real agent binary, running with a configuration of the test's, stopped (SIGTERM) when
+/// dropped.
+pub struct AgentProcess {
+    child: std::process::Child,
+    /// Its socket.
+    pub socket: std::path::PathBuf,
+    /// Its metrics address.
+    pub metrics: std::net::SocketAddr,
+    _turn: MutexGuard<'static, ()>,
+    dir: std::path::PathBuf,
+}
+
+impl AgentProcess {
+    /// Start the agent with `services` (TOML `[[service]]` tables) and extra `[agent]` lines;
+    /// the socket and metrics address are chosen here. Waits until it answers HEALTH.
+    pub fn start(agent_lines: &str, services: &str) -> Self {
+        let turn = ATTACHED
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let dir = std::env::temp_dir().join(format!(
+            "retry-after-test-{}-{}",
+            std::process::id(),
+            NEXT_AGENT.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let socket = dir.join("agent.sock");
+        let metrics = free_port();
+        let config = format!(
+            "[agent]\ntick_interval_ms = 200\nsocket_path = {socket:?}\nmetrics_listen = \"{metrics}\"\n{agent_lines}\n{services}\n"
+        );
+        let path = dir.join("config.toml");
+        std::fs::write(&path, config).unwrap();
+        let child = Self::spawn(&path);
+        let agent = Self {
+            child,
+            socket,
+            metrics,
+            _turn: turn,
+            dir,
+        };
+        agent.wait_until_serving();
+        agent
+    }
+
+    fn spawn(config: &std::path::Path) -> std::process::Child {
+        std::process::Command::new(agent_binary())
+            .args(["run", "--config"])
+            .arg(config)
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .expect("start the agent")
+    }
+
+    /// Wait until the socket answers HEALTH, or refuses us by uid (panics after 20 s).
+    pub fn wait_until_serving(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(line) = self.request("HEALTH")
+                && (line.starts_with("HEALTH ok") || line.starts_with("ERR denied"))
+            {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the agent did not serve within 20 s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// One request line on a fresh connection; the first answer line.
+    pub fn request(&self, line: &str) -> std::io::Result<String> {
+        use std::io::{BufRead, Write};
+        let stream = std::os::unix::net::UnixStream::connect(&self.socket)?;
+        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        (&stream).write_all(format!("{line}\n").as_bytes())?;
+        let mut answer = String::new();
+        std::io::BufReader::new(&stream).read_line(&mut answer)?;
+        Ok(answer.trim_end().to_owned())
+    }
+
+    /// GET /metrics.
+    pub fn metrics(&self) -> String {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(self.metrics).expect("metrics endpoint");
+        stream
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: agent\r\n\r\n")
+            .unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        let (head, body) = response.split_once("\r\n\r\n").expect("an HTTP response");
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        body.to_owned()
+    }
+
+    /// Kill the agent outright (SIGKILL: no cleanup, the socket file stays).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Start the agent again with the same configuration.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.child = Self::spawn(&self.dir.join("config.toml"));
+        self.wait_until_serving();
+    }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+static NEXT_AGENT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// A loopback address with a port that was free a moment ago.
+pub fn free_port() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// The agent binary next to this test's own build output (`./dev test` builds it first).
+pub fn agent_binary() -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let path = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .unwrap()
+        .join("retry-after-agent");
+    assert!(
+        path.exists(),
+        "{} is not built: run `cargo build -p retry-after-agent` first (./dev test does)",
+        path.display()
+    );
+    path
+}
+
 /// How long tests wait for counters to settle after the traffic is done.
 pub const SETTLE: Duration = Duration::from_secs(10);

@@ -2,28 +2,12 @@
 //! once it has stopped on SIGTERM or SIGINT. Checked with bpftool, as an operator would.
 
 use std::{
-    path::PathBuf,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
 use retry_after_agent::kernel::PROGRAM_NAMES;
-
-/// The agent binary next to this test's own build output.
-fn agent_binary() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let path = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .unwrap()
-        .join("retry-after-agent");
-    assert!(
-        path.exists(),
-        "{} is not built: run `cargo build -p retry-after-agent` first (./dev test does)",
-        path.display()
-    );
-    path
-}
+use retry_after_integration_tests::agent_binary;
 
 fn bpftool(args: &[&str]) -> serde_json::Value {
     let out = Command::new("bpftool")
@@ -70,7 +54,7 @@ fn start_agent() -> Child {
         std::env::temp_dir().join(format!("retry-after-detach-{}.toml", std::process::id()));
     std::fs::write(
         &config,
-        "[agent]\ntick_interval_ms = 100\n[[service]]\nname = \"t\"\nbackends = [{ address = \"127.0.0.1:1\" }]\n",
+        "[agent]\ntick_interval_ms = 100\nsocket_path = \"/tmp/retry-after-detach.sock\"\nmetrics_listen = \"127.0.0.1:0\"\n[[service]]\nname = \"t\"\nbackends = [{ address = \"127.0.0.1:1\" }]\n",
     )
     .unwrap();
     Command::new(agent_binary())

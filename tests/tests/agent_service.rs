@@ -1,0 +1,452 @@
+//! The agent as proxies and operators meet it: the real binary, its real eBPF programs, real
+//! backends on loopback, and its Unix socket and metrics endpoint.
+
+use std::{
+    io::{BufRead, BufReader, Read, Write},
+    os::unix::net::UnixStream,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use retry_after_integration_tests::{
+    AgentProcess,
+    http::{HttpClient, HttpServer, ServerOptions, Workers},
+};
+
+/// A value of `key=value` in a response line.
+fn field<'a>(line: &'a str, key: &str) -> &'a str {
+    line.split(' ')
+        .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+        .unwrap_or_else(|| panic!("no {key}= in {line:?}"))
+}
+
+/// The header value of a RETRY-AFTER line.
+fn seconds(line: &str) -> Option<u64> {
+    let value = line
+        .strip_prefix("RETRY-AFTER ")
+        .unwrap_or_else(|| panic!("not an answer: {line:?}"))
+        .split(' ')
+        .next()
+        .unwrap();
+    (value != "none").then(|| value.parse().unwrap())
+}
+
+/// A metric sample's value from a text exposition.
+fn sample(metrics: &str, name_and_labels: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name_and_labels)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no sample {name_and_labels}"))
+        .parse()
+        .unwrap()
+}
+
+fn computed_service(name: &str, backend: &str, extra: &str) -> String {
+    format!(
+        "[[service]]\nname = \"{name}\"\nbackends = [{{ address = \"{backend}\", max_ongoing_requests = 2 }}]\n[service.backpressure]\nretry_after_policy = \"router_queue_drain_rate\"\nwarm_after_intervals = 2\njitter = 0.0\n{extra}\n"
+    )
+}
+
+#[test]
+fn a_fresh_agent_answers_static_then_none_until_warm() {
+    let agent = AgentProcess::start(
+        "",
+        &(computed_service("with-static", "127.0.0.1:1", "retry_after_s = 7")
+            + &computed_service("without-static", "127.0.0.1:2", "")),
+    );
+    let line = agent.request("QUERY with-static").unwrap();
+    assert_eq!(seconds(&line), Some(7), "{line}");
+    assert_eq!(field(&line, "rung"), "static");
+    assert_eq!(field(&line, "ms"), "7000");
+    let line = agent.request("QUERY without-static").unwrap();
+    assert_eq!(seconds(&line), None, "{line}");
+    assert_eq!(field(&line, "rung"), "none");
+}
+
+#[test]
+fn the_computed_value_follows_an_overloaded_backend_up_and_back_down() {
+    // A backend with 2 workers taking 200 ms each: it drains 10 requests per second.
+    let backend = HttpServer::start(
+        "127.0.0.1:0",
+        ServerOptions {
+            response_body: 100,
+            workers: Some(Workers::new(2)),
+            service_time: Duration::from_millis(200),
+            ..Default::default()
+        },
+    );
+    let addr = backend.addr();
+    let agent = AgentProcess::start(
+        "",
+        &computed_service("api", &addr.to_string(), "retry_after_s = 1"),
+    );
+
+    // Load: `clients` keep-alive connections, each sending the next request when answered.
+    let clients = Arc::new(AtomicUsize::new(30));
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers: Vec<_> = (0..30)
+        .map(|i| {
+            let (clients, stop) = (clients.clone(), stop.clone());
+            thread::spawn(move || {
+                let mut client = HttpClient::connect(addr);
+                while !stop.load(Ordering::SeqCst) {
+                    if i < clients.load(Ordering::SeqCst) {
+                        client.exchange(10);
+                    } else {
+                        thread::sleep(Duration::from_millis(20));
+                    }
+                }
+            })
+        })
+        .collect();
+
+    // Heavy: 30 in flight, 2 served at a time, 28 queued beyond capacity, drain 10/s:
+    // 28 / 10 × (1 + 0.25 × occupancy 1) = 3.5 → 4 s.
+    let heavy = wait_for_answer(&agent, "QUERY api", Duration::from_secs(20), |line| {
+        field(line, "rung") == "computed" && seconds(line).unwrap() >= 3
+    });
+    assert_eq!(field(&heavy, "source"), "beyond_capacity");
+    // The inputs are the agent's counters: read them around the query, from the same tick.
+    let inputs_matched = (0..20).any(|_| {
+        let before = agent.metrics();
+        let line = agent.request("QUERY api").unwrap();
+        let after = agent.metrics();
+        let ticks = |m: &str| sample(m, "retry_after_ticks_total");
+        if ticks(&before) != ticks(&after) {
+            return false;
+        }
+        // The estimator sees the backend from the side with more completed responses; the
+        // two sides can differ by a response in transit at the tick.
+        let in_flight = |side: &str| {
+            sample(
+                &after,
+                &format!(
+                    "retry_after_endpoint_requests_in_flight{{endpoint=\"{addr}\",side=\"{side}\"}}"
+                ),
+            )
+        };
+        let drain = sample(
+            &after,
+            "retry_after_service_drain_rate_per_second{service=\"api\"}",
+        );
+        let depth: f64 = field(&line, "depth").parse().unwrap();
+        let drain_used: f64 = field(&line, "drain").parse().unwrap();
+        assert!(
+            ["server", "client"]
+                .iter()
+                .any(|side| depth == (in_flight(side) - 2.0).max(0.0)),
+            "depth = in flight beyond capacity: {line} vs {} / {}",
+            in_flight("server"),
+            in_flight("client")
+        );
+        assert!((drain_used - drain).abs() < 0.001, "{line} vs {drain}");
+        assert!((5.0..20.0).contains(&drain), "about 10/s: {drain}");
+        true
+    });
+    assert!(
+        inputs_matched,
+        "never read the counters and a query within one tick"
+    );
+
+    // Light: 3 clients, about 1 queued: the value comes down to the minimum.
+    clients.store(3, Ordering::SeqCst);
+    let light = wait_for_answer(&agent, "QUERY api", Duration::from_secs(20), |line| {
+        field(line, "rung") == "computed" && seconds(line) == Some(1)
+    });
+    let heavy_s = seconds(&heavy).unwrap();
+    assert!(seconds(&light).unwrap() < heavy_s, "{heavy} → {light}");
+
+    stop.store(true, Ordering::SeqCst);
+    for worker in workers {
+        worker.join().unwrap();
+    }
+}
+
+/// Query until `done` holds, or panic with the last answer.
+fn wait_for_answer(
+    agent: &AgentProcess,
+    request: &str,
+    timeout: Duration,
+    done: impl Fn(&str) -> bool,
+) -> String {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let line = agent.request(request).unwrap();
+        if done(&line) {
+            return line;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not reached within {timeout:?}; last answer {line}"
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A raw connection to the socket.
+struct Raw {
+    stream: UnixStream,
+    reader: BufReader<UnixStream>,
+}
+
+impl Raw {
+    fn connect(agent: &AgentProcess) -> Self {
+        let stream = UnixStream::connect(&agent.socket).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        Self {
+            reader: BufReader::new(stream.try_clone().unwrap()),
+            stream,
+        }
+    }
+
+    fn send(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).unwrap();
+    }
+
+    fn line(&mut self) -> String {
+        let mut line = String::new();
+        let n = self.reader.read_line(&mut line).unwrap();
+        assert!(n > 0, "the agent closed the connection");
+        assert!(line.ends_with('\n'), "one whole line: {line:?}");
+        line.trim_end().to_owned()
+    }
+
+    fn still_usable(&mut self) {
+        self.send(b"HEALTH\n");
+        let line = self.line();
+        assert!(line.starts_with("HEALTH ok"), "{line}");
+    }
+}
+
+#[test]
+fn bad_lines_get_one_error_line_and_the_connection_stays_usable() {
+    let agent = AgentProcess::start("", &computed_service("api", "127.0.0.1:1", ""));
+    let mut raw = Raw::connect(&agent);
+    let mut binary: Vec<u8> = (0u8..=255).filter(|b| *b != b'\n').collect();
+    binary.push(b'\n');
+    let cases: Vec<(Vec<u8>, &str)> = vec![
+        (b"\n".to_vec(), "bad_request"),
+        (b"QUERY\n".to_vec(), "bad_request"),
+        (binary, "bad_request"),
+        (b"FROBNICATE api\n".to_vec(), "unknown_command"),
+        (b"QUERY api depth=lots\n".to_vec(), "bad_argument"),
+        (b"QUERY nosuch\n".to_vec(), "unknown_service"),
+        (b"SUBSCRIBE nosuch\n".to_vec(), "unknown_service"),
+        (
+            [vec![b'Q'; 100_000], b"\n".to_vec()].concat(),
+            "line_too_long",
+        ),
+    ];
+    for (bytes, code) in cases {
+        raw.send(&bytes);
+        let line = raw.line();
+        assert!(line.starts_with(&format!("ERR {code} ")), "{code}: {line}");
+        raw.still_usable();
+    }
+    // A line split across writes is one request.
+    raw.send(b"QUE");
+    thread::sleep(Duration::from_millis(200));
+    raw.send(b"RY api depth=3\n");
+    assert!(raw.line().starts_with("RETRY-AFTER "));
+    // The agent survived it all, and counted the errors.
+    let metrics = agent.metrics();
+    assert_eq!(
+        sample(
+            &metrics,
+            "retry_after_query_errors_total{code=\"line_too_long\"}"
+        ),
+        1.0
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            "retry_after_query_errors_total{code=\"bad_request\"}"
+        ),
+        3.0
+    );
+}
+
+#[test]
+fn a_thousand_idle_connections_are_shed_without_harming_a_working_client() {
+    let agent = AgentProcess::start(
+        "max_clients = 64\nclient_idle_timeout_ms = 60000",
+        &computed_service("api", "127.0.0.1:1", "retry_after_s = 2"),
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let answered = Arc::new(AtomicUsize::new(0));
+    let worker = {
+        let (stop, answered) = (stop.clone(), answered.clone());
+        let mut raw = Raw::connect(&agent);
+        // A working client: it has asked before the flood begins.
+        raw.send(b"QUERY api\n");
+        assert!(raw.line().starts_with("RETRY-AFTER 2 "));
+        thread::spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                raw.send(b"QUERY api\n");
+                let line = raw.line();
+                assert!(line.starts_with("RETRY-AFTER 2 "), "{line}");
+                answered.fetch_add(1, Ordering::SeqCst);
+                thread::sleep(Duration::from_millis(5));
+            }
+        })
+    };
+    let mut idle: Vec<UnixStream> = (0..1000)
+        .map(|_| UnixStream::connect(&agent.socket).unwrap())
+        .collect();
+    thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::SeqCst);
+    worker.join().expect("the working client got every answer");
+    assert!(answered.load(Ordering::SeqCst) > 10);
+    // At most 64 are held; the others were told why and closed.
+    let health = agent.request("HEALTH").unwrap();
+    let held: usize = field(&health, "connections").parse().unwrap();
+    assert!(held <= 64, "{health}");
+    let mut shed = 0;
+    for stream in &mut idle {
+        stream
+            .set_read_timeout(Some(Duration::from_millis(50)))
+            .unwrap();
+        let mut text = String::new();
+        if stream.read_to_string(&mut text).is_ok() {
+            assert!(text.starts_with("ERR idle "), "{text:?}");
+            shed += 1;
+        }
+    }
+    assert!(shed >= 1000 - 64, "{shed} shed");
+}
+
+#[test]
+fn a_peer_whose_uid_is_not_allowed_is_refused() {
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    let agent = AgentProcess::start(
+        &format!("allowed_uids = [{}]", uid + 4242),
+        &computed_service("api", "127.0.0.1:1", "retry_after_s = 2"),
+    );
+    let mut raw = Raw::connect(&agent);
+    let line = raw.line();
+    assert!(line.starts_with("ERR denied "), "{line}");
+    assert!(line.contains(&uid.to_string()), "{line}");
+    let mut rest = String::new();
+    assert_eq!(
+        raw.reader.read_to_string(&mut rest).unwrap(),
+        0,
+        "closed after refusing"
+    );
+}
+
+#[test]
+fn the_client_library_answers_through_an_agent_restart() {
+    let mut agent = AgentProcess::start(
+        "",
+        &computed_service("api", "127.0.0.1:1", "retry_after_s = 9"),
+    );
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let _guard = runtime.enter();
+    let subscription = retry_after_client::Subscription::spawn(
+        &agent.socket,
+        "api",
+        retry_after_client::ClientOptions {
+            static_retry_after_s: Some(3),
+            stale_after: Duration::from_secs(1),
+            reconnect_min: Duration::from_millis(50),
+            reconnect_max: Duration::from_millis(200),
+        },
+    );
+    let mut rng = rand::rng();
+    let from_agent = |s: &retry_after_client::Subscription, rng: &mut _| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while s.retry_after(rng).seconds != Some(9) {
+            assert!(Instant::now() < deadline, "no estimate from the agent");
+            thread::sleep(Duration::from_millis(20));
+        }
+    };
+    from_agent(&subscription, &mut rng);
+
+    agent.kill();
+    // From memory while fresh: the agent's value (its static 9 s).
+    assert_eq!(subscription.retry_after(&mut rng).seconds, Some(9));
+    // Once stale: the client's own static value.
+    thread::sleep(Duration::from_millis(1300));
+    let decision = subscription.retry_after(&mut rng);
+    assert_eq!(
+        (decision.seconds, decision.source),
+        (Some(3), retry_after_client::Source::Static)
+    );
+
+    // A new agent (which finds the dead one's socket file in its way) is picked up unasked.
+    agent.restart();
+    from_agent(&subscription, &mut rng);
+    assert!(subscription.age().unwrap() < Duration::from_secs(1));
+}
+
+#[test]
+fn metrics_parse_and_carry_every_series() {
+    let backend = HttpServer::start("127.0.0.1:0", ServerOptions::default());
+    let agent = AgentProcess::start(
+        "",
+        &computed_service("api", &backend.addr().to_string(), "retry_after_s = 2"),
+    );
+    for _ in 0..3 {
+        agent.request("QUERY api depth=4").unwrap();
+    }
+    agent.request("HEALTH").unwrap();
+    thread::sleep(Duration::from_millis(500));
+    let text = agent.metrics();
+    let lines = text.lines().map(|l| Ok(l.to_owned()));
+    let scrape = prometheus_parse::Scrape::parse(lines).expect("valid Prometheus text format");
+    let names: std::collections::BTreeSet<_> =
+        scrape.samples.iter().map(|s| s.metric.as_str()).collect();
+    for series in [
+        "retry_after_endpoint_connections_opened_total",
+        "retry_after_endpoint_connections_closed_total",
+        "retry_after_endpoint_requests_started_total",
+        "retry_after_endpoint_responses_completed_total",
+        "retry_after_endpoint_requests_abandoned_total",
+        "retry_after_endpoint_request_bytes_total",
+        "retry_after_endpoint_response_bytes_total",
+        "retry_after_endpoint_requests_in_flight",
+        "retry_after_endpoint_accept_backlog",
+        "retry_after_service_drain_rate_per_second",
+        "retry_after_service_drain_rate_warm",
+        "retry_after_service_queue_depth",
+        "retry_after_service_queue_depth_source",
+        "retry_after_service_saturation_factor",
+        "retry_after_service_occupancy_ratio",
+        "retry_after_suggested_delay_seconds",
+        "retry_after_ladder_rung_total",
+        "retry_after_judge_observed_over_suggested_ratio",
+        "retry_after_socket_connections",
+        "retry_after_queries_total",
+        "retry_after_query_duration_seconds",
+        "retry_after_tick_duration_seconds",
+        "retry_after_ticks_total",
+        "retry_after_probe_problems",
+    ] {
+        assert!(names.contains(series), "{series} missing from /metrics");
+    }
+    assert_eq!(
+        sample(
+            &text,
+            "retry_after_ladder_rung_total{rung=\"static\",service=\"api\"}"
+        ),
+        3.0
+    );
+    assert_eq!(
+        sample(&text, "retry_after_queries_total{command=\"query\"}"),
+        3.0
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "retry_after_suggested_delay_seconds_count{service=\"api\"}"
+        ),
+        3.0
+    );
+}
