@@ -1,4 +1,5 @@
-//! `bench`: the data-path benchmark (tests/src/bin/datapath-bench.rs), release build.
+//! `bench`: the project's benchmarks, release builds, each printing markdown tables with a
+//! baseline measured in the same run (results and commands: docs/evaluation.md).
 
 use std::path::Path;
 
@@ -6,32 +7,62 @@ use anyhow::Result;
 
 use crate::setup::Env;
 
-/// Options of the data-path benchmark.
+/// Which benchmarks to run, and the data-path benchmark's options.
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
-    /// Rounds; each measures the three setups in rotating order.
+    /// `datapath` (the kernel programs' cost under wrk load), `estimate` (one estimate call),
+    /// `socket` (query round trip and the client library's reject path), or all by default.
+    which: Option<String>,
+    /// Data path: rounds; each measures the three setups in rotating order.
     #[arg(long, default_value_t = 10)]
     rounds: u64,
-    /// Seconds of load per measurement.
+    /// Data path: seconds of load per measurement.
     #[arg(long, default_value_t = 5)]
     seconds: u64,
-    /// Concurrent keep-alive connections.
+    /// Data path: concurrent keep-alive connections.
     #[arg(long, default_value_t = 16)]
     connections: u64,
 }
 
-/// Build and run the benchmark; it prints a markdown table.
+/// Build and run the chosen benchmarks.
 pub fn bench(root: &Path, env: &Env, args: &BenchArgs) -> Result<()> {
-    let mut command = env.cargo(root);
-    command.args([
-        "run",
-        "--release",
-        "--package",
-        "retry-after-integration-tests",
-        "--bin",
-        "datapath-bench",
-        "--",
-    ]);
-    command.args([args.rounds, args.seconds, args.connections].map(|n| n.to_string()));
-    crate::run(command)
+    let which = args.which.as_deref();
+    if !matches!(which, None | Some("datapath" | "estimate" | "socket")) {
+        anyhow::bail!("unknown benchmark {which:?}: datapath, estimate or socket");
+    }
+    if matches!(which, None | Some("estimate")) {
+        let mut command = env.cargo(root);
+        command.args([
+            "bench",
+            "--package",
+            "retry-after-agent",
+            "--bench",
+            "estimate",
+        ]);
+        crate::run(command)?;
+    }
+    if matches!(which, None | Some("socket")) {
+        let mut command = env.cargo(root);
+        command.args([
+            "run",
+            "--release",
+            "--package",
+            "retry-after-integration-tests",
+        ]);
+        command.args(["--bin", "socket-bench"]);
+        crate::run(command)?;
+    }
+    if matches!(which, None | Some("datapath")) {
+        let mut command = env.cargo(root);
+        command.args([
+            "run",
+            "--release",
+            "--package",
+            "retry-after-integration-tests",
+        ]);
+        command.args(["--bin", "datapath-bench", "--"]);
+        command.args([args.rounds, args.seconds, args.connections].map(|n| n.to_string()));
+        crate::run(command)?;
+    }
+    Ok(())
 }

@@ -1,0 +1,256 @@
+//! Cost of asking the agent, against baselines measured in the same run.
+//!
+//! * One-shot QUERY round trip and throughput over the agent's real socket server, against a
+//!   bare Unix-socket line echo server on the same runtime (target: ≤ 1.5× the echo).
+//! * The client library's reject path: `Subscription::retry_after`, reading the latest estimate
+//!   from memory and applying jitter, clamp and ladder (target: < 100 ns), against one random
+//!   draw alone.
+//!
+//! The socket server runs in-process on a tokio runtime, fed an estimator warmed with
+//! synthetic snapshots; nothing is attached to the kernel. Prints markdown tables.
+//!
+//! Usage: socket-bench [ROUND_TRIPS] [CLIENTS] [SECONDS]   (defaults 20000 4 3)
+
+use std::{
+    hint::black_box,
+    io::{BufRead, BufReader, Write},
+    os::unix::net::UnixStream,
+    path::Path,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use rand::RngExt;
+use retry_after_agent::{
+    config::Config,
+    endpoint::Endpoint,
+    estimate::Estimator,
+    server::{self, ServerOptions, Shared},
+    snapshot::{EndpointSnapshot, ProbeStats, Snapshot},
+};
+use retry_after_common::{EndpointCounters, Side};
+use tokio::{
+    io::{AsyncBufReadExt, AsyncWriteExt},
+    net::UnixListener,
+};
+
+const CONFIG: &str = r#"
+[[service]]
+name = "api"
+backends = [{ address = "127.0.0.1:9", max_ongoing_requests = 4 }]
+[service.backpressure]
+retry_after_policy = "router_queue_drain_rate"
+retry_after_s = 5
+"#;
+
+fn main() {
+    let mut args = std::env::args()
+        .skip(1)
+        .map(|a| a.parse::<u64>().expect("numeric argument"));
+    let round_trips = args.next().unwrap_or(20_000);
+    let clients = args.next().unwrap_or(4);
+    let seconds = args.next().unwrap_or(3);
+
+    let dir = std::env::temp_dir().join(format!("retry-after-socket-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let agent_socket = dir.join("agent.sock");
+    let echo_socket = dir.join("echo.sock");
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let shared = Arc::new(Shared::new(warm_estimator()));
+    {
+        let _guard = runtime.enter();
+        let listener = server::bind(&agent_socket, 0o600).unwrap();
+        let (_stop, stopped) = tokio::sync::broadcast::channel(1);
+        std::mem::forget(_stop);
+        runtime.spawn(server::serve(
+            listener,
+            shared.clone(),
+            ServerOptions {
+                allowed_uids: None,
+                max_clients: 256,
+                idle_timeout: Duration::from_secs(60),
+            },
+            stopped,
+        ));
+        let echo = UnixListener::bind(&echo_socket).unwrap();
+        runtime.spawn(echo_server(echo));
+    }
+
+    let request = b"QUERY api depth=12\n";
+    println!("| measurement | bare echo | agent QUERY | ratio |");
+    println!("|---|---|---|---|");
+    let echo_rtt = round_trip_ns(&echo_socket, request, round_trips);
+    let agent_rtt = round_trip_ns(&agent_socket, request, round_trips);
+    println!(
+        "| round trip, one connection (µs, median of {round_trips}) | {:.1} | {:.1} | {:.2} |",
+        echo_rtt / 1000.0,
+        agent_rtt / 1000.0,
+        agent_rtt / echo_rtt
+    );
+    let echo_tput = throughput(&echo_socket, request, clients, seconds);
+    let agent_tput = throughput(&agent_socket, request, clients, seconds);
+    println!(
+        "| throughput, {clients} connections (requests/s) | {echo_tput:.0} | {agent_tput:.0} | {:.2} |",
+        echo_tput / agent_tput
+    );
+
+    // The reject path.
+    let _guard = runtime.enter();
+    let subscription = retry_after_client::Subscription::spawn(
+        &agent_socket,
+        "api",
+        retry_after_client::ClientOptions {
+            static_retry_after_s: Some(5),
+            ..Default::default()
+        },
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while subscription.age().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "no estimate from the in-process agent"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut rng = rand::rng();
+    let decision = subscription.retry_after(&mut rng);
+    assert_eq!(
+        decision.source,
+        retry_after_client::Source::Computed,
+        "{decision:?}"
+    );
+    let calls = 2_000_000u32;
+    let baseline = per_call_ns(calls, || {
+        black_box(rng.random::<f64>());
+    });
+    let mut rng = rand::rng();
+    let read = per_call_ns(calls, || {
+        black_box(subscription.retry_after(&mut rng));
+    });
+    let mut rng = rand::rng();
+    let with_depth = per_call_ns(calls, || {
+        black_box(subscription.retry_after_with(Some(black_box(17)), Some(2), &mut rng));
+    });
+    println!();
+    println!("| reject path | ns per call | ratio to baseline |");
+    println!("|---|---|---|");
+    println!("| baseline: one random draw | {baseline:.1} | 1.00 |");
+    println!(
+        "| `retry_after` (agent's depth) | {read:.1} | {:.2} |",
+        read / baseline
+    );
+    println!(
+        "| `retry_after_with` (own depth and streak) | {with_depth:.1} | {:.2} |",
+        with_depth / baseline
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// An estimator for "api", warmed: 10 ticks of 40 completions per second, 12 in flight.
+fn warm_estimator() -> Estimator {
+    let config = Config::parse(CONFIG).unwrap();
+    let mut estimator = Estimator::from_config(&config);
+    let t0 = Instant::now();
+    let endpoint: Endpoint = "127.0.0.1:9".parse().unwrap();
+    for tick in 0..10u64 {
+        estimator.observe(&Snapshot {
+            taken_at: t0 + Duration::from_secs(tick),
+            endpoints: vec![EndpointSnapshot {
+                endpoint,
+                side: Side::Server,
+                counters: EndpointCounters {
+                    requests_started: tick * 40 + 12,
+                    responses_completed: tick * 40,
+                    ..Default::default()
+                },
+                accept_backlog: Some(0),
+            }],
+            probe: ProbeStats::default(),
+        });
+    }
+    estimator
+}
+
+async fn echo_server(listener: UnixListener) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        tokio::spawn(async move {
+            let (read, mut write) = stream.into_split();
+            let mut lines = tokio::io::BufReader::new(read).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                if write
+                    .write_all(format!("{line}\n").as_bytes())
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+        });
+    }
+}
+
+fn connect(path: &Path) -> (UnixStream, BufReader<UnixStream>) {
+    let stream = UnixStream::connect(path).unwrap();
+    let reader = BufReader::new(stream.try_clone().unwrap());
+    (stream, reader)
+}
+
+/// Median round trip of `count` sequential requests on one connection.
+fn round_trip_ns(path: &Path, request: &[u8], count: u64) -> f64 {
+    let (mut stream, mut reader) = connect(path);
+    let mut line = String::new();
+    let mut samples = Vec::with_capacity(count as usize);
+    for _ in 0..count {
+        let start = Instant::now();
+        stream.write_all(request).unwrap();
+        line.clear();
+        reader.read_line(&mut line).unwrap();
+        samples.push(start.elapsed().as_nanos() as f64);
+    }
+    assert!(!line.starts_with("ERR"), "{line}");
+    samples.sort_by(f64::total_cmp);
+    samples[samples.len() / 2]
+}
+
+/// Requests per second over `clients` connections for `seconds`.
+fn throughput(path: &Path, request: &[u8], clients: u64, seconds: u64) -> f64 {
+    let until = Instant::now() + Duration::from_secs(seconds);
+    let threads: Vec<_> = (0..clients)
+        .map(|_| {
+            let (path, request) = (path.to_path_buf(), request.to_vec());
+            std::thread::spawn(move || {
+                let (mut stream, mut reader) = connect(&path);
+                let mut line = String::new();
+                let mut done = 0u64;
+                while Instant::now() < until {
+                    stream.write_all(&request).unwrap();
+                    line.clear();
+                    reader.read_line(&mut line).unwrap();
+                    done += 1;
+                }
+                done
+            })
+        })
+        .collect();
+    let total: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    total as f64 / seconds as f64
+}
+
+/// Median over batches of the time per call.
+fn per_call_ns(calls: u32, mut call: impl FnMut()) -> f64 {
+    let batch = calls / 10;
+    let mut samples: Vec<f64> = (0..10)
+        .map(|_| {
+            let start = Instant::now();
+            for _ in 0..batch {
+                call();
+            }
+            start.elapsed().as_nanos() as f64 / f64::from(batch)
+        })
+        .collect();
+    samples.sort_by(f64::total_cmp);
+    samples[5]
+}
