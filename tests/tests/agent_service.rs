@@ -450,3 +450,67 @@ fn metrics_parse_and_carry_every_series() {
         3.0
     );
 }
+
+#[test]
+fn the_query_command_asks_like_a_proxy() {
+    let agent = AgentProcess::start(
+        "",
+        &computed_service("api", "127.0.0.1:1", "retry_after_s = 6"),
+    );
+    let out = std::process::Command::new(retry_after_integration_tests::agent_binary())
+        .args(["query", "api", "--queue-depth", "3", "--socket"])
+        .arg(&agent.socket)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(seconds(line.trim_end()), Some(6), "{line}");
+    assert_eq!(field(line.trim_end(), "depth"), "3");
+    let out = std::process::Command::new(retry_after_integration_tests::agent_binary())
+        .args(["query", "nosuch", "--socket"])
+        .arg(&agent.socket)
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("ERR unknown_service"));
+}
+
+#[test]
+fn check_names_the_bad_field_and_value() {
+    let dir = std::env::temp_dir().join(format!("retry-after-check-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("bad.toml");
+    std::fs::write(
+        &config,
+        "[[service]]\nname = \"api\"\nbackends = [{ address = \"*:80\" }]\n[service.backpressure]\nretry_after_policy = \"auto\"\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(retry_after_integration_tests::agent_binary())
+        .args(["check", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains("MISSING configuration")
+            && text.contains("service[0].backpressure.retry_after_policy")
+            && text.contains("\"auto\""),
+        "{text}"
+    );
+    // `run` refuses the same file before attaching anything.
+    let out = std::process::Command::new(retry_after_integration_tests::agent_binary())
+        .args(["run", "--config"])
+        .arg(&config)
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("retry_after_policy"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
