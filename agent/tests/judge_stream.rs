@@ -12,6 +12,27 @@ use retry_after_agent::{
     },
 };
 
+/// A computed-policy service with one backend and a frontend, without jitter or saturation
+/// terms (so each suggestion is ceil(depth / drain)), and no static fallback.
+fn plain_estimator(max_queued_requests: u64) -> ServiceEstimator {
+    ServiceEstimator::new(ServiceSettings {
+        name: "stream".into(),
+        policy: RetryAfterPolicy::RouterQueueDrainRate,
+        constants: PolicyConstants {
+            jitter: 0.0,
+            occupancy_weight: 0.0,
+            backoff_weight: 0.0,
+            ..PolicyConstants::default()
+        },
+        static_retry_after_s: None,
+        status_code: 429,
+        max_queued_requests: Some(max_queued_requests),
+        backends: vec![(Endpoint::AnyAddress(9000), None)],
+        frontend: Some(Endpoint::AnyAddress(8000)),
+        tick_interval: Duration::from_secs(1),
+    })
+}
+
 #[test]
 fn admitted_share_and_drain_times_match_the_hand_computation() {
     // One backend draining 10 requests per second; the proxy's queue limit is 30.
@@ -22,23 +43,8 @@ fn admitted_share_and_drain_times_match_the_hand_computation() {
     //   done: 0 10 20  30  40  50  60  70  80 90 90   (completed responses, total)
     let q = [0u64, 5, 10, 15, 20, 25, 30, 20, 10, 0, 0, 0];
     let done = [0u64, 10, 20, 30, 40, 50, 60, 70, 80, 90, 90, 90];
-    let mut estimator = ServiceEstimator::new(ServiceSettings {
-        name: "stream".into(),
-        policy: RetryAfterPolicy::RouterQueueDrainRate,
-        // No jitter and no saturation terms: the suggestion is ceil(q / 10).
-        constants: PolicyConstants {
-            jitter: 0.0,
-            occupancy_weight: 0.0,
-            backoff_weight: 0.0,
-            ..PolicyConstants::default()
-        },
-        static_retry_after_s: None,
-        status_code: 429,
-        max_queued_requests: Some(30),
-        backends: vec![(Endpoint::AnyAddress(9000), None)],
-        frontend: Some(Endpoint::AnyAddress(8000)),
-        tick_interval: Duration::from_secs(1),
-    });
+    // No jitter and no saturation terms: the suggestion is ceil(q / 10).
+    let mut estimator = plain_estimator(30);
     let t0 = Instant::now();
     let mut rng = SmallRng::seed_from_u64(1);
     let mut suggestions = Vec::new();
@@ -109,22 +115,7 @@ fn admitted_share_and_drain_times_match_the_hand_computation() {
 fn a_slowdown_the_estimate_did_not_foresee_shows_as_ratios_above_one() {
     // The backend drains 10/s for four ticks, then only 5/s. A suggestion made at t=4 with 20
     // queued says ceil(20 / 10) = 2 s; the queue actually takes 4 s (t=8: 5 a tick).
-    let mut estimator = ServiceEstimator::new(ServiceSettings {
-        name: "slow".into(),
-        policy: RetryAfterPolicy::RouterQueueDrainRate,
-        constants: PolicyConstants {
-            jitter: 0.0,
-            occupancy_weight: 0.0,
-            backoff_weight: 0.0,
-            ..PolicyConstants::default()
-        },
-        static_retry_after_s: None,
-        status_code: 429,
-        max_queued_requests: Some(15),
-        backends: vec![(Endpoint::AnyAddress(9000), None)],
-        frontend: Some(Endpoint::AnyAddress(8000)),
-        tick_interval: Duration::from_secs(1),
-    });
+    let mut estimator = plain_estimator(15);
     let done = [0u64, 10, 20, 30, 40, 45, 50, 55, 60, 65];
     let q = [20u64, 20, 20, 20, 20, 15, 10, 5, 0, 0];
     let t0 = Instant::now();
