@@ -41,7 +41,8 @@ pub fn bench(root: &Path, env: &Env, args: &BenchArgs) -> Result<()> {
         ]);
         crate::run(command)?;
     }
-    if matches!(which, None | Some("socket")) {
+    // The other two are binaries of the integration-test crate.
+    let bench_bin = |bin: &str| {
         let mut command = env.cargo(root);
         command.args([
             "run",
@@ -49,18 +50,14 @@ pub fn bench(root: &Path, env: &Env, args: &BenchArgs) -> Result<()> {
             "--package",
             "retry-after-integration-tests",
         ]);
-        command.args(["--bin", "socket-bench"]);
-        crate::run(command)?;
+        command.args(["--bin", bin, "--"]);
+        command
+    };
+    if matches!(which, None | Some("socket")) {
+        crate::run(bench_bin("socket-bench"))?;
     }
     if matches!(which, None | Some("datapath")) {
-        let mut command = env.cargo(root);
-        command.args([
-            "run",
-            "--release",
-            "--package",
-            "retry-after-integration-tests",
-        ]);
-        command.args(["--bin", "datapath-bench", "--"]);
+        let mut command = bench_bin("datapath-bench");
         command.args([args.rounds, args.seconds, args.connections].map(|n| n.to_string()));
         crate::run(command)?;
     }
