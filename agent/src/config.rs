@@ -14,7 +14,8 @@ use crate::{
 };
 
 /// The configuration the agent runs with when no file is given. It watches port 8080 on every
-/// address, server and client side.
+/// address, server and client side, computes Retry-After with the proposal's policy and falls
+/// back to 5 s until warm.
 pub const DEFAULT_CONFIG: &str = include_str!("default-config.toml");
 
 /// A whole configuration.
@@ -465,6 +466,12 @@ mod tests {
         let config = Config::default_config();
         assert_eq!(config.agent, AgentConfig::default());
         assert!(!config.watched_endpoints().is_empty());
+        let backpressure = &config.services[0].backpressure;
+        assert_eq!(
+            backpressure.policy(),
+            RetryAfterPolicy::RouterQueueDrainRate
+        );
+        assert_eq!(backpressure.retry_after_s, Some(5));
     }
 
     #[test]
