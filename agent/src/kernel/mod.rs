@@ -12,7 +12,7 @@ use std::{collections::BTreeMap, path::PathBuf, time::Instant};
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, HashMap, MapData, PerCpuArray, PerCpuValues},
+    maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray, PerCpuValues},
     programs::{CgroupSkb, CgroupSkbAttachType, SockOps, links::CgroupAttachMode},
     util::nr_cpus,
 };
@@ -296,7 +296,8 @@ impl Probe {
     /// watch (in that order, so no program ever counts into stale counters).
     fn install(&mut self, key: EndpointKey, watch: WatchValue) -> Result<(), ProbeError> {
         let cpus = self.cpus;
-        let mut counters = self.counters_map_mut()?;
+        let mut counters: PerCpuArray<&mut MapData, EndpointCounters> =
+            self.map_mut(ENDPOINT_COUNTERS_MAP)?;
         for side in Side::ALL {
             let zeros = PerCpuValues::try_from(vec![EndpointCounters::default(); cpus])
                 .map_err(ProbeError::Cpus)?;
@@ -304,10 +305,10 @@ impl Probe {
                 .set(counter_index(watch.slot, side), zeros, 0)
                 .map_err(|source| map_error("reset counters", ENDPOINT_COUNTERS_MAP, source))?;
         }
-        self.generations_map_mut()?
+        self.map_mut::<Array<_, u32>>(SLOT_GENERATIONS_MAP)?
             .set(watch.slot, &watch.generation, 0)
             .map_err(|source| map_error("set generation", SLOT_GENERATIONS_MAP, source))?;
-        self.watch_map_mut()?
+        self.map_mut::<HashMap<_, EndpointKey, WatchValue>>(WATCHED_ENDPOINTS_MAP)?
             .insert(&key, &watch, 0)
             .map_err(|source| map_error("add watch", WATCHED_ENDPOINTS_MAP, source))
     }
@@ -321,10 +322,10 @@ impl Probe {
         let Some(watch) = self.watched.remove(endpoint) else {
             return Ok(());
         };
-        self.watch_map_mut()?
+        self.map_mut::<HashMap<_, EndpointKey, WatchValue>>(WATCHED_ENDPOINTS_MAP)?
             .remove(&endpoint.key())
             .map_err(|source| map_error("remove watch", WATCHED_ENDPOINTS_MAP, source))?;
-        self.generations_map_mut()?
+        self.map_mut::<Array<_, u32>>(SLOT_GENERATIONS_MAP)?
             .set(watch.slot, &0, 0)
             .map_err(|source| map_error("clear generation", SLOT_GENERATIONS_MAP, source))?;
         self.free_slots.push(watch.slot);
@@ -340,16 +341,7 @@ impl Probe {
             .map(Endpoint::port)
             .filter(|p| u32::from(p / 64) == index)
             .fold(0u64, |word, p| word | 1 << (p % 64));
-        let map = self
-            .ebpf
-            .map_mut(WATCHED_PORTS_MAP)
-            .ok_or_else(|| missing(WATCHED_PORTS_MAP))?;
-        let mut ports: Array<&mut MapData, u64> =
-            Array::try_from(map).map_err(|source| ProbeError::MissingMap {
-                name: WATCHED_PORTS_MAP,
-                source,
-            })?;
-        ports
+        self.map_mut::<Array<_, u64>>(WATCHED_PORTS_MAP)?
             .set(index, &word, 0)
             .map_err(|source| map_error("update port bitmap", WATCHED_PORTS_MAP, source))
     }
@@ -361,7 +353,7 @@ impl Probe {
     pub fn read(&self) -> Result<Snapshot, ProbeError> {
         let taken_at = Instant::now();
         let backlogs = listener_backlogs().map_err(ProbeError::Netlink)?;
-        let counters = self.counters_map()?;
+        let counters: PerCpuArray<&MapData, EndpointCounters> = self.map(ENDPOINT_COUNTERS_MAP)?;
         let mut endpoints = Vec::with_capacity(self.watched.len() * 2);
         for (endpoint, watch) in &self.watched {
             for side in Side::ALL {
@@ -397,15 +389,7 @@ impl Probe {
     }
 
     fn probe_stats(&self) -> Result<ProbeStats, ProbeError> {
-        let map = self
-            .ebpf
-            .map(PROBE_STATS_MAP)
-            .ok_or_else(|| missing(PROBE_STATS_MAP))?;
-        let stats: PerCpuArray<&MapData, u64> =
-            PerCpuArray::try_from(map).map_err(|source| ProbeError::MissingMap {
-                name: PROBE_STATS_MAP,
-                source,
-            })?;
+        let stats: PerCpuArray<&MapData, u64> = self.map(PROBE_STATS_MAP)?;
         let read = |stat: ProbeStat| -> Result<u64, ProbeError> {
             let values = stats
                 .get(&(stat as u32), 0)
@@ -420,52 +404,22 @@ impl Probe {
         })
     }
 
-    fn counters_map(&self) -> Result<PerCpuArray<&MapData, EndpointCounters>, ProbeError> {
-        let map = self
-            .ebpf
-            .map(ENDPOINT_COUNTERS_MAP)
-            .ok_or_else(|| missing(ENDPOINT_COUNTERS_MAP))?;
-        PerCpuArray::try_from(map).map_err(|source| ProbeError::MissingMap {
-            name: ENDPOINT_COUNTERS_MAP,
-            source,
-        })
+    /// Our map `name`, as the typed map `T`.
+    fn map<'a, T>(&'a self, name: &'static str) -> Result<T, ProbeError>
+    where
+        T: TryFrom<&'a Map, Error = MapError>,
+    {
+        let map = self.ebpf.map(name).ok_or_else(|| missing(name))?;
+        T::try_from(map).map_err(|source| ProbeError::MissingMap { name, source })
     }
 
-    fn counters_map_mut(
-        &mut self,
-    ) -> Result<PerCpuArray<&mut MapData, EndpointCounters>, ProbeError> {
-        let map = self
-            .ebpf
-            .map_mut(ENDPOINT_COUNTERS_MAP)
-            .ok_or_else(|| missing(ENDPOINT_COUNTERS_MAP))?;
-        PerCpuArray::try_from(map).map_err(|source| ProbeError::MissingMap {
-            name: ENDPOINT_COUNTERS_MAP,
-            source,
-        })
-    }
-
-    fn generations_map_mut(&mut self) -> Result<Array<&mut MapData, u32>, ProbeError> {
-        let map = self
-            .ebpf
-            .map_mut(SLOT_GENERATIONS_MAP)
-            .ok_or_else(|| missing(SLOT_GENERATIONS_MAP))?;
-        Array::try_from(map).map_err(|source| ProbeError::MissingMap {
-            name: SLOT_GENERATIONS_MAP,
-            source,
-        })
-    }
-
-    fn watch_map_mut(
-        &mut self,
-    ) -> Result<HashMap<&mut MapData, EndpointKey, WatchValue>, ProbeError> {
-        let map = self
-            .ebpf
-            .map_mut(WATCHED_ENDPOINTS_MAP)
-            .ok_or_else(|| missing(WATCHED_ENDPOINTS_MAP))?;
-        HashMap::try_from(map).map_err(|source| ProbeError::MissingMap {
-            name: WATCHED_ENDPOINTS_MAP,
-            source,
-        })
+    /// Our map `name`, as the typed map `T`, for writing.
+    fn map_mut<'a, T>(&'a mut self, name: &'static str) -> Result<T, ProbeError>
+    where
+        T: TryFrom<&'a mut Map, Error = MapError>,
+    {
+        let map = self.ebpf.map_mut(name).ok_or_else(|| missing(name))?;
+        T::try_from(map).map_err(|source| ProbeError::MissingMap { name, source })
     }
 }
 
