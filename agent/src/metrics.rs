@@ -209,10 +209,12 @@ impl Metrics {
             if let Some(occupancy) = signals.occupancy {
                 self.occupancy.with_label_values(&[name]).set(occupancy);
             }
-            let c = &service.settings().constants;
-            self.saturation_factor
-                .with_label_values(&[name])
-                .set(1.0 + c.occupancy_weight * signals.occupancy.unwrap_or(0.0).clamp(0.0, 1.0));
+            self.saturation_factor.with_label_values(&[name]).set(
+                service
+                    .settings()
+                    .constants
+                    .occupancy_factor(signals.occupancy),
+            );
             if let Some(share) = service.judge().admitted_share() {
                 self.judge_admitted_ratio
                     .with_label_values(&[name])

@@ -142,7 +142,6 @@ impl ServiceEstimator {
         let c = &s.constants;
         let signals = self.signals(Query::default());
         let computed = s.policy.compute(&signals, c);
-        let occupancy = signals.occupancy.map_or(0.0, |o| o.clamp(0.0, 1.0));
         retry_after_protocol::EstimatePush {
             service: s.name.clone(),
             seq,
@@ -155,7 +154,7 @@ impl ServiceEstimator {
             queue_depth: signals.queue_depth,
             // Only a computing policy lets the proxy compute with its own depth.
             drain_rate: computed.and(signals.drain_rate),
-            occupancy_factor: 1.0 + c.occupancy_weight * occupancy,
+            occupancy_factor: c.occupancy_factor(signals.occupancy),
             backoff_weight: c.backoff_weight,
             backoff_saturation: c.backoff_streak_saturation,
         }

@@ -86,6 +86,17 @@ impl Default for PolicyConstants {
     }
 }
 
+impl PolicyConstants {
+    /// `1 + w1 · occupancy`: the part of the saturation factor that does not depend on the
+    /// query. The occupancy term drops when capacity (and so occupancy) is unknown.
+    pub fn occupancy_factor(&self, occupancy: Option<f64>) -> f64 {
+        let occupancy = occupancy
+            .filter(|o| o.is_finite())
+            .map_or(0.0, |o| o.clamp(0.0, 1.0));
+        1.0 + self.occupancy_weight * occupancy
+    }
+}
+
 /// What the policies may look at, gathered at one moment.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Signals {
@@ -127,15 +138,10 @@ impl RetryAfterPolicy {
 /// drain rate is unknown, zero or not finite, or the result is not a finite non-negative number.
 fn router_queue_drain_rate(signals: &Signals, constants: &PolicyConstants) -> Option<Computed> {
     let drain_rate = signals.drain_rate.filter(|d| d.is_finite() && *d > 0.0)?;
-    // The occupancy term drops when capacity is unknown.
-    let occupancy = signals
-        .occupancy
-        .filter(|o| o.is_finite())
-        .map_or(0.0, |o| o.clamp(0.0, 1.0));
     let saturation = constants.backoff_streak_saturation.max(1);
     let backoff_signal = (f64::from(signals.backoff_streak) / f64::from(saturation)).min(1.0);
     let saturation_factor =
-        1.0 + constants.occupancy_weight * occupancy + constants.backoff_weight * backoff_signal;
+        constants.occupancy_factor(signals.occupancy) + constants.backoff_weight * backoff_signal;
     let base_s = signals.queue_depth as f64 / drain_rate * saturation_factor;
     (base_s.is_finite() && base_s >= 0.0).then_some(Computed {
         base_s,
