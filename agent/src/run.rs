@@ -112,16 +112,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
                     let mut estimator = shared.estimator();
                     let settled = estimator.observe(&snapshot);
                     shared.metrics.record_tick(&snapshot, &estimator, &settled, started.elapsed());
-                    for (name, service) in estimator.services() {
-                        let signals = service.signals(Default::default());
-                        debug!(
-                            service = name,
-                            drain_rate = ?signals.drain_rate,
-                            queue_depth = signals.queue_depth,
-                            source = signals.queue_depth_source.as_str(),
-                            admitted_share = ?service.judge().admitted_share(),
-                            "tick"
-                        );
+                    // Only when asked for: this runs under the lock that queries wait on.
+                    if tracing::enabled!(tracing::Level::DEBUG) {
+                        log_estimates(&estimator);
                     }
                 }
                 let ticks = shared.ticks.fetch_add(1, Ordering::Relaxed) + 1;
@@ -136,6 +129,21 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     drop(probe);
     info!("detached; stopped");
     result
+}
+
+/// One debug line per service: what the estimate is made of after this tick.
+fn log_estimates(estimator: &Estimator) {
+    for (name, service) in estimator.services() {
+        let signals = service.signals(Default::default());
+        debug!(
+            service = name,
+            drain_rate = ?signals.drain_rate,
+            queue_depth = signals.queue_depth,
+            source = signals.queue_depth_source.as_str(),
+            admitted_share = ?service.judge().admitted_share(),
+            "tick"
+        );
+    }
 }
 
 /// Removes the socket file when the daemon stops.
