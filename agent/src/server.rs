@@ -339,13 +339,9 @@ async fn serve_lines(
                         shared.metrics.record_request("query");
                         registry.touch(id, false);
                         let query = Query { queue_depth, backoff_streak };
-                        let answer = {
-                            let mut estimator = shared.estimator();
-                            let status = estimator.service(service).map(|s| s.settings().status_code);
-                            estimator
-                                .estimate(service, Instant::now(), query, &mut rng)
-                                .zip(status)
-                        };
+                        let answer = shared.estimator().service_mut(service).map(|s| {
+                            (s.estimate(Instant::now(), query, &mut rng), s.settings().status_code)
+                        });
                         let Some((answer, status_code)) = answer else {
                             out.error(unknown_service(service)).await?;
                             continue;

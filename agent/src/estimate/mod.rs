@@ -298,20 +298,14 @@ impl Estimator {
             .collect()
     }
 
-    /// The Retry-After for a rejection by `service`, or `None` if there is no such service.
-    pub fn estimate(
-        &mut self,
-        service: &str,
-        at: Instant,
-        query: Query,
-        jitter: &mut impl Jitter,
-    ) -> Option<RetryAfter> {
-        Some(self.services.get_mut(service)?.estimate(at, query, jitter))
-    }
-
     /// One service's estimator.
     pub fn service(&self, name: &str) -> Option<&ServiceEstimator> {
         self.services.get(name)
+    }
+
+    /// One service's estimator, to estimate with.
+    pub fn service_mut(&mut self, name: &str) -> Option<&mut ServiceEstimator> {
+        self.services.get_mut(name)
     }
 
     /// Every service, by name.
