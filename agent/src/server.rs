@@ -192,7 +192,7 @@ impl Registry {
     /// Admit a connection, shedding one if at `max`: a connection that never sent a request
     /// goes first (the oldest of them), then the one idle the longest; subscribers are never
     /// shed. `None`: no room (every connection subscribed).
-    fn admit(&self, max: usize) -> Option<(u64, Arc<Notify>, usize)> {
+    fn admit<'a>(&'a self, max: usize, metrics: &'a Metrics) -> Option<Slot<'a>> {
         let mut connections = self.lock();
         if connections.len() >= max {
             let idlest = connections
@@ -214,21 +214,41 @@ impl Registry {
                 shed: shed.clone(),
             },
         );
-        Some((id, shed, connections.len()))
+        metrics.set_connections(connections.len());
+        Some(Slot {
+            registry: self,
+            metrics,
+            id,
+            shed,
+        })
     }
+}
 
-    fn touch(&self, id: u64, subscriber: bool) {
-        if let Some(entry) = self.lock().get_mut(&id) {
+/// An admitted connection's place in the registry; given up when dropped.
+struct Slot<'a> {
+    registry: &'a Registry,
+    metrics: &'a Metrics,
+    id: u64,
+    /// Notified when the connection is shed to make room.
+    shed: Arc<Notify>,
+}
+
+impl Slot<'_> {
+    /// A valid request arrived (and, for `subscriber`, a subscription was made).
+    fn touch(&self, subscriber: bool) {
+        if let Some(entry) = self.registry.lock().get_mut(&self.id) {
             entry.last_active = Instant::now();
             entry.working = true;
             entry.subscriber |= subscriber;
         }
     }
+}
 
-    fn remove(&self, id: u64) -> usize {
-        let mut connections = self.lock();
-        connections.remove(&id);
-        connections.len()
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        let mut connections = self.registry.lock();
+        connections.remove(&self.id);
+        self.metrics.set_connections(connections.len());
     }
 }
 
@@ -255,7 +275,7 @@ async fn connection(
             ))
             .await;
     }
-    let Some((id, shed, open)) = registry.admit(options.max_clients) else {
+    let Some(slot) = registry.admit(options.max_clients, &shared.metrics) else {
         return out
             .error(ProtocolError::new(
                 ErrorCode::Overloaded,
@@ -263,31 +283,15 @@ async fn connection(
             ))
             .await;
     };
-    shared.metrics.set_connections(open);
-    let result = serve_lines(
-        read,
-        &mut out,
-        id,
-        &shed,
-        shared,
-        options,
-        registry,
-        &mut shutdown,
-    )
-    .await;
-    shared.metrics.set_connections(registry.remove(id));
-    result
+    serve_lines(read, &mut out, &slot, shared, options, &mut shutdown).await
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn serve_lines(
     read: tokio::net::unix::OwnedReadHalf,
     out: &mut Writer<'_>,
-    id: u64,
-    shed: &Notify,
+    slot: &Slot<'_>,
     shared: &Shared,
     options: &ServerOptions,
-    registry: &Registry,
     shutdown: &mut broadcast::Receiver<()>,
 ) -> io::Result<()> {
     let mut lines = LineReader::new(BufReader::new(read));
@@ -299,7 +303,7 @@ async fn serve_lines(
         let idle = tokio::time::sleep(options.idle_timeout);
         tokio::select! {
             _ = shutdown.recv() => return Ok(()),
-            _ = shed.notified() => {
+            _ = slot.shed.notified() => {
                 return out.error(ProtocolError::new(ErrorCode::Idle, "shed to make room for a new connection")).await;
             }
             _ = idle, if subscriptions.is_empty() => {
@@ -337,7 +341,7 @@ async fn serve_lines(
                 match request {
                     Request::Query { service, queue_depth, backoff_streak } => {
                         shared.metrics.record_request("query");
-                        registry.touch(id, false);
+                        slot.touch(false);
                         let query = Query { queue_depth, backoff_streak };
                         let answer = shared.estimator().service_mut(service).map(|s| {
                             (s.estimate(Instant::now(), query, &mut rng), s.settings().status_code)
@@ -368,7 +372,7 @@ async fn serve_lines(
                             out.error(unknown_service(service)).await?;
                             continue;
                         };
-                        registry.touch(id, true);
+                        slot.touch(true);
                         if !subscriptions.iter().any(|s| s == service) {
                             subscriptions.push(service.to_owned());
                         }
@@ -376,7 +380,7 @@ async fn serve_lines(
                     }
                     Request::Health => {
                         shared.metrics.record_request("health");
-                        registry.touch(id, false);
+                        slot.touch(false);
                         let last_tick = *shared.last_tick.lock().unwrap_or_else(|p| p.into_inner());
                         let health = HealthResponse {
                             uptime_s: shared.started.elapsed().as_secs(),
@@ -384,7 +388,7 @@ async fn serve_lines(
                             last_tick_ms: last_tick.map(|t| t.elapsed().as_millis() as u64),
                             services: shared.estimator().services().count(),
                             endpoints: shared.endpoints.load(Ordering::Relaxed),
-                            connections: registry.lock().len(),
+                            connections: slot.registry.lock().len(),
                         };
                         out.line(&health.to_string()).await?;
                     }
