@@ -11,12 +11,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use rand::{SeedableRng, rngs::SmallRng};
+use rand::{RngExt, SeedableRng, rngs::SmallRng};
 use retry_after_agent::{
     endpoint::Endpoint,
     estimate::{
-        BackendLoad, PolicyConstants, Query, RetryAfterPolicy, ServiceEstimator, ServiceLoad,
-        ServiceSettings,
+        BackendLoad, DrainRateConstants, PolicyConstants, Query, RetryAfterPolicy, Scope,
+        ServiceEstimator, ServiceLoad, ServiceSettings, SideLoad,
     },
 };
 
@@ -40,10 +40,10 @@ fn main() {
             queue_depth: Some(black_box(10 + (i & 7) as u64)),
             backoff_streak: Some(1),
         };
-        black_box(estimator.estimate(at, query, &mut rng));
+        black_box(estimator.estimate(at, query, rng.random()));
     });
     let kernel_depth = median_ns(|_| {
-        black_box(estimator.estimate(at, Query::default(), &mut rng));
+        black_box(estimator.estimate(at, Query::default(), rng.random()));
     });
 
     println!("| call | ns per call | ratio to baseline |");
@@ -72,34 +72,38 @@ fn median_ns(mut call: impl FnMut(u32)) -> f64 {
     samples[BATCHES / 2]
 }
 
-/// A computed-policy service with four backends, warmed with ten ticks of load.
+/// A computed-policy service with four backends behind this node's proxy (frontend declared),
+/// warmed with ten ticks of load.
 fn warm_estimator(t0: Instant) -> ServiceEstimator {
     let backends: Vec<_> = (0..4)
         .map(|i| (Endpoint::AnyAddress(9000 + i), Some(8)))
         .collect();
     let mut estimator = ServiceEstimator::new(ServiceSettings {
         name: "bench".into(),
+        scope: Scope::Proxy,
         policy: RetryAfterPolicy::RouterQueueDrainRate,
         constants: PolicyConstants::default(),
+        drain: DrainRateConstants::default(),
         static_retry_after_s: Some(5),
         status_code: 429,
-        max_queued_requests: Some(64),
         backends,
-        frontend: None,
-        tick_interval: Duration::from_secs(1),
+        frontend: Some(Endpoint::AnyAddress(8000)),
     });
     for tick in 0..10u64 {
+        let side = SideLoad {
+            in_flight: 8,
+            completed_total: tick * 10,
+        };
         let load = ServiceLoad {
+            scope: Scope::Proxy,
             backends: (0..4)
                 .map(|_| BackendLoad {
-                    in_flight: 9,
-                    client_in_flight: 9,
-                    completed_total: tick * 10,
+                    client: side,
+                    server: side,
                     max_ongoing_requests: Some(8),
-                    accept_backlog: Some(1),
                 })
                 .collect(),
-            frontend_in_flight: None,
+            frontend_in_flight: Some(60),
         };
         estimator.observe_load(t0 + Duration::from_secs(tick), load);
     }

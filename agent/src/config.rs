@@ -8,9 +8,11 @@ use std::{collections::BTreeSet, path::Path, time::Duration};
 
 use serde::Deserialize;
 
+use retry_after_policy::{MAX_RETRY_AFTER_S, PolicyConstants, RetryAfterPolicy};
+
 use crate::{
     endpoint::Endpoint,
-    estimate::{PolicyConstants, RetryAfterPolicy, policy::MAX_RETRY_AFTER_S},
+    estimate::{DrainRateConstants, Scope},
 };
 
 /// The configuration the agent runs with when no file is given. It watches port 8080 on every
@@ -106,12 +108,23 @@ pub struct ServiceConfig {
     pub frontend: Option<String>,
     /// The proxy's queue limit for this service (the proposal's `max_queued_requests`).
     pub max_queued_requests: Option<u64>,
+    /// Where requests are queued and rejected: `proxy` (default: the proxy on this node;
+    /// drain is this node's client-side completions) or `replica` (the replicas on this node;
+    /// drain is their server-side completions). See docs/estimator.md.
+    pub rejected_at: Option<String>,
     /// How rejections are answered (the proposal's BackpressureConfig).
     #[serde(default)]
     pub backpressure: BackpressureConfig,
 }
 
 impl ServiceConfig {
+    /// Where requests are queued and rejected (validated).
+    pub fn rejected_at(&self) -> Scope {
+        self.rejected_at
+            .as_deref()
+            .map_or(Scope::default(), |s| s.parse().expect("validated"))
+    }
+
     /// The frontend endpoint, if any (validated).
     pub fn frontend_endpoint(&self) -> Option<Endpoint> {
         self.frontend
@@ -126,14 +139,14 @@ impl ServiceConfig {
 pub struct BackpressureConfig {
     /// Status of a rejection: 429 (default) or 503.
     pub status_code: u16,
-    /// `static` (default) or `router_queue_drain_rate`.
+    /// `static` (default) or `router_queue_drain_rate` (alias `queue_drain_rate`).
     pub retry_after_policy: String,
     /// The static value, and the fallback of computed policies; none: no header.
     pub retry_after_s: Option<u64>,
-    /// EWMA weight of the newest interval (0.3).
+    /// EWMA weight of the newest second (0.3), whatever the tick interval.
     pub alpha: f64,
-    /// Intervals with completions before the drain rate is used (3).
-    pub warm_after_intervals: u32,
+    /// Seconds with completions before the drain rate is used (3).
+    pub warm_after_s: f64,
     /// Seconds without backend work after which the drain rate is forgotten (30).
     pub cold_after_s: f64,
     /// Backoff streak at which the backoff signal saturates: B (5).
@@ -153,13 +166,14 @@ pub struct BackpressureConfig {
 impl Default for BackpressureConfig {
     fn default() -> Self {
         let c = PolicyConstants::default();
+        let d = DrainRateConstants::default();
         Self {
             status_code: 429,
             retry_after_policy: RetryAfterPolicy::default().to_string(),
             retry_after_s: None,
-            alpha: c.alpha,
-            warm_after_intervals: c.warm_after_intervals,
-            cold_after_s: c.cold_after_s,
+            alpha: d.alpha,
+            warm_after_s: d.warm_after.as_secs_f64(),
+            cold_after_s: d.cold_after.as_secs_f64(),
             backoff_streak_saturation: c.backoff_streak_saturation,
             occupancy_weight: c.occupancy_weight,
             backoff_weight: c.backoff_weight,
@@ -176,12 +190,18 @@ impl BackpressureConfig {
         self.retry_after_policy.parse().expect("validated")
     }
 
-    /// The policy constants.
+    /// The drain-rate EWMA's constants (validated).
+    pub fn drain_constants(&self) -> DrainRateConstants {
+        DrainRateConstants {
+            alpha: self.alpha,
+            warm_after: Duration::from_secs_f64(self.warm_after_s),
+            cold_after: Duration::from_secs_f64(self.cold_after_s),
+        }
+    }
+
+    /// The formula's and the ladder's constants.
     pub fn constants(&self) -> PolicyConstants {
         PolicyConstants {
-            alpha: self.alpha,
-            warm_after_intervals: self.warm_after_intervals,
-            cold_after_s: self.cold_after_s,
             backoff_streak_saturation: self.backoff_streak_saturation,
             occupancy_weight: self.occupancy_weight,
             backoff_weight: self.backoff_weight,
@@ -206,16 +226,16 @@ impl BackpressureConfig {
         if !(b.alpha > 0.0 && b.alpha <= 1.0) {
             return Some(("alpha", format!("{} is outside (0, 1]", b.alpha)));
         }
-        if b.warm_after_intervals == 0 {
+        if !(b.warm_after_s > 0.0 && b.warm_after_s <= 3600.0) {
             return Some((
-                "warm_after_intervals",
-                "0: at least one interval is needed".into(),
+                "warm_after_s",
+                format!("{} is outside (0, 3600] seconds", b.warm_after_s),
             ));
         }
-        if !(b.cold_after_s.is_finite() && b.cold_after_s > 0.0) {
+        if !(b.cold_after_s > 0.0 && b.cold_after_s <= 86_400.0) {
             return Some((
                 "cold_after_s",
-                format!("{} is not a positive number", b.cold_after_s),
+                format!("{} is outside (0, 86400] seconds", b.cold_after_s),
             ));
         }
         if b.backoff_streak_saturation == 0 {
@@ -433,6 +453,11 @@ impl Config {
                     "0 would reject everything; omit it if unknown".into(),
                 ));
             }
+            if let Some(rejected_at) = &service.rejected_at {
+                rejected_at
+                    .parse::<Scope>()
+                    .map_err(|e| invalid(at("rejected_at"), e.to_string()))?;
+            }
             if let Some(frontend) = &service.frontend {
                 frontend
                     .parse::<Endpoint>()
@@ -523,6 +548,8 @@ mod tests {
         let b = &config.services[0].backpressure;
         assert_eq!(b.policy(), RetryAfterPolicy::Static);
         assert_eq!(b.constants(), PolicyConstants::default());
+        assert_eq!(b.drain_constants(), DrainRateConstants::default());
+        assert_eq!(config.services[0].rejected_at(), Scope::Proxy);
         assert_eq!(b.status_code, 429);
         for (line, field) in [
             ("status_code = 500", "status_code"),
@@ -535,6 +562,8 @@ mod tests {
             ),
             ("occupancy_weight = -1.0", "occupancy_weight"),
             ("cold_after_s = 0.0", "cold_after_s"),
+            ("cold_after_s = 1e20", "cold_after_s"),
+            ("warm_after_s = 0.0", "warm_after_s"),
         ] {
             let e = error_of(&format!(
                 "[[service]]\nname = \"a\"\nbackends = [{{ address = \"*:1\" }}]\n[service.backpressure]\n{line}\n"
@@ -544,6 +573,26 @@ mod tests {
                 "{line}: {e}"
             );
         }
+    }
+
+    #[test]
+    fn the_revision_name_and_the_rejection_site_parse() {
+        let config = Config::parse(
+            "[[service]]\nname = \"a\"\nrejected_at = \"replica\"\nbackends = [{ address = \"*:1\" }]\n[service.backpressure]\nretry_after_policy = \"queue_drain_rate\"\n",
+        )
+        .unwrap();
+        assert_eq!(config.services[0].rejected_at(), Scope::Replica);
+        assert_eq!(
+            config.services[0].backpressure.policy(),
+            RetryAfterPolicy::RouterQueueDrainRate
+        );
+        let e = error_of(
+            "[[service]]\nname = \"a\"\nrejected_at = \"client\"\nbackends = [{ address = \"*:1\" }]\n",
+        );
+        assert!(
+            e.contains("service[0].rejected_at") && e.contains("\"client\""),
+            "{e}"
+        );
     }
 
     #[test]

@@ -6,6 +6,7 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use retry_after_agent::{
     config::{Config, DEFAULT_CONFIG},
+    estimate::{RetryAfterPolicy, Scope, ServiceSettings},
     kernel::{Probe, ProbeOptions, find_cgroup2_root},
     run, shutdown,
 };
@@ -110,7 +111,7 @@ async fn main() -> anyhow::Result<ExitCode> {
                 Duration::from_millis(timeout_ms),
             )
             .with_context(|| format!("query to {}", socket.display()))?;
-            println!("{}", answer.line);
+            println!("{answer}");
             Ok(ExitCode::SUCCESS)
         }
         Command::Check { config } => Ok(check(config.as_ref())),
@@ -131,6 +132,7 @@ fn check(config: Option<&PathBuf>) -> ExitCode {
         );
         missing += usize::from(!ok);
     };
+    let warn = |what: &str, detail: String| println!("WARN    {what}: {detail}");
     let config = match load(config) {
         Ok(config) => {
             report(
@@ -142,6 +144,31 @@ fn check(config: Option<&PathBuf>) -> ExitCode {
                     config.watched_endpoints().len()
                 ),
             );
+            for service in &config.services {
+                let settings = ServiceSettings::from_config(service);
+                if settings.policy != RetryAfterPolicy::Static && settings.queue_needs_proxy_depth()
+                {
+                    warn(
+                        &format!("service {}", service.name),
+                        match settings.scope {
+                            Scope::Proxy => {
+                                "no frontend: the kernel cannot see the proxy's queue, so \
+                                Retry-After is computed only when the proxy passes depth=; \
+                                otherwise it is the static value (reason queue_invisible). \
+                                Declare `frontend` (the proxy's listener) or pass the depth"
+                                    .into()
+                            }
+                            Scope::Replica => {
+                                "a backend has no max_ongoing_requests: the queue at \
+                                the replicas cannot be seen, so Retry-After is computed only \
+                                when the replica passes depth=; otherwise it is the static \
+                                value (reason queue_invisible)"
+                                    .into()
+                            }
+                        },
+                    );
+                }
+            }
             Some(config)
         }
         Err(error) => {

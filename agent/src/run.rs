@@ -110,8 +110,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
                 };
                 {
                     let mut estimator = shared.estimator();
-                    let settled = estimator.observe(&snapshot);
-                    shared.metrics.record_tick(&snapshot, &estimator, &settled, started.elapsed());
+                    estimator.observe(&snapshot);
+                    shared.metrics.record_tick(&snapshot, &estimator, started.elapsed());
                     // Only when asked for: this runs under the lock that queries wait on.
                     if tracing::enabled!(tracing::Level::DEBUG) {
                         log_estimates(&estimator);
@@ -134,13 +134,14 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
 /// One debug line per service: what the estimate is made of after this tick.
 fn log_estimates(estimator: &Estimator) {
     for (name, service) in estimator.services() {
-        let signals = service.signals(Default::default());
+        let own = service.answer(Default::default(), 0.5);
         debug!(
             service = name,
-            drain_rate = ?signals.drain_rate,
-            queue_depth = signals.queue_depth,
-            source = signals.queue_depth_source.as_str(),
-            admitted_share = ?service.judge().admitted_share(),
+            drain_rate = ?own.signals.drain_rate,
+            queue_depth = ?own.signals.queue_depth.map(|q| q.depth),
+            source = ?own.signals.queue_depth.map(|q| q.source.as_str()),
+            rung = own.rung.as_str(),
+            reason = ?own.reason,
             "tick"
         );
     }

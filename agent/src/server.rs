@@ -21,7 +21,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use rand::{SeedableRng, rngs::SmallRng};
+use rand::{RngExt, SeedableRng, rngs::SmallRng};
 use tokio::{
     io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader, BufWriter},
     net::{UnixListener, UnixStream},
@@ -32,7 +32,9 @@ use tracing::{debug, warn};
 use crate::{
     estimate::{Estimator, Query},
     metrics::Metrics,
-    protocol::{ErrorCode, HealthResponse, MAX_LINE_LEN, ProtocolError, QueryResponse, Request},
+    protocol::{
+        ErrorCode, HealthResponse, MAX_LINE_LEN, ProtocolError, QueryResponse, Request, Response,
+    },
 };
 
 /// State shared by the tick loop, the socket server and the metrics endpoint.
@@ -299,6 +301,9 @@ async fn serve_lines(
     let mut subscriptions: Vec<String> = Vec::new();
     let mut pushes = 0u64;
     let mut rng = SmallRng::from_rng(&mut rand::rng());
+    // When each service was last reported on this connection: a report covers the time since.
+    let connected = Instant::now();
+    let mut reported: Vec<(String, Instant)> = Vec::new();
     loop {
         let idle = tokio::time::sleep(options.idle_timeout);
         tokio::select! {
@@ -343,26 +348,40 @@ async fn serve_lines(
                         shared.metrics.record_request("query");
                         slot.touch(false);
                         let query = Query { queue_depth, backoff_streak };
+                        let unit = rng.random::<f64>();
                         let answer = shared.estimator().service_mut(service).map(|s| {
-                            (s.estimate(Instant::now(), query, &mut rng), s.settings().status_code)
+                            (s.estimate(Instant::now(), query, unit), s.settings().status_code)
                         });
                         let Some((answer, status_code)) = answer else {
                             out.error(unknown_service(service)).await?;
                             continue;
                         };
-                        let response = QueryResponse {
-                            seconds: answer.seconds,
-                            millis: answer.millis,
-                            rung: answer.rung.as_str(),
-                            status_code,
-                            queue_depth: answer.signals.queue_depth,
-                            queue_depth_source: answer.signals.queue_depth_source.as_str(),
-                            drain_rate: answer.signals.drain_rate,
-                            occupancy: answer.signals.occupancy,
-                            saturation_factor: answer.computed.map(|c| c.saturation_factor),
-                        };
+                        let response = Response::RetryAfter(QueryResponse::new(&answer, status_code));
                         out.line(&response.to_string()).await?;
-                        shared.metrics.record_query(service, &answer, started.elapsed());
+                        shared.metrics.record_answers(service, &answer, 1);
+                        shared.metrics.record_query_duration(started.elapsed());
+                    }
+                    Request::Report(report) => {
+                        shared.metrics.record_request("report");
+                        slot.touch(false);
+                        let now = Instant::now();
+                        let last = reported.iter_mut().find(|(s, _)| s == report.service);
+                        let from = last.as_ref().map_or(connected, |(_, at)| *at);
+                        let answer = shared
+                            .estimator()
+                            .service_mut(report.service)
+                            .map(|s| s.report(from, now, &report));
+                        let Some(answer) = answer else {
+                            out.error(unknown_service(report.service)).await?;
+                            continue;
+                        };
+                        match last {
+                            Some((_, at)) => *at = now,
+                            None => reported.push((report.service.to_owned(), now)),
+                        }
+                        shared.metrics.record_answers(report.service, &answer, report.rejected);
+                        shared.metrics.record_report(&report);
+                        out.line(&Response::Ok.to_string()).await?;
                     }
                     Request::Subscribe { service } => {
                         shared.metrics.record_request("subscribe");
@@ -382,14 +401,14 @@ async fn serve_lines(
                         shared.metrics.record_request("health");
                         slot.touch(false);
                         let last_tick = *shared.last_tick.lock().unwrap_or_else(|p| p.into_inner());
-                        let health = HealthResponse {
+                        let health = Response::Health(HealthResponse {
                             uptime_s: shared.started.elapsed().as_secs(),
                             ticks: shared.ticks.load(Ordering::Relaxed),
                             last_tick_ms: last_tick.map(|t| t.elapsed().as_millis() as u64),
                             services: shared.estimator().services().count(),
                             endpoints: shared.endpoints.load(Ordering::Relaxed),
                             connections: slot.registry.lock().len(),
-                        };
+                        });
                         out.line(&health.to_string()).await?;
                     }
                 }

@@ -28,7 +28,7 @@
 //! ```
 
 use std::{
-    io::{BufRead, BufReader, Write},
+    io::{BufRead, BufReader, Read, Write},
     os::unix::net::UnixStream as StdUnixStream,
     path::{Path, PathBuf},
     sync::Arc,
@@ -36,7 +36,8 @@ use std::{
 };
 
 use arc_swap::ArcSwapOption;
-use retry_after_protocol::{EstimatePush, header_value};
+pub use retry_after_protocol::policy::{FallbackReason, Rung};
+use retry_after_protocol::{EstimatePush, MAX_RESPONSE_LEN, QueryResponse, Request, Response};
 use tokio::{
     io::{AsyncBufReadExt, AsyncWriteExt, BufReader as AsyncBufReader},
     net::UnixStream,
@@ -46,9 +47,11 @@ use tokio::{
 /// How a subscription behaves.
 #[derive(Clone, Debug)]
 pub struct ClientOptions {
-    /// Used when no fresh estimate is available (and as the agent's own static fallback when
-    /// the agent sends none); `None`: no header then.
+    /// Used when no fresh estimate is available; `None`: no header then.
     pub static_retry_after_s: Option<u64>,
+    /// Status to reject with before any estimate has arrived (429); afterwards the service's
+    /// configured status is used, even when the estimate is stale.
+    pub status_code: u16,
     /// An estimate older than this is not used (default 5 s: five agent ticks).
     pub stale_after: Duration,
     /// First reconnect delay (default 100 ms); doubles up to `reconnect_max`.
@@ -61,23 +64,12 @@ impl Default for ClientOptions {
     fn default() -> Self {
         Self {
             static_retry_after_s: None,
+            status_code: 429,
             stale_after: Duration::from_secs(5),
             reconnect_min: Duration::from_millis(100),
             reconnect_max: Duration::from_secs(5),
         }
     }
-}
-
-/// Where a decision came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Source {
-    /// The agent's computed estimate, jittered here.
-    Computed,
-    /// A static value: the agent's configured one, or this client's when no fresh estimate
-    /// is held.
-    Static,
-    /// No header.
-    None,
 }
 
 /// The answer for one rejection.
@@ -87,9 +79,12 @@ pub struct Decision {
     pub seconds: Option<u64>,
     /// The same in milliseconds, for `retry-after-ms`.
     pub millis: Option<u64>,
-    /// Where it came from.
-    pub source: Source,
-    /// The status code to reject with (429 unless the agent's service says 503).
+    /// The ladder rung it came from (`static` also when no fresh estimate is held).
+    pub rung: Rung,
+    /// Why it is not computed, if it is not (`None` also for this client's own fallback
+    /// when no fresh estimate is held).
+    pub reason: Option<FallbackReason>,
+    /// The status code to reject with.
     pub status_code: u16,
 }
 
@@ -129,7 +124,9 @@ impl Subscription {
     }
 
     /// The Retry-After for one rejection, computed with the proxy's own queue depth and
-    /// backoff streak where given. Never blocks.
+    /// backoff streak where given: exactly what the agent would answer to
+    /// `QUERY <service> depth= streak=` with the same jitter draw. Never blocks: one atomic
+    /// load, one random draw and the formula.
     pub fn retry_after_with(
         &self,
         queue_depth: Option<u64>,
@@ -137,13 +134,14 @@ impl Subscription {
         rng: &mut impl rand::Rng,
     ) -> Decision {
         let guard = self.held.load();
-        let fresh = guard
-            .as_ref()
-            .filter(|held| held.received.elapsed() <= self.options.stale_after);
-        match fresh {
-            Some(held) => decide(&held.push, queue_depth, backoff_streak, rng),
-            None => static_decision(self.options.static_retry_after_s, 429),
+        let Some(held) = guard.as_ref() else {
+            return self.fallback(self.options.status_code);
+        };
+        if held.received.elapsed() > self.options.stale_after {
+            return self.fallback(held.push.status_code);
         }
+        let unit: f64 = rand::RngExt::random(rng);
+        decide(&held.push, queue_depth, backoff_streak, unit)
     }
 
     /// Age of the estimate held, if any.
@@ -153,6 +151,22 @@ impl Subscription {
             .as_ref()
             .map(|held| held.received.elapsed())
     }
+
+    /// This client's own static answer, with the service's status code if known.
+    fn fallback(&self, status_code: u16) -> Decision {
+        let seconds = self.options.static_retry_after_s;
+        Decision {
+            seconds,
+            millis: seconds.map(|s| s.saturating_mul(1000)),
+            rung: if seconds.is_some() {
+                Rung::Static
+            } else {
+                Rung::None
+            },
+            reason: None,
+            status_code,
+        }
+    }
 }
 
 impl Drop for Subscription {
@@ -161,52 +175,22 @@ impl Drop for Subscription {
     }
 }
 
-/// The ladder applied to a pushed estimate: computed (with jitter and clamp) → static → none.
+/// The answer to one rejection from a pushed estimate: the shared ladder
+/// ([`EstimatePush::answer`]) with the proxy's own depth and streak where given, and `unit`,
+/// a uniform draw from [0, 1), for the jitter.
 pub fn decide(
     push: &EstimatePush,
     queue_depth: Option<u64>,
     backoff_streak: Option<u32>,
-    rng: &mut impl rand::Rng,
+    unit: f64,
 ) -> Decision {
-    let base_s = match (queue_depth, push.drain_rate) {
-        (Some(depth), Some(drain)) if drain.is_finite() && drain > 0.0 => {
-            let streak = f64::from(backoff_streak.unwrap_or(0));
-            let backoff = (streak / f64::from(push.backoff_saturation.max(1))).min(1.0);
-            let factor = push.occupancy_factor + push.backoff_weight * backoff;
-            Some(depth as f64 / drain * factor)
-        }
-        _ => push.base_ms.map(|ms| ms as f64 / 1000.0),
-    };
-    if let Some(base) = base_s {
-        let unit: f64 = rand::RngExt::random(rng);
-        if let Some((seconds, millis)) =
-            header_value(base, push.jitter, unit, push.min_s, push.max_s)
-        {
-            return Decision {
-                seconds: Some(seconds),
-                millis: Some(millis),
-                source: Source::Computed,
-                status_code: push.status_code,
-            };
-        }
-    }
-    static_decision(push.static_s, push.status_code)
-}
-
-fn static_decision(static_s: Option<u64>, status_code: u16) -> Decision {
-    match static_s {
-        Some(s) => Decision {
-            seconds: Some(s),
-            millis: Some(s.saturating_mul(1000)),
-            source: Source::Static,
-            status_code,
-        },
-        None => Decision {
-            seconds: None,
-            millis: None,
-            source: Source::None,
-            status_code,
-        },
+    let answer = push.answer(queue_depth, backoff_streak, unit);
+    Decision {
+        seconds: answer.seconds,
+        millis: answer.millis,
+        rung: answer.rung,
+        reason: answer.reason,
+        status_code: push.status_code,
     }
 }
 
@@ -238,19 +222,18 @@ async fn subscribe_once(
 ) -> Result<(), ClientError> {
     let stream = UnixStream::connect(socket).await?;
     let (read, mut write) = stream.into_split();
-    write
-        .write_all(format!("SUBSCRIBE {service}\n").as_bytes())
-        .await?;
+    let request = Request::Subscribe { service };
+    write.write_all(format!("{request}\n").as_bytes()).await?;
     let mut lines = AsyncBufReader::new(read).lines();
     while let Some(line) = lines.next_line().await? {
-        if line.starts_with("ERR ") {
-            return Err(ClientError::Agent(line));
+        match Response::parse(&line).map_err(|e| ClientError::Protocol(e.reason))? {
+            Response::Estimate(push) => held.store(Some(Arc::new(Held {
+                push,
+                received: Instant::now(),
+            }))),
+            Response::Err(error) => return Err(ClientError::Agent(error.to_string())),
+            other => return Err(ClientError::Protocol(other.to_string())),
         }
-        let push = EstimatePush::parse(&line).map_err(|e| ClientError::Protocol(e.reason))?;
-        held.store(Some(Arc::new(Held {
-            push,
-            received: Instant::now(),
-        })));
     }
     Ok(())
 }
@@ -269,16 +252,7 @@ pub enum ClientError {
     Protocol(String),
 }
 
-/// A one-shot answer.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct QueryAnswer {
-    /// The header value, if any.
-    pub seconds: Option<u64>,
-    /// The whole `RETRY-AFTER` line.
-    pub line: String,
-}
-
-/// Ask the agent once, synchronously, within `timeout` (connect, write and read together).
+/// Ask the agent once, synchronously, within `timeout` (write and read together).
 ///
 /// # Errors
 /// [`ClientError`] on any failure; callers fall back to their static value (see
@@ -289,7 +263,7 @@ pub fn query(
     queue_depth: Option<u64>,
     backoff_streak: Option<u32>,
     timeout: Duration,
-) -> Result<QueryAnswer, ClientError> {
+) -> Result<QueryResponse, ClientError> {
     let deadline = Instant::now() + timeout;
     let remaining = || {
         deadline
@@ -299,31 +273,20 @@ pub fn query(
     };
     let stream = StdUnixStream::connect(socket)?;
     stream.set_write_timeout(Some(remaining()?))?;
-    let mut request = format!("QUERY {service}");
-    if let Some(depth) = queue_depth {
-        request.push_str(&format!(" depth={depth}"));
-    }
-    if let Some(streak) = backoff_streak {
-        request.push_str(&format!(" streak={streak}"));
-    }
-    request.push('\n');
-    (&stream).write_all(request.as_bytes())?;
+    let request = Request::Query {
+        service,
+        queue_depth,
+        backoff_streak,
+    };
+    (&stream).write_all(format!("{request}\n").as_bytes())?;
     stream.set_read_timeout(Some(remaining()?))?;
     let mut line = String::new();
-    BufReader::new(&stream).read_line(&mut line)?;
-    let line = line.trim_end().to_owned();
-    if line.starts_with("ERR ") {
-        return Err(ClientError::Agent(line));
+    BufReader::new((&stream).take(MAX_RESPONSE_LEN as u64 + 1)).read_line(&mut line)?;
+    match Response::parse(&line).map_err(|e| ClientError::Protocol(e.reason))? {
+        Response::RetryAfter(answer) => Ok(answer),
+        Response::Err(error) => Err(ClientError::Agent(error.to_string())),
+        other => Err(ClientError::Protocol(other.to_string())),
     }
-    let value = line
-        .strip_prefix("RETRY-AFTER ")
-        .and_then(|rest| rest.split(' ').next())
-        .ok_or_else(|| ClientError::Protocol(line.clone()))?;
-    let seconds = match value {
-        "none" => None,
-        v => Some(v.parse().map_err(|_| ClientError::Protocol(line.clone()))?),
-    };
-    Ok(QueryAnswer { seconds, line })
 }
 
 /// [`query`], or `static_retry_after_s` if it fails for any reason.
@@ -342,11 +305,11 @@ pub fn query_or_static(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rand::{SeedableRng, rngs::SmallRng};
+    use rand::{RngExt, SeedableRng, rngs::SmallRng};
 
     fn push() -> EstimatePush {
         EstimatePush::parse(
-            "ESTIMATE chat seq=1 base_ms=10000 jitter=0.200 min=1 max=60 static=5 status=503 depth=40 drain=4.000 occupancy_factor=1.000 backoff_weight=0.250 backoff_saturation=5",
+            "ESTIMATE chat seq=1 policy=router_queue_drain_rate status=503 static=5 depth=40 source=frontend drain=4 occupancy=none occupancy_weight=0.25 backoff_weight=0.25 backoff_saturation=5 jitter=0.2 min=1 max=60 base_ms=10000 reason=none",
         )
         .unwrap()
     }
@@ -356,8 +319,8 @@ mod tests {
         let mut rng = SmallRng::seed_from_u64(3);
         let mut seen = std::collections::BTreeSet::new();
         for _ in 0..1000 {
-            let d = decide(&push(), None, None, &mut rng);
-            assert_eq!((d.source, d.status_code), (Source::Computed, 503));
+            let d = decide(&push(), None, None, rng.random());
+            assert_eq!((d.rung, d.status_code), (Rung::Computed, 503));
             let s = d.seconds.unwrap();
             assert!((8..=12).contains(&s), "{s}");
             seen.insert(s);
@@ -368,22 +331,26 @@ mod tests {
     #[test]
     fn the_proxys_own_depth_and_streak_are_used() {
         let mut no_jitter = push();
-        no_jitter.jitter = 0.0;
-        let mut rng = SmallRng::seed_from_u64(3);
+        no_jitter.constants.jitter = 0.0;
         // 12 / 4 × (1 + 0.25 × min(5/5, 1)) = 3.75 → 4
-        let d = decide(&no_jitter, Some(12), Some(5), &mut rng);
+        let d = decide(&no_jitter, Some(12), Some(5), 0.5);
         assert_eq!((d.seconds, d.millis), (Some(4), Some(3750)));
+        // A streak without a depth still counts: 40 / 4 × 1.25 = 12.5 → 13.
+        let d = decide(&no_jitter, None, Some(5), 0.5);
+        assert_eq!((d.seconds, d.millis), (Some(13), Some(12_500)));
     }
 
     #[test]
-    fn the_ladder_falls_to_static_then_none() {
-        let mut rng = SmallRng::seed_from_u64(3);
+    fn the_ladder_falls_to_static_then_none_with_its_reason() {
         let mut cold = push();
-        cold.base_ms = None;
         cold.drain_rate = None;
-        assert_eq!(decide(&cold, Some(3), None, &mut rng).seconds, Some(5));
+        let d = decide(&cold, Some(3), None, 0.5);
+        assert_eq!(
+            (d.seconds, d.reason),
+            (Some(5), Some(FallbackReason::DrainNotWarm))
+        );
         cold.static_s = None;
-        let d = decide(&cold, None, None, &mut rng);
-        assert_eq!((d.seconds, d.source), (None, Source::None));
+        let d = decide(&cold, None, None, 0.5);
+        assert_eq!((d.seconds, d.rung), (None, Rung::None));
     }
 }

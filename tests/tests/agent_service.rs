@@ -16,23 +16,25 @@ use retry_after_integration_tests::{
     AgentProcess,
     http::{HttpClient, HttpServer, ServerOptions, Workers},
 };
+use retry_after_protocol::{
+    ErrorCode, HealthResponse, QueryResponse, Request, Response,
+    policy::{FallbackReason, QueueDepthSource, Rung},
+};
 
-/// A value of `key=value` in a response line.
-fn field<'a>(line: &'a str, key: &str) -> &'a str {
-    line.split(' ')
-        .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
-        .unwrap_or_else(|| panic!("no {key}= in {line:?}"))
+/// A `RETRY-AFTER` answer, parsed.
+fn answer(line: &str) -> QueryResponse {
+    match Response::parse(line) {
+        Ok(Response::RetryAfter(answer)) => answer,
+        other => panic!("not an answer: {line:?} ({other:?})"),
+    }
 }
 
-/// The header value of a RETRY-AFTER line.
-fn seconds(line: &str) -> Option<u64> {
-    let value = line
-        .strip_prefix("RETRY-AFTER ")
-        .unwrap_or_else(|| panic!("not an answer: {line:?}"))
-        .split(' ')
-        .next()
-        .unwrap();
-    (value != "none").then(|| value.parse().unwrap())
+/// A `HEALTH` answer, parsed.
+fn health(line: &str) -> HealthResponse {
+    match Response::parse(line) {
+        Ok(Response::Health(health)) => health,
+        other => panic!("not a health line: {line:?} ({other:?})"),
+    }
 }
 
 /// A metric sample's value from a text exposition.
@@ -45,10 +47,20 @@ fn sample(metrics: &str, name_and_labels: &str) -> f64 {
         .unwrap()
 }
 
+/// A computed service whose replica (2 at a time) queues and rejects itself.
 fn computed_service(name: &str, backend: &str, extra: &str) -> String {
     format!(
-        "[[service]]\nname = \"{name}\"\nbackends = [{{ address = \"{backend}\", max_ongoing_requests = 2 }}]\n[service.backpressure]\nretry_after_policy = \"router_queue_drain_rate\"\nwarm_after_intervals = 2\njitter = 0.0\n{extra}\n"
+        "[[service]]\nname = \"{name}\"\nrejected_at = \"replica\"\nbackends = [{{ address = \"{backend}\", max_ongoing_requests = 2 }}]\n[service.backpressure]\nretry_after_policy = \"router_queue_drain_rate\"\nwarm_after_s = 0.4\njitter = 0.0\n{extra}\n"
     )
+}
+
+fn query(service: &str) -> String {
+    Request::Query {
+        service,
+        queue_depth: None,
+        backoff_streak: None,
+    }
+    .to_string()
 }
 
 #[test]
@@ -58,13 +70,14 @@ fn a_fresh_agent_answers_static_then_none_until_warm() {
         &(computed_service("with-static", "127.0.0.1:1", "retry_after_s = 7")
             + &computed_service("without-static", "127.0.0.1:2", "")),
     );
-    let line = agent.request("QUERY with-static").unwrap();
-    assert_eq!(seconds(&line), Some(7), "{line}");
-    assert_eq!(field(&line, "rung"), "static");
-    assert_eq!(field(&line, "ms"), "7000");
-    let line = agent.request("QUERY without-static").unwrap();
-    assert_eq!(seconds(&line), None, "{line}");
-    assert_eq!(field(&line, "rung"), "none");
+    let a = answer(&agent.request(&query("with-static")).unwrap());
+    assert_eq!(
+        (a.seconds, a.millis, a.rung),
+        (Some(7), Some(7000), Rung::Static)
+    );
+    assert_eq!(a.reason, Some(FallbackReason::DrainNotWarm));
+    let a = answer(&agent.request(&query("without-static")).unwrap());
+    assert_eq!((a.seconds, a.rung), (None, Rung::None));
 }
 
 #[test]
@@ -106,21 +119,23 @@ fn the_computed_value_follows_an_overloaded_backend_up_and_back_down() {
 
     // Heavy: 30 in flight, 2 served at a time, 28 queued beyond capacity, drain 10/s:
     // 28 / 10 × (1 + 0.25 × occupancy 1) = 3.5 → 4 s.
-    let heavy = wait_for_answer(&agent, "QUERY api", Duration::from_secs(20), |line| {
-        field(line, "rung") == "computed" && seconds(line).unwrap() >= 3
+    let heavy = wait_for_answer(&agent, &query("api"), Duration::from_secs(20), |a| {
+        a.rung == Rung::Computed && a.seconds.unwrap() >= 3
     });
-    assert_eq!(field(&heavy, "source"), "beyond_capacity");
+    assert_eq!(
+        heavy.queue_depth_source,
+        Some(QueueDepthSource::BeyondCapacity)
+    );
     // The inputs are the agent's counters: read them around the query, from the same tick.
     let inputs_matched = (0..20).any(|_| {
         let before = agent.metrics();
-        let line = agent.request("QUERY api").unwrap();
+        let line = answer(&agent.request(&query("api")).unwrap());
         let after = agent.metrics();
         let ticks = |m: &str| sample(m, "retry_after_ticks_total");
         if ticks(&before) != ticks(&after) {
             return false;
         }
-        // The estimator sees the backend from the side with more completed responses; the
-        // two sides can differ by a response in transit at the tick.
+        // The replica's queue, seen from its own (server) side.
         let in_flight = |side: &str| {
             sample(
                 &after,
@@ -133,15 +148,12 @@ fn the_computed_value_follows_an_overloaded_backend_up_and_back_down() {
             &after,
             "retry_after_service_drain_rate_per_second{service=\"api\"}",
         );
-        let depth: f64 = field(&line, "depth").parse().unwrap();
-        let drain_used: f64 = field(&line, "drain").parse().unwrap();
-        assert!(
-            ["server", "client"]
-                .iter()
-                .any(|side| depth == (in_flight(side) - 2.0).max(0.0)),
-            "depth = in flight beyond capacity: {line} vs {} / {}",
-            in_flight("server"),
-            in_flight("client")
+        let depth = line.queue_depth.unwrap() as f64;
+        let drain_used = line.drain_rate.unwrap();
+        assert_eq!(
+            depth,
+            (in_flight("server") - 2.0).max(0.0),
+            "depth = in flight beyond capacity: {line}"
         );
         assert!((drain_used - drain).abs() < 0.001, "{line} vs {drain}");
         assert!((5.0..20.0).contains(&drain), "about 10/s: {drain}");
@@ -154,11 +166,10 @@ fn the_computed_value_follows_an_overloaded_backend_up_and_back_down() {
 
     // Light: 3 clients, about 1 queued: the value comes down to the minimum.
     clients.store(3, Ordering::SeqCst);
-    let light = wait_for_answer(&agent, "QUERY api", Duration::from_secs(20), |line| {
-        field(line, "rung") == "computed" && seconds(line) == Some(1)
+    let light = wait_for_answer(&agent, &query("api"), Duration::from_secs(20), |a| {
+        a.rung == Rung::Computed && a.seconds == Some(1)
     });
-    let heavy_s = seconds(&heavy).unwrap();
-    assert!(seconds(&light).unwrap() < heavy_s, "{heavy} → {light}");
+    assert!(light.seconds < heavy.seconds, "{heavy} → {light}");
 
     stop.store(true, Ordering::SeqCst);
     for worker in workers {
@@ -171,11 +182,11 @@ fn wait_for_answer(
     agent: &AgentProcess,
     request: &str,
     timeout: Duration,
-    done: impl Fn(&str) -> bool,
-) -> String {
+    done: impl Fn(&QueryResponse) -> bool,
+) -> QueryResponse {
     let deadline = Instant::now() + timeout;
     loop {
-        let line = agent.request(request).unwrap();
+        let line = answer(&agent.request(request).unwrap());
         if done(&line) {
             return line;
         }
@@ -218,9 +229,15 @@ impl Raw {
     }
 
     fn still_usable(&mut self) {
-        self.send(b"HEALTH\n");
-        let line = self.line();
-        assert!(line.starts_with("HEALTH ok"), "{line}");
+        self.send(format!("{}\n", Request::Health).as_bytes());
+        health(&self.line());
+    }
+
+    fn error(&mut self) -> ErrorCode {
+        match Response::parse(&self.line()) {
+            Ok(Response::Err(error)) => error.code,
+            other => panic!("not an error line: {other:?}"),
+        }
     }
 }
 
@@ -230,30 +247,42 @@ fn bad_lines_get_one_error_line_and_the_connection_stays_usable() {
     let mut raw = Raw::connect(&agent);
     let mut binary: Vec<u8> = (0u8..=255).filter(|b| *b != b'\n').collect();
     binary.push(b'\n');
-    let cases: Vec<(Vec<u8>, &str)> = vec![
-        (b"\n".to_vec(), "bad_request"),
-        (b"QUERY\n".to_vec(), "bad_request"),
-        (binary, "bad_request"),
-        (b"FROBNICATE api\n".to_vec(), "unknown_command"),
-        (b"QUERY api depth=lots\n".to_vec(), "bad_argument"),
-        (b"QUERY nosuch\n".to_vec(), "unknown_service"),
-        (b"SUBSCRIBE nosuch\n".to_vec(), "unknown_service"),
+    let cases: Vec<(Vec<u8>, ErrorCode)> = vec![
+        (b"\n".to_vec(), ErrorCode::BadRequest),
+        (b"QUERY\n".to_vec(), ErrorCode::BadRequest),
+        (binary, ErrorCode::BadRequest),
+        (b"FROBNICATE api\n".to_vec(), ErrorCode::UnknownCommand),
+        (b"QUERY api depth=lots\n".to_vec(), ErrorCode::BadArgument),
+        (b"REPORT api admitted=3\n".to_vec(), ErrorCode::BadArgument),
+        (b"QUERY nosuch\n".to_vec(), ErrorCode::UnknownService),
+        (b"SUBSCRIBE nosuch\n".to_vec(), ErrorCode::UnknownService),
+        (
+            b"REPORT nosuch admitted=1 rejected=1\n".to_vec(),
+            ErrorCode::UnknownService,
+        ),
         (
             [vec![b'Q'; 100_000], b"\n".to_vec()].concat(),
-            "line_too_long",
+            ErrorCode::LineTooLong,
         ),
     ];
     for (bytes, code) in cases {
         raw.send(&bytes);
-        let line = raw.line();
-        assert!(line.starts_with(&format!("ERR {code} ")), "{code}: {line}");
+        assert_eq!(
+            raw.error(),
+            code,
+            "{:?}",
+            String::from_utf8_lossy(&bytes[..bytes.len().min(40)])
+        );
         raw.still_usable();
     }
     // A line split across writes is one request.
     raw.send(b"QUE");
     thread::sleep(Duration::from_millis(200));
     raw.send(b"RY api depth=3\n");
-    assert!(raw.line().starts_with("RETRY-AFTER "));
+    answer(&raw.line());
+    // A report is acknowledged.
+    raw.send(b"REPORT api admitted=3 rejected=1 depth=2\n");
+    assert_eq!(Response::parse(&raw.line()), Ok(Response::Ok));
     // The agent survived it all, and counted the errors.
     let metrics = agent.metrics();
     assert_eq!(
@@ -284,13 +313,14 @@ fn a_thousand_idle_connections_are_shed_without_harming_a_working_client() {
         let (stop, answered) = (stop.clone(), answered.clone());
         let mut raw = Raw::connect(&agent);
         // A working client: it has asked before the flood begins.
-        raw.send(b"QUERY api\n");
-        assert!(raw.line().starts_with("RETRY-AFTER 2 "));
+        let request = format!("{}\n", query("api"));
+        raw.send(request.as_bytes());
+        assert_eq!(answer(&raw.line()).seconds, Some(2));
         thread::spawn(move || {
             while !stop.load(Ordering::SeqCst) {
-                raw.send(b"QUERY api\n");
+                raw.send(request.as_bytes());
                 let line = raw.line();
-                assert!(line.starts_with("RETRY-AFTER 2 "), "{line}");
+                assert_eq!(answer(&line).seconds, Some(2), "{line}");
                 answered.fetch_add(1, Ordering::SeqCst);
                 thread::sleep(Duration::from_millis(5));
             }
@@ -304,9 +334,8 @@ fn a_thousand_idle_connections_are_shed_without_harming_a_working_client() {
     worker.join().expect("the working client got every answer");
     assert!(answered.load(Ordering::SeqCst) > 10);
     // At most 64 are held; the others were told why and closed.
-    let health = agent.request("HEALTH").unwrap();
-    let held: usize = field(&health, "connections").parse().unwrap();
-    assert!(held <= 64, "{health}");
+    let held = health(&agent.request("HEALTH").unwrap()).connections;
+    assert!(held <= 64, "{held} held");
     let mut shed = 0;
     for stream in &mut idle {
         stream
@@ -314,7 +343,10 @@ fn a_thousand_idle_connections_are_shed_without_harming_a_working_client() {
             .unwrap();
         let mut text = String::new();
         if stream.read_to_string(&mut text).is_ok() {
-            assert!(text.starts_with("ERR idle "), "{text:?}");
+            assert!(
+                matches!(Response::parse(text.lines().next().unwrap_or("")), Ok(Response::Err(e)) if e.code == ErrorCode::Idle),
+                "{text:?}"
+            );
             shed += 1;
         }
     }
@@ -331,7 +363,10 @@ fn a_peer_whose_uid_is_not_allowed_is_refused() {
     );
     let mut raw = Raw::connect(&agent);
     let line = raw.line();
-    assert!(line.starts_with("ERR denied "), "{line}");
+    assert!(
+        matches!(Response::parse(&line), Ok(Response::Err(e)) if e.code == ErrorCode::Denied),
+        "{line}"
+    );
     assert!(line.contains(&uid.to_string()), "{line}");
     let mut rest = String::new();
     assert_eq!(
@@ -345,7 +380,7 @@ fn a_peer_whose_uid_is_not_allowed_is_refused() {
 fn the_client_library_answers_through_an_agent_restart() {
     let mut agent = AgentProcess::start(
         "",
-        &computed_service("api", "127.0.0.1:1", "retry_after_s = 9"),
+        &computed_service("api", "127.0.0.1:1", "retry_after_s = 9\nstatus_code = 503"),
     );
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let _guard = runtime.enter();
@@ -354,6 +389,7 @@ fn the_client_library_answers_through_an_agent_restart() {
         "api",
         retry_after_client::ClientOptions {
             static_retry_after_s: Some(3),
+            status_code: 429,
             stale_after: Duration::from_secs(1),
             reconnect_min: Duration::from_millis(50),
             reconnect_max: Duration::from_millis(200),
@@ -376,8 +412,9 @@ fn the_client_library_answers_through_an_agent_restart() {
     thread::sleep(Duration::from_millis(1300));
     let decision = subscription.retry_after(&mut rng);
     assert_eq!(
-        (decision.seconds, decision.source),
-        (Some(3), retry_after_client::Source::Static)
+        (decision.seconds, decision.rung, decision.status_code),
+        (Some(3), Rung::Static, 503),
+        "once stale: this client's static value, with the service's status"
     );
 
     // A new agent (which finds the dead one's socket file in its way) is picked up unasked.
@@ -396,6 +433,13 @@ fn metrics_parse_and_carry_every_series() {
     for _ in 0..3 {
         agent.request("QUERY api depth=4").unwrap();
     }
+    // A proxy reports 5 rejections (and 7 admissions): answers too, counted by rung.
+    assert_eq!(
+        agent
+            .request("REPORT api admitted=7 rejected=5 retry_admitted=2")
+            .unwrap(),
+        "OK"
+    );
     agent.request("HEALTH").unwrap();
     thread::sleep(Duration::from_millis(500));
     let text = agent.metrics();
@@ -419,9 +463,14 @@ fn metrics_parse_and_carry_every_series() {
         "retry_after_service_queue_depth_source",
         "retry_after_service_saturation_factor",
         "retry_after_service_occupancy_ratio",
+        "retry_after_service_fallback_reason",
         "retry_after_suggested_delay_seconds",
         "retry_after_ladder_rung_total",
+        "retry_after_fallback_total",
         "retry_after_judge_observed_over_suggested_ratio",
+        "retry_after_judge_dropped_total",
+        "retry_after_proxy_requests_total",
+        "retry_after_proxy_retries_total",
         "retry_after_socket_connections",
         "retry_after_queries_total",
         "retry_after_query_duration_seconds",
@@ -436,7 +485,15 @@ fn metrics_parse_and_carry_every_series() {
             &text,
             "retry_after_ladder_rung_total{rung=\"static\",service=\"api\"}"
         ),
-        3.0
+        8.0,
+        "3 queries and 5 reported rejections"
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "retry_after_fallback_total{reason=\"drain_not_warm\",service=\"api\"}"
+        ),
+        8.0
     );
     assert_eq!(
         sample(&text, "retry_after_queries_total{command=\"query\"}"),
@@ -445,9 +502,23 @@ fn metrics_parse_and_carry_every_series() {
     assert_eq!(
         sample(
             &text,
-            "retry_after_suggested_delay_seconds_count{service=\"api\"}"
+            "retry_after_suggested_delay_seconds_count{rung=\"static\",service=\"api\"}"
         ),
-        3.0
+        8.0
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "retry_after_proxy_requests_total{outcome=\"admitted\",service=\"api\"}"
+        ),
+        7.0
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "retry_after_proxy_retries_total{outcome=\"admitted\",service=\"api\"}"
+        ),
+        2.0
     );
 }
 
@@ -468,8 +539,8 @@ fn the_query_command_asks_like_a_proxy() {
         String::from_utf8_lossy(&out.stderr)
     );
     let line = String::from_utf8(out.stdout).unwrap();
-    assert_eq!(seconds(line.trim_end()), Some(6), "{line}");
-    assert_eq!(field(line.trim_end(), "depth"), "3");
+    let a = answer(line.trim_end());
+    assert_eq!((a.seconds, a.queue_depth), (Some(6), Some(3)), "{line}");
     let out = std::process::Command::new(retry_after_integration_tests::agent_binary())
         .args(["query", "nosuch", "--socket"])
         .arg(&agent.socket)

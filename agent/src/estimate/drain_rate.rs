@@ -1,33 +1,58 @@
-//! The drain rate: an EWMA of responses completed per second across a service's backends.
+//! The drain rate: an EWMA of responses completed per second in the queue's scope.
 //!
-//! Each observation carries the total of completed responses and the requests in flight. An
-//! interval updates the average only if the backends had work in it (something completed, or
-//! something was in flight): an idle service tells nothing about capacity, and averaging its
+//! The proposal's average is `alpha` per one-second interval. Ticks may be shorter or longer
+//! (`agent.tick_interval_ms`), so an interval of `dt` seconds is weighted
+//! `1 − (1 − alpha)^dt`: a second of history is forgotten at the same pace whatever the tick,
+//! and a piecewise-steady stream gives the same average at 100 ms ticks as at 1 s ticks.
+//!
+//! An interval updates the average only if the backends had work in it (something completed,
+//! or something was in flight): an idle service tells nothing about capacity, and averaging its
 //! zeros in would make the first rejection after a lull suggest the 60 s maximum. An interval
 //! with work and no completions (a stall) is real information and pulls the average down.
 //!
 //! * **Seeding**: the first interval with completions sets the average to its rate, instead of
 //!   averaging it with zero (which would underestimate the rate by 0.7³ ≈ 34% after three
-//!   intervals with the default alpha).
-//! * **Warm** after `warm_after_intervals` intervals with completions.
-//! * **Cold again** after `cold_after_s` seconds with no backend work at all (default 30 s).
-//!   The average is then held from a past that may no longer exist: replicas scale, move and
-//!   restart while a service idles, and half a minute is long against a request's life but short
-//!   against autoscaling. The fallback ladder answers until the rate is warm again.
+//!   seconds with the default alpha).
+//! * **Warm** once `warm_after` of time with completions has been seen (default 3 s: the
+//!   proposal's "a minimum number of intervals with traffic", at its 1 s interval).
+//! * **Cold again** after `cold_after` with no backend work at all (default 30 s). The average
+//!   is then held from a past that may no longer exist: replicas scale, move and restart while
+//!   a service idles, and half a minute is long against a request's life but short against
+//!   autoscaling. The fallback ladder answers until the rate is warm again.
 //! * A total that goes *down* means the counters restarted (the endpoint was watched anew):
 //!   the rate starts over.
 
 use std::time::{Duration, Instant};
 
+/// The EWMA's constants; defaults are the proposal's.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DrainRateConstants {
+    /// Weight of the newest second's rate (0.3).
+    pub alpha: f64,
+    /// Time with completions before the rate is used (3 s).
+    pub warm_after: Duration,
+    /// Time without any backend work after which the rate is forgotten (30 s).
+    pub cold_after: Duration,
+}
+
+impl Default for DrainRateConstants {
+    fn default() -> Self {
+        Self {
+            alpha: 0.3,
+            warm_after: Duration::from_secs(3),
+            cold_after: Duration::from_secs(30),
+        }
+    }
+}
+
 /// The EWMA of one service's drain rate.
 #[derive(Clone, Debug)]
 pub struct DrainRate {
-    alpha: f64,
-    warm_after_intervals: u32,
-    cold_after: Duration,
-    /// Responses per second; meaningful once at least one interval had completions.
+    constants: DrainRateConstants,
+    /// Responses per second; meaningful once an interval had completions.
     ewma: f64,
-    intervals_with_completions: u32,
+    /// Time covered by intervals with completions since the last cold start.
+    time_with_completions: Duration,
     last: Option<Observation>,
     last_work: Option<Instant>,
 }
@@ -41,19 +66,17 @@ struct Observation {
 
 impl DrainRate {
     /// A cold drain rate.
-    pub fn new(alpha: f64, warm_after_intervals: u32, cold_after: Duration) -> Self {
+    pub fn new(constants: DrainRateConstants) -> Self {
         Self {
-            alpha,
-            warm_after_intervals: warm_after_intervals.max(1),
-            cold_after,
+            constants,
             ewma: 0.0,
-            intervals_with_completions: 0,
+            time_with_completions: Duration::ZERO,
             last: None,
             last_work: None,
         }
     }
 
-    /// Feed one tick: the service's total of completed responses and requests in flight, at
+    /// Feed one tick: the scope's total of completed responses and requests in flight, at
     /// `at` (ticks must not go backwards; a repeated instant is ignored).
     pub fn observe(&mut self, at: Instant, completed_total: u64, in_flight: u64) {
         let now = Observation {
@@ -76,18 +99,22 @@ impl DrainRate {
         let had_work = completed > 0 || in_flight > 0 || last.in_flight > 0;
         if had_work {
             self.last_work = Some(at);
-            let rate = completed as f64 / elapsed.as_secs_f64();
-            if completed > 0 && self.intervals_with_completions == 0 {
-                self.ewma = rate;
-            } else if self.intervals_with_completions > 0 {
-                self.ewma = self.alpha * rate + (1.0 - self.alpha) * self.ewma;
+            let seconds = elapsed.as_secs_f64();
+            let rate = completed as f64 / seconds;
+            if self.time_with_completions.is_zero() {
+                if completed > 0 {
+                    self.ewma = rate;
+                }
+            } else {
+                let weight = 1.0 - (1.0 - self.constants.alpha).powf(seconds);
+                self.ewma += weight * (rate - self.ewma);
             }
             if completed > 0 {
-                self.intervals_with_completions = self.intervals_with_completions.saturating_add(1);
+                self.time_with_completions = self.time_with_completions.saturating_add(elapsed);
             }
         } else if self
             .last_work
-            .is_none_or(|work| at.saturating_duration_since(work) >= self.cold_after)
+            .is_none_or(|work| at.saturating_duration_since(work) >= self.constants.cold_after)
         {
             self.forget();
         }
@@ -98,9 +125,10 @@ impl DrainRate {
         self.is_warm().then_some(self.ewma)
     }
 
-    /// True once enough intervals with completions have been seen since the last cold start.
+    /// True once enough time with completions has been seen since the last cold start.
     pub fn is_warm(&self) -> bool {
-        self.intervals_with_completions >= self.warm_after_intervals
+        !self.time_with_completions.is_zero()
+            && self.time_with_completions >= self.constants.warm_after
     }
 
     /// The average so far, warm or not (for metrics).
@@ -110,7 +138,7 @@ impl DrainRate {
 
     fn forget(&mut self) {
         self.ewma = 0.0;
-        self.intervals_with_completions = 0;
+        self.time_with_completions = Duration::ZERO;
         self.last_work = None;
     }
 }
@@ -123,36 +151,58 @@ mod tests {
         Duration::from_secs(s)
     }
 
+    fn constants(warm_after_s: u64) -> DrainRateConstants {
+        DrainRateConstants {
+            warm_after: secs(warm_after_s),
+            ..DrainRateConstants::default()
+        }
+    }
+
     #[test]
-    fn seeds_then_averages_and_warms_after_three_intervals() {
+    fn seeds_then_averages_and_warms_after_three_seconds() {
         let t0 = Instant::now();
-        let mut d = DrainRate::new(0.3, 3, secs(30));
+        let mut d = DrainRate::new(constants(3));
         d.observe(t0, 0, 0);
         d.observe(t0 + secs(1), 10, 5); // 10/s: seed
         assert_eq!((d.ewma(), d.rate()), (10.0, None));
         d.observe(t0 + secs(2), 30, 5); // 20/s: 0.3·20 + 0.7·10 = 13
         assert!((d.ewma() - 13.0).abs() < 1e-9);
         assert_eq!(d.rate(), None);
-        d.observe(t0 + secs(3), 30, 5); // stall, work in flight: 0.7·13 = 9.1, still 2 intervals
+        d.observe(t0 + secs(3), 30, 5); // stall, work in flight: 0.7·13 = 9.1, still 2 s
         assert!((d.ewma() - 9.1).abs() < 1e-9);
         assert!(!d.is_warm());
-        d.observe(t0 + secs(4), 40, 0); // 10/s: 0.3·10 + 0.7·9.1 = 9.37, third interval
+        d.observe(t0 + secs(4), 40, 0); // 10/s: 0.3·10 + 0.7·9.1 = 9.37, third second
         assert!((d.rate().unwrap() - 9.37).abs() < 1e-9);
     }
 
     #[test]
-    fn uneven_ticks_use_the_real_elapsed_time() {
+    fn alpha_is_per_second_whatever_the_tick() {
+        // Half a second at 20/s after a seed of 10/s: weight 1 − 0.7^0.5 ≈ 0.1633.
         let t0 = Instant::now();
-        let mut d = DrainRate::new(0.3, 1, secs(30));
-        d.observe(t0, 100, 1);
-        d.observe(t0 + Duration::from_millis(500), 110, 1);
-        assert_eq!(d.rate(), Some(20.0));
+        let mut d = DrainRate::new(constants(1));
+        d.observe(t0, 0, 1);
+        d.observe(t0 + secs(1), 10, 1);
+        d.observe(t0 + Duration::from_millis(1500), 20, 1);
+        let weight = 1.0 - 0.7f64.sqrt();
+        assert!(
+            (d.ewma() - (10.0 + weight * 10.0)).abs() < 1e-9,
+            "{}",
+            d.ewma()
+        );
+        // At 100 ms ticks, warm after 3 s is thirty ticks with completions, not three.
+        let mut d = DrainRate::new(constants(3));
+        d.observe(t0, 0, 1);
+        for tick in 1..=30u64 {
+            assert!(!d.is_warm(), "warm after {} ticks", tick - 1);
+            d.observe(t0 + Duration::from_millis(100 * tick), tick, 1);
+        }
+        assert_eq!(d.rate(), Some(10.0));
     }
 
     #[test]
     fn idle_intervals_hold_the_rate_and_a_long_idle_makes_it_cold() {
         let t0 = Instant::now();
-        let mut d = DrainRate::new(0.3, 1, secs(30));
+        let mut d = DrainRate::new(constants(1));
         d.observe(t0, 0, 0);
         d.observe(t0 + secs(1), 8, 0);
         for s in 2..=30 {
@@ -161,15 +211,14 @@ mod tests {
         }
         d.observe(t0 + secs(31), 8, 0);
         assert_eq!(d.rate(), None, "30 s after the last work: cold");
-        // Warm again after one interval with completions (warm_after = 1), seeded afresh.
         d.observe(t0 + secs(32), 11, 0);
-        assert_eq!(d.rate(), Some(3.0));
+        assert_eq!(d.rate(), Some(3.0), "warm again, seeded afresh");
     }
 
     #[test]
     fn a_counter_restart_starts_over() {
         let t0 = Instant::now();
-        let mut d = DrainRate::new(0.3, 1, secs(30));
+        let mut d = DrainRate::new(constants(1));
         d.observe(t0, 50, 0);
         d.observe(t0 + secs(1), 60, 0);
         assert!(d.is_warm());
@@ -182,7 +231,7 @@ mod tests {
     #[test]
     fn a_repeated_instant_is_ignored() {
         let t0 = Instant::now();
-        let mut d = DrainRate::new(0.3, 1, secs(30));
+        let mut d = DrainRate::new(constants(1));
         d.observe(t0, 0, 0);
         d.observe(t0, 5, 0);
         d.observe(t0 + secs(1), 5, 0);

@@ -1,20 +1,19 @@
 //! The estimate: from kernel snapshots to a Retry-After value per service.
 //!
 //! Pure and deterministic: no I/O, no clock and no randomness of its own. Time arrives as the
-//! `Instant` of each snapshot or query, randomness through [`Jitter`]. Nothing here knows of
-//! eBPF or sockets; it reads [`Snapshot`]s, which are plain numbers.
+//! `Instant` of each snapshot or query, the jitter as a uniform draw. Nothing here knows of
+//! eBPF or sockets; it reads [`Snapshot`]s, which are plain numbers. The formula, the ladder
+//! and the rounding are the `retry-after-policy` crate's, shared with the client library.
 //!
-//! Per service, each tick: the drain rate EWMA is fed the backends' completed responses
-//! ([`drain_rate`]), the judge follows earlier suggestions forward ([`judge`]). Per rejection:
-//! the queue depth is taken from the best source ([`queue_depth`]), the policy computes
-//! ([`policy`]), and the fallback ladder, jitter and clamp produce the header
-//! ([`retry_after`]).
+//! Per service, each tick: the load is read in the service's scope ([`load`]: the proxy's own
+//! queue over this node's client-side completions, or the replicas' queue over their
+//! server-side completions), the drain-rate EWMA is fed ([`drain_rate`]) and the judge follows
+//! earlier answers forward ([`judge`]). Per rejection: the signals are gathered and the
+//! policy's ladder answers.
 
 pub mod drain_rate;
 pub mod judge;
-pub mod policy;
-pub mod queue_depth;
-pub mod retry_after;
+pub mod load;
 
 use std::{
     collections::BTreeMap,
@@ -22,13 +21,16 @@ use std::{
 };
 
 use retry_after_common::Side;
+pub use retry_after_policy::{
+    Answer, FallbackReason, PolicyConstants, QueueDepth, QueueDepthSource, RetryAfterPolicy, Rung,
+    Signals,
+};
+use retry_after_protocol::{EstimatePush, Report};
 
 pub use self::{
-    drain_rate::DrainRate,
-    judge::{Judge, JudgeStats},
-    policy::{PolicyConstants, RetryAfterPolicy, Signals},
-    queue_depth::{BackendLoad, QueueDepthSource, ServiceLoad},
-    retry_after::{Jitter, RetryAfter, Rung},
+    drain_rate::{DrainRate, DrainRateConstants},
+    judge::{Judge, JudgeStats, RungStats, Settled},
+    load::{BackendLoad, Scope, ServiceLoad, SideLoad},
 };
 use crate::{
     config::{Config, ServiceConfig},
@@ -36,10 +38,11 @@ use crate::{
     snapshot::Snapshot,
 };
 
-/// How long the judge follows a suggestion before calling its queue undrained.
+/// How long the judge follows an answer before calling its queue undrained.
 pub const JUDGE_HORIZON: Duration = Duration::from_secs(600);
-/// How many distinct suggestions the judge follows at once, per service.
-pub const JUDGE_CAPACITY: usize = 4096;
+/// How many answer groups the judge follows at once, per service. Answers are grouped per
+/// tick by rung, value and depth, so this holds 10,000 rejections a second with room to spare.
+pub const JUDGE_CAPACITY: usize = 16_384;
 
 /// What a proxy may tell the agent when it asks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -55,42 +58,51 @@ pub struct Query {
 pub struct ServiceSettings {
     /// Service name.
     pub name: String,
+    /// Where its requests are queued and rejected.
+    pub scope: Scope,
     /// The policy.
     pub policy: RetryAfterPolicy,
-    /// Its constants.
+    /// The formula's constants.
     pub constants: PolicyConstants,
+    /// The drain-rate EWMA's constants.
+    pub drain: DrainRateConstants,
     /// The static value and fallback.
     pub static_retry_after_s: Option<u64>,
     /// The status code rejections carry.
     pub status_code: u16,
-    /// The proxy's queue limit.
-    pub max_queued_requests: Option<u64>,
     /// Backends and their `max_ongoing_requests`.
     pub backends: Vec<(Endpoint, Option<u64>)>,
     /// The proxy's listener, if on this node.
     pub frontend: Option<Endpoint>,
-    /// The tick interval (a proxy-supplied depth is used by the judge for two of them).
-    pub tick_interval: Duration,
 }
 
 impl ServiceSettings {
     /// Resolve a validated service configuration.
-    pub fn from_config(service: &ServiceConfig, tick_interval: Duration) -> Self {
+    pub fn from_config(service: &ServiceConfig) -> Self {
         let backpressure = &service.backpressure;
         Self {
             name: service.name.clone(),
+            scope: service.rejected_at(),
             policy: backpressure.policy(),
             constants: backpressure.constants(),
+            drain: backpressure.drain_constants(),
             static_retry_after_s: backpressure.retry_after_s,
             status_code: backpressure.status_code,
-            max_queued_requests: service.max_queued_requests,
             backends: service
                 .backends
                 .iter()
                 .map(|b| (b.endpoint(), b.max_ongoing_requests))
                 .collect(),
             frontend: service.frontend_endpoint(),
-            tick_interval,
+        }
+    }
+
+    /// True if no kernel source can see this service's queue: only a depth passed by the
+    /// proxy lets it compute (`check` warns about such a service).
+    pub fn queue_needs_proxy_depth(&self) -> bool {
+        match self.scope {
+            Scope::Proxy => self.frontend.is_none(),
+            Scope::Replica => self.backends.iter().any(|(_, max)| max.is_none()),
         }
     }
 }
@@ -102,22 +114,18 @@ pub struct ServiceEstimator {
     drain: DrainRate,
     judge: Judge,
     load: ServiceLoad,
-    proxy_depth: Option<(Instant, u64)>,
 }
 
 impl ServiceEstimator {
     /// A cold estimator.
     pub fn new(settings: ServiceSettings) -> Self {
-        let c = &settings.constants;
         Self {
-            drain: DrainRate::new(
-                c.alpha,
-                c.warm_after_intervals,
-                Duration::from_secs_f64(c.cold_after_s.max(0.0)),
-            ),
-            judge: Judge::new(settings.max_queued_requests, JUDGE_HORIZON, JUDGE_CAPACITY),
-            load: ServiceLoad::default(),
-            proxy_depth: None,
+            drain: DrainRate::new(settings.drain),
+            judge: Judge::new(JUDGE_HORIZON, JUDGE_CAPACITY),
+            load: ServiceLoad {
+                scope: settings.scope,
+                ..ServiceLoad::default()
+            },
             settings,
         }
     }
@@ -127,87 +135,95 @@ impl ServiceEstimator {
         &self.settings
     }
 
-    /// Feed one tick's snapshot. Returns the suggestions the judge settled: (observed /
-    /// suggested, count).
-    pub fn observe(&mut self, snapshot: &Snapshot) -> Vec<(f64, u64)> {
+    /// Feed one tick's snapshot. Returns the answer groups the judge settled.
+    pub fn observe(&mut self, snapshot: &Snapshot) -> Vec<Settled> {
         let load = self.load_from(snapshot);
         self.observe_load(snapshot.taken_at, load)
     }
 
-    /// What a subscriber needs to answer rejections itself until the next tick: the computed
-    /// base (from the agent's queue depth, before jitter and clamp) and the terms to redo it
-    /// with the proxy's own depth and streak.
-    pub fn push(&self, seq: u64) -> retry_after_protocol::EstimatePush {
-        let s = &self.settings;
-        let c = &s.constants;
-        let signals = self.signals(Query::default());
-        let computed = s.policy.compute(&signals, c);
-        retry_after_protocol::EstimatePush {
-            service: s.name.clone(),
-            seq,
-            base_ms: computed.map(|c| (c.base_s * 1000.0).round().min(u64::MAX as f64) as u64),
-            jitter: c.jitter,
-            min_s: c.min_retry_after_s,
-            max_s: c.max_retry_after_s,
-            static_s: s.static_retry_after_s,
-            status_code: s.status_code,
-            queue_depth: signals.queue_depth,
-            // Only a computing policy lets the proxy compute with its own depth.
-            drain_rate: computed.and(signals.drain_rate),
-            occupancy_factor: c.occupancy_factor(signals.occupancy),
-            backoff_weight: c.backoff_weight,
-            backoff_saturation: c.backoff_streak_saturation,
-        }
-    }
-
     /// Feed one tick's service load (what [`ServiceEstimator::observe`] derives from a
-    /// snapshot). Returns the suggestions the judge settled: (observed / suggested, count).
-    pub fn observe_load(&mut self, at: Instant, load: ServiceLoad) -> Vec<(f64, u64)> {
+    /// snapshot). Returns the answer groups the judge settled.
+    pub fn observe_load(&mut self, at: Instant, load: ServiceLoad) -> Vec<Settled> {
         let completed = load.completed_total();
         self.drain.observe(at, completed, load.in_flight());
-        let fresh_proxy_depth = self.proxy_depth.filter(|(when, _)| {
-            at.saturating_duration_since(*when) <= self.settings.tick_interval * 2
-        });
-        let depth = load.queue_depth(fresh_proxy_depth.map(|(_, d)| d)).0;
         self.load = load;
-        self.judge.observe(at, depth, completed)
+        self.judge.observe(at, completed)
     }
 
     /// The signals for a rejection now.
     pub fn signals(&self, query: Query) -> Signals {
-        let (queue_depth, queue_depth_source) = self.load.queue_depth(query.queue_depth);
         Signals {
-            queue_depth,
-            queue_depth_source,
+            queue_depth: self.load.queue_depth(query.queue_depth),
             drain_rate: self.drain.rate(),
             occupancy: self.load.occupancy(),
             backoff_streak: query.backoff_streak.unwrap_or(0),
         }
     }
 
-    /// The Retry-After for a rejection at `at`; never fails. The suggestion is recorded for
-    /// the judge.
-    pub fn estimate(&mut self, at: Instant, query: Query, jitter: &mut impl Jitter) -> RetryAfter {
-        if let Some(depth) = query.queue_depth {
-            self.proxy_depth = Some((at, depth));
-        }
+    /// The ladder's answer for `query` with jitter draw `unit`, without recording it.
+    pub fn answer(&self, query: Query, unit: f64) -> Answer {
         let s = &self.settings;
-        let answer = retry_after::retry_after(
+        retry_after_policy::answer(
             s.policy,
             &s.constants,
             s.static_retry_after_s,
             self.signals(query),
-            jitter,
-        );
-        if let Some(seconds) = answer.seconds {
-            self.judge.record(
-                at,
-                answer.signals.queue_depth,
-                self.load.completed_total(),
-                seconds,
-            );
-        }
+            unit,
+        )
+    }
+
+    /// The Retry-After for a rejection at `at` (`unit`: a uniform draw from [0, 1) for the
+    /// jitter); never fails. The answer is recorded for the judge.
+    pub fn estimate(&mut self, at: Instant, query: Query, unit: f64) -> Answer {
+        let answer = self.answer(query, unit);
+        self.judge_answer(at, &answer, 1);
         answer
+    }
+
+    /// A proxy's report of what it did since `from`: its rejections are judged as answers
+    /// it computed from the subscription (with its depth and streak, without jitter), and its
+    /// admissions and rejections are the evidence of what a retry met. Returns that answer.
+    pub fn report(&mut self, from: Instant, at: Instant, report: &Report<'_>) -> Answer {
+        let answer = self.answer(
+            Query {
+                queue_depth: report.queue_depth,
+                backoff_streak: report.backoff_streak,
+            },
+            0.5,
+        );
+        self.judge_answer(at, &answer, report.rejected);
+        self.judge
+            .report_outcome(from, at, report.admitted, report.rejected);
+        answer
+    }
+
+    fn judge_answer(&mut self, at: Instant, answer: &Answer, weight: u64) {
+        if let (Some(seconds), Some(queue)) = (answer.seconds, answer.signals.queue_depth) {
+            self.judge
+                .record(at, answer.rung, seconds, queue.depth, weight);
+        }
+    }
+
+    /// What a subscriber needs to answer rejections itself until the next tick: the agent's
+    /// signals and the policy's constants (see [`EstimatePush::answer`]).
+    pub fn push(&self, seq: u64) -> EstimatePush {
+        let s = &self.settings;
+        let own = self.answer(Query::default(), 0.5);
+        EstimatePush {
+            service: s.name.clone(),
+            seq,
+            policy: s.policy,
+            status_code: s.status_code,
+            static_s: s.static_retry_after_s,
+            queue_depth: own.signals.queue_depth,
+            drain_rate: own.signals.drain_rate,
+            occupancy: own.signals.occupancy,
+            constants: s.constants,
+            base_ms: own
+                .computed
+                .map(|c| (c.base_s * 1000.0).round().min(u64::MAX as f64) as u64),
+            reason: own.reason,
+        }
     }
 
     /// The drain rate EWMA, whether warm or not (for metrics).
@@ -225,42 +241,32 @@ impl ServiceEstimator {
         &self.load
     }
 
-    /// Per backend, the vantage point that sees most of its work: the side with more completed
-    /// responses (server side on a tie). Completed totals take the larger of the two sides,
-    /// which keeps them monotonic even if the preferred side changes.
+    /// Both vantage points of every backend, and the frontend, from a snapshot.
     fn load_from(&self, snapshot: &Snapshot) -> ServiceLoad {
-        let backends = self
-            .settings
-            .backends
-            .iter()
-            .map(|(endpoint, max_ongoing_requests)| {
-                let server = snapshot.endpoint(endpoint, Side::Server);
-                let client = snapshot.endpoint(endpoint, Side::Client);
-                let completed = |side: Option<&crate::snapshot::EndpointSnapshot>| {
-                    side.map_or(0, |s| s.counters.responses_completed)
-                };
-                let preferred = if completed(client) > completed(server) {
-                    client
-                } else {
-                    server
-                };
-                BackendLoad {
-                    in_flight: preferred.map_or(0, |s| s.in_flight()),
-                    client_in_flight: client.map_or(0, |s| s.in_flight()),
-                    completed_total: completed(server).max(completed(client)),
-                    max_ongoing_requests: *max_ongoing_requests,
-                    accept_backlog: server.and_then(|s| s.accept_backlog).map(u64::from),
-                }
-            })
-            .collect();
-        let frontend_in_flight = self.settings.frontend.map(|frontend| {
+        let side = |endpoint: &Endpoint, side: Side| {
             snapshot
-                .endpoint(&frontend, Side::Server)
-                .map_or(0, |s| s.in_flight())
-        });
+                .endpoint(endpoint, side)
+                .map_or(SideLoad::default(), |s| SideLoad {
+                    in_flight: s.in_flight(),
+                    completed_total: s.counters.responses_completed,
+                })
+        };
         ServiceLoad {
-            backends,
-            frontend_in_flight,
+            scope: self.settings.scope,
+            backends: self
+                .settings
+                .backends
+                .iter()
+                .map(|(endpoint, max_ongoing_requests)| BackendLoad {
+                    client: side(endpoint, Side::Client),
+                    server: side(endpoint, Side::Server),
+                    max_ongoing_requests: *max_ongoing_requests,
+                })
+                .collect(),
+            frontend_in_flight: self
+                .settings
+                .frontend
+                .map(|frontend| side(&frontend, Side::Server).in_flight),
         }
     }
 }
@@ -274,7 +280,6 @@ pub struct Estimator {
 impl Estimator {
     /// One cold estimator per configured service.
     pub fn from_config(config: &Config) -> Self {
-        let tick = config.agent.tick_interval();
         Self {
             services: config
                 .services
@@ -282,16 +287,16 @@ impl Estimator {
                 .map(|s| {
                     (
                         s.name.clone(),
-                        ServiceEstimator::new(ServiceSettings::from_config(s, tick)),
+                        ServiceEstimator::new(ServiceSettings::from_config(s)),
                     )
                 })
                 .collect(),
         }
     }
 
-    /// Feed one tick's snapshot to every service. Returns, per service, the suggestions its
-    /// judge settled: (observed / suggested, count).
-    pub fn observe(&mut self, snapshot: &Snapshot) -> Vec<(String, Vec<(f64, u64)>)> {
+    /// Feed one tick's snapshot to every service. Returns, per service, the answer groups its
+    /// judge settled.
+    pub fn observe(&mut self, snapshot: &Snapshot) -> Vec<(String, Vec<Settled>)> {
         self.services
             .iter_mut()
             .map(|(name, service)| (name.clone(), service.observe(snapshot)))

@@ -37,6 +37,7 @@ use tokio::{
 const CONFIG: &str = r#"
 [[service]]
 name = "api"
+rejected_at = "replica"
 backends = [{ address = "127.0.0.1:9", max_ongoing_requests = 4 }]
 [service.backpressure]
 retry_after_policy = "router_queue_drain_rate"
@@ -115,8 +116,8 @@ fn main() {
     let mut rng = rand::rng();
     let decision = subscription.retry_after(&mut rng);
     assert_eq!(
-        decision.source,
-        retry_after_client::Source::Computed,
+        decision.rung,
+        retry_after_client::Rung::Computed,
         "{decision:?}"
     );
     let calls = 2_000_000u32;

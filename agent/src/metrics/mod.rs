@@ -4,6 +4,8 @@
 //! counters). docs/metrics.md lists every series. Kernel counters are monotonic per watch; they
 //! are exported as counters advanced by the difference since the last tick.
 
+mod weighted;
+
 use std::{
     collections::HashMap,
     net::SocketAddr,
@@ -11,8 +13,8 @@ use std::{
 };
 
 use prometheus::{
-    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    Opts, Registry, TextEncoder,
 };
 use retry_after_common::EndpointCounters;
 use tokio::{
@@ -20,9 +22,10 @@ use tokio::{
     net::TcpListener,
 };
 
+pub use self::weighted::WeightedHistogramVec;
 use crate::{
-    estimate::{Estimator, QueueDepthSource, RetryAfter, Rung},
-    protocol::ErrorCode,
+    estimate::{Answer, Estimator, FallbackReason, QueueDepthSource, Rung, judge::RATIO_BUCKETS},
+    protocol::{ErrorCode, Report},
     snapshot::Snapshot,
 };
 
@@ -39,10 +42,15 @@ pub struct Metrics {
     queue_depth_source: IntGaugeVec,
     occupancy: GaugeVec,
     saturation_factor: GaugeVec,
-    suggested_delay: HistogramVec,
+    fallback_reason: IntGaugeVec,
+    suggested_delay: WeightedHistogramVec,
     rung: IntCounterVec,
+    fallbacks: IntCounterVec,
     judge_admitted_ratio: GaugeVec,
-    judge_observed_over_suggested: HistogramVec,
+    judge_observed_over_suggested: WeightedHistogramVec,
+    judge_dropped: IntCounterVec,
+    proxy_requests: IntCounterVec,
+    proxy_retries: IntCounterVec,
     socket_connections: IntGauge,
     queries: IntCounterVec,
     query_errors: IntCounterVec,
@@ -50,6 +58,7 @@ pub struct Metrics {
     tick_duration: Histogram,
     ticks: IntCounter,
     last_counters: std::sync::Mutex<HashMap<(String, &'static str), EndpointCounters>>,
+    last_judge_dropped: std::sync::Mutex<HashMap<String, u64>>,
 }
 
 const ENDPOINT_COUNTERS: [(&str, &str); 7] = [
@@ -113,7 +122,7 @@ impl Metrics {
         let endpoint = ["endpoint", "side"];
         let service = ["service"];
         let delay_buckets = vec![1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0, 34.0, 60.0];
-        let ratio_buckets = crate::estimate::judge::RATIO_BUCKETS.to_vec();
+        let service_rung = ["service", "rung"];
         Self {
             endpoint_counters: ENDPOINT_COUNTERS.map(|(name, help)| {
                 reg(&registry, IntCounterVec::new(Opts::new(name, help), &endpoint).unwrap())
@@ -123,14 +132,19 @@ impl Metrics {
             probe_problems: reg(&registry, IntGaugeVec::new(Opts::new("retry_after_probe_problems", "Things the kernel programs could not observe, since start."), &["kind"]).unwrap()),
             drain_rate: reg(&registry, GaugeVec::new(Opts::new("retry_after_service_drain_rate_per_second", "EWMA of responses completed per second across the service's backends."), &service).unwrap()),
             drain_rate_warm: reg(&registry, IntGaugeVec::new(Opts::new("retry_after_service_drain_rate_warm", "1 when the drain rate is warm enough to compute with."), &service).unwrap()),
-            queue_depth: reg(&registry, IntGaugeVec::new(Opts::new("retry_after_service_queue_depth", "Queue depth from the best kernel source, at the last tick."), &service).unwrap()),
-            queue_depth_source: reg(&registry, IntGaugeVec::new(Opts::new("retry_after_service_queue_depth_source", "1 for the source the queue depth came from at the last tick."), &["service", "source"]).unwrap()),
-            occupancy: reg(&registry, GaugeVec::new(Opts::new("retry_after_service_occupancy_ratio", "Requests in flight over fleet capacity (absent when capacity is unknown)."), &service).unwrap()),
+            queue_depth: reg(&registry, IntGaugeVec::new(Opts::new("retry_after_service_queue_depth", "Queue depth from the best kernel source in the service's scope, at the last tick (absent while no source can see the queue)."), &service).unwrap()),
+            queue_depth_source: reg(&registry, IntGaugeVec::new(Opts::new("retry_after_service_queue_depth_source", "1 for the source the queue depth came from at the last tick (\"none\": the queue is invisible)."), &["service", "source"]).unwrap()),
+            occupancy: reg(&registry, GaugeVec::new(Opts::new("retry_after_service_occupancy_ratio", "Requests in flight in the service's scope over fleet capacity (absent when capacity is unknown)."), &service).unwrap()),
             saturation_factor: reg(&registry, GaugeVec::new(Opts::new("retry_after_service_saturation_factor", "1 + w1·occupancy (the backoff term depends on each query)."), &service).unwrap()),
-            suggested_delay: reg(&registry, HistogramVec::new(HistogramOpts::new("retry_after_suggested_delay_seconds", "Retry-After values answered to queries.").buckets(delay_buckets), &service).unwrap()),
-            rung: reg(&registry, IntCounterVec::new(Opts::new("retry_after_ladder_rung_total", "Query answers by fallback ladder rung."), &["service", "rung"]).unwrap()),
-            judge_admitted_ratio: reg(&registry, GaugeVec::new(Opts::new("retry_after_judge_admitted_ratio", "Share of judged suggestions after which a retry would have been admitted."), &service).unwrap()),
-            judge_observed_over_suggested: reg(&registry, HistogramVec::new(HistogramOpts::new("retry_after_judge_observed_over_suggested_ratio", "Observed queue drain time over the suggested delay, per settled suggestion.").buckets(ratio_buckets), &service).unwrap()),
+            fallback_reason: reg(&registry, IntGaugeVec::new(Opts::new("retry_after_service_fallback_reason", "1 for the reason the agent's own answer (no proxy depth) is not computed, at the last tick; all 0 when it is."), &["service", "reason"]).unwrap()),
+            suggested_delay: reg(&registry, WeightedHistogramVec::new("retry_after_suggested_delay_seconds", "Retry-After values answered: to queries, and the rejections proxies report (weighted by their count).", &service_rung, delay_buckets)),
+            rung: reg(&registry, IntCounterVec::new(Opts::new("retry_after_ladder_rung_total", "Answers by fallback ladder rung: queries, and reported rejections."), &service_rung).unwrap()),
+            fallbacks: reg(&registry, IntCounterVec::new(Opts::new("retry_after_fallback_total", "Answers that were not computed, by reason: queries, and reported rejections."), &["service", "reason"]).unwrap()),
+            judge_admitted_ratio: reg(&registry, GaugeVec::new(Opts::new("retry_after_judge_admitted_ratio", "Share of judged answers after which a retry at the suggested time was admitted, from what the proxies reported they did then."), &service_rung).unwrap()),
+            judge_observed_over_suggested: reg(&registry, WeightedHistogramVec::new("retry_after_judge_observed_over_suggested_ratio", "Observed time for the queue of an answer to drain (completions after the answer) over the suggested delay.", &service_rung, RATIO_BUCKETS.to_vec())),
+            judge_dropped: reg(&registry, IntCounterVec::new(Opts::new("retry_after_judge_dropped_total", "Answers the judge could not follow (too many waiting)."), &service).unwrap()),
+            proxy_requests: reg(&registry, IntCounterVec::new(Opts::new("retry_after_proxy_requests_total", "Requests the proxies reported admitting or rejecting."), &["service", "outcome"]).unwrap()),
+            proxy_retries: reg(&registry, IntCounterVec::new(Opts::new("retry_after_proxy_retries_total", "Retries after a Retry-After that the proxies reported admitting or rejecting (where they can tell)."), &["service", "outcome"]).unwrap()),
             socket_connections: reg(&registry, IntGauge::new("retry_after_socket_connections", "Open connections on the proxy socket.").unwrap()),
             queries: reg(&registry, IntCounterVec::new(Opts::new("retry_after_queries_total", "Requests received on the proxy socket, by command."), &["command"]).unwrap()),
             query_errors: reg(&registry, IntCounterVec::new(Opts::new("retry_after_query_errors_total", "Error lines sent on the proxy socket, by code."), &["code"]).unwrap()),
@@ -139,18 +153,12 @@ impl Metrics {
             ticks: reg(&registry, IntCounter::new("retry_after_ticks_total", "Counter reads since start.").unwrap()),
             registry,
             last_counters: std::sync::Mutex::new(HashMap::new()),
+            last_judge_dropped: std::sync::Mutex::new(HashMap::new()),
         }
     }
 
-    /// Record a tick: the snapshot, the estimates after it, what the judges settled, and how
-    /// long it took.
-    pub fn record_tick(
-        &self,
-        snapshot: &Snapshot,
-        estimator: &Estimator,
-        settled: &[(String, Vec<(f64, u64)>)],
-        took: Duration,
-    ) {
+    /// Record a tick: the snapshot, the estimates and judges after it, and how long it took.
+    pub fn record_tick(&self, snapshot: &Snapshot, estimator: &Estimator, took: Duration) {
         self.ticks.inc();
         self.tick_duration.observe(took.as_secs_f64());
         let mut last_counters = self
@@ -190,65 +198,118 @@ impl Metrics {
                 .with_label_values(&[kind])
                 .set(value as i64);
         }
+        let mut last_dropped = self
+            .last_judge_dropped
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         for (name, service) in estimator.services() {
-            let signals = service.signals(Default::default());
+            let own = service.answer(Default::default(), 0.5);
+            let signals = own.signals;
             self.drain_rate
                 .with_label_values(&[name])
                 .set(service.drain_rate_ewma());
             self.drain_rate_warm
                 .with_label_values(&[name])
                 .set(i64::from(signals.drain_rate.is_some()));
-            self.queue_depth
-                .with_label_values(&[name])
-                .set(signals.queue_depth as i64);
-            for source in QueueDepthSource::ALL {
-                self.queue_depth_source
-                    .with_label_values(&[name, source.as_str()])
-                    .set(i64::from(source == signals.queue_depth_source));
-            }
-            if let Some(occupancy) = signals.occupancy {
-                self.occupancy.with_label_values(&[name]).set(occupancy);
-            }
-            self.saturation_factor.with_label_values(&[name]).set(
-                service
-                    .settings()
-                    .constants
-                    .occupancy_factor(signals.occupancy),
-            );
-            if let Some(share) = service.judge().admitted_share() {
-                self.judge_admitted_ratio
+            match signals.queue_depth {
+                Some(queue) => self
+                    .queue_depth
                     .with_label_values(&[name])
-                    .set(share);
+                    .set(queue.depth as i64),
+                None => {
+                    let _ = self.queue_depth.remove_label_values(&[name]);
+                }
             }
+            let source = signals.queue_depth.map(|q| q.source);
+            for candidate in QueueDepthSource::ALL {
+                self.queue_depth_source
+                    .with_label_values(&[name, candidate.as_str()])
+                    .set(i64::from(source == Some(*candidate)));
+            }
+            self.queue_depth_source
+                .with_label_values(&[name, "none"])
+                .set(i64::from(source.is_none()));
+            for reason in FallbackReason::ALL {
+                self.fallback_reason
+                    .with_label_values(&[name, reason.as_str()])
+                    .set(i64::from(own.reason == Some(*reason)));
+                self.fallbacks.with_label_values(&[name, reason.as_str()]);
+            }
+            match signals.occupancy {
+                Some(occupancy) => self.occupancy.with_label_values(&[name]).set(occupancy),
+                None => {
+                    let _ = self.occupancy.remove_label_values(&[name]);
+                }
+            }
+            let constants = &service.settings().constants;
+            self.saturation_factor
+                .with_label_values(&[name])
+                .set(constants.saturation_factor(signals.occupancy, 0).0);
+            let judge = service.judge();
             for rung in Rung::ALL {
                 self.rung.with_label_values(&[name, rung.as_str()]);
-            }
-            self.suggested_delay.with_label_values(&[name]);
-            self.judge_observed_over_suggested
-                .with_label_values(&[name]);
-        }
-        for (name, ratios) in settled {
-            let histogram = self
-                .judge_observed_over_suggested
-                .with_label_values(&[name.as_str()]);
-            for (ratio, count) in ratios {
-                for _ in 0..*count {
-                    histogram.observe(*ratio);
+                let Some(stats) = judge.rung(*rung) else {
+                    continue;
+                };
+                let labels = [name, rung.as_str()];
+                self.suggested_delay.touch(&labels);
+                self.judge_observed_over_suggested.set(
+                    &labels,
+                    &stats.ratio_counts,
+                    stats.ratio_sum,
+                );
+                if let Some(share) = stats.admitted_share() {
+                    self.judge_admitted_ratio
+                        .with_label_values(&labels)
+                        .set(share);
                 }
+            }
+            let before = last_dropped
+                .insert(name.to_owned(), judge.dropped)
+                .unwrap_or(0);
+            self.judge_dropped
+                .with_label_values(&[name])
+                .inc_by(judge.dropped.saturating_sub(before));
+            for outcome in ["admitted", "rejected"] {
+                self.proxy_requests.with_label_values(&[name, outcome]);
+                self.proxy_retries.with_label_values(&[name, outcome]);
             }
         }
     }
 
-    /// Record one answered QUERY.
-    pub fn record_query(&self, service: &str, answer: &RetryAfter, took: Duration) {
-        self.query_duration.observe(took.as_secs_f64());
-        self.rung
-            .with_label_values(&[service, answer.rung.as_str()])
-            .inc();
+    /// Record answers given for a service: one per query, or the rejections of a report.
+    pub fn record_answers(&self, service: &str, answer: &Answer, weight: u64) {
+        let rung = answer.rung.as_str();
+        self.rung.with_label_values(&[service, rung]).inc_by(weight);
+        if let Some(reason) = answer.reason {
+            self.fallbacks
+                .with_label_values(&[service, reason.as_str()])
+                .inc_by(weight);
+        }
         if let Some(seconds) = answer.seconds {
             self.suggested_delay
-                .with_label_values(&[service])
-                .observe(seconds as f64);
+                .observe(&[service, rung], seconds as f64, weight);
+        }
+    }
+
+    /// Record how long a QUERY took to answer.
+    pub fn record_query_duration(&self, took: Duration) {
+        self.query_duration.observe(took.as_secs_f64());
+    }
+
+    /// Record what a proxy reported it did.
+    pub fn record_report(&self, report: &Report<'_>) {
+        let service = report.service;
+        for (outcome, requests, retries) in [
+            ("admitted", report.admitted, report.retry_admitted),
+            ("rejected", report.rejected, report.retry_rejected),
+        ] {
+            self.proxy_requests
+                .with_label_values(&[service, outcome])
+                .inc_by(requests);
+            self.proxy_retries
+                .with_label_values(&[service, outcome])
+                .inc_by(retries.unwrap_or(0));
         }
     }
 

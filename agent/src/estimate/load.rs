@@ -1,0 +1,257 @@
+//! A service's load at one moment, and the rule that keeps the queue and its drain in one
+//! scope.
+//!
+//! The proposal divides *own* queue by *own* drain. Where the rejection happens decides which:
+//!
+//! * **proxy** (`rejected_at = "proxy"`, the default): the proxy on this node queues and
+//!   rejects. Its queue is the depth it passes in its query, else its listener's requests in
+//!   flight minus the requests it has in flight to the backends (the frontend). Its drain is
+//!   this node's **client-side** completions to the service's backends: what this proxy got
+//!   served, not what the replicas served to every caller.
+//! * **replica** (`rejected_at = "replica"`): the replicas queue and reject (the proposal's
+//!   revision runs the policy "at the router or the replica, whichever rejects"). Their queue
+//!   is the requests in flight beyond each replica's `max_ongoing_requests`; their drain is
+//!   their **server-side** completions.
+//!
+//! When no source can see the queue (a proxy that caps concurrency per replica keeps the
+//! backends' in-flight at or below capacity, so with no frontend and no depth from the proxy
+//! the queue is upstream and invisible), there is no depth: the ladder falls to the static
+//! rung with the reason `queue_invisible`. A computed value from a depth of zero would say
+//! "1 s" in exactly the overload the proposal was written for.
+
+use std::{fmt, str::FromStr};
+
+use retry_after_policy::{QueueDepth, QueueDepthSource, UnknownName};
+
+/// Where a service's requests are queued and rejected.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Scope {
+    /// The proxy on this node (client-side completions drain its queue).
+    #[default]
+    Proxy,
+    /// The replicas on this node (server-side completions drain their queues).
+    Replica,
+}
+
+impl Scope {
+    /// The configuration name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Scope::Proxy => "proxy",
+            Scope::Replica => "replica",
+        }
+    }
+}
+
+impl fmt::Display for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Scope {
+    type Err = UnknownName;
+
+    fn from_str(name: &str) -> Result<Self, UnknownName> {
+        match name {
+            "proxy" => Ok(Scope::Proxy),
+            "replica" => Ok(Scope::Replica),
+            _ => Err(UnknownName {
+                what: "rejection site",
+                name: name.to_owned(),
+                expected: "\"proxy\" \"replica\"",
+            }),
+        }
+    }
+}
+
+/// One backend seen from one side.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SideLoad {
+    /// Requests in flight.
+    pub in_flight: u64,
+    /// Responses completed, in total since the endpoint was watched.
+    pub completed_total: u64,
+}
+
+/// Load of one backend at one moment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BackendLoad {
+    /// Seen from this node's outbound connections to it (its callers on this node).
+    pub client: SideLoad,
+    /// Seen from its own listener on this node (all its callers).
+    pub server: SideLoad,
+    /// Requests the backend serves at once, if configured.
+    pub max_ongoing_requests: Option<u64>,
+}
+
+/// Load of one service at one moment.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServiceLoad {
+    /// Where its queue is.
+    pub scope: Scope,
+    /// Its backends.
+    pub backends: Vec<BackendLoad>,
+    /// Requests in flight at the proxy's listener, if a frontend is configured.
+    pub frontend_in_flight: Option<u64>,
+}
+
+impl ServiceLoad {
+    fn side(&self, backend: &BackendLoad) -> SideLoad {
+        match self.scope {
+            Scope::Proxy => backend.client,
+            Scope::Replica => backend.server,
+        }
+    }
+
+    /// Responses completed in this scope, in total: what drains the queue.
+    pub fn completed_total(&self) -> u64 {
+        self.backends
+            .iter()
+            .map(|b| self.side(b).completed_total)
+            .sum()
+    }
+
+    /// Requests in flight to the backends in this scope.
+    pub fn in_flight(&self) -> u64 {
+        self.backends.iter().map(|b| self.side(b).in_flight).sum()
+    }
+
+    /// Σ max_ongoing_requests, if every backend has one.
+    pub fn capacity(&self) -> Option<u64> {
+        if self.backends.is_empty() {
+            return None;
+        }
+        self.backends
+            .iter()
+            .map(|b| b.max_ongoing_requests)
+            .sum::<Option<u64>>()
+    }
+
+    /// min(1, in flight / capacity) in this scope, or `None` when capacity is unknown.
+    pub fn occupancy(&self) -> Option<f64> {
+        let capacity = self.capacity().filter(|c| *c > 0)?;
+        Some((self.in_flight() as f64 / capacity as f64).min(1.0))
+    }
+
+    /// The queue, from the best source that can see it in this scope (see the module docs);
+    /// `None` when none can.
+    pub fn queue_depth(&self, from_proxy: Option<u64>) -> Option<QueueDepth> {
+        let (depth, source) = match (from_proxy, self.scope) {
+            (Some(depth), _) => (depth, QueueDepthSource::Proxy),
+            (None, Scope::Proxy) => {
+                let frontend = self.frontend_in_flight?;
+                (
+                    frontend.saturating_sub(self.in_flight()),
+                    QueueDepthSource::Frontend,
+                )
+            }
+            (None, Scope::Replica) => {
+                self.capacity()?;
+                let beyond = self
+                    .backends
+                    .iter()
+                    .map(|b| {
+                        b.server
+                            .in_flight
+                            .saturating_sub(b.max_ongoing_requests.unwrap_or(u64::MAX))
+                    })
+                    .sum();
+                (beyond, QueueDepthSource::BeyondCapacity)
+            }
+        };
+        Some(QueueDepth { depth, source })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn backend(client: (u64, u64), server: (u64, u64), max: Option<u64>) -> BackendLoad {
+        let side = |(in_flight, completed_total)| SideLoad {
+            in_flight,
+            completed_total,
+        };
+        BackendLoad {
+            client: side(client),
+            server: side(server),
+            max_ongoing_requests: max,
+        }
+    }
+
+    fn depth(load: &ServiceLoad, from_proxy: Option<u64>) -> Option<(u64, QueueDepthSource)> {
+        load.queue_depth(from_proxy).map(|q| (q.depth, q.source))
+    }
+
+    #[test]
+    fn the_proxy_depth_wins_in_either_scope() {
+        for scope in [Scope::Proxy, Scope::Replica] {
+            let load = ServiceLoad {
+                scope,
+                backends: vec![backend((2, 0), (50, 0), Some(8))],
+                frontend_in_flight: Some(90),
+            };
+            assert_eq!(depth(&load, Some(3)), Some((3, QueueDepthSource::Proxy)));
+        }
+    }
+
+    #[test]
+    fn proxy_scope_frontend_minus_forwarded_over_client_side_completions() {
+        // Two replicas, each also serving other callers on this node (server side sees more).
+        let load = ServiceLoad {
+            scope: Scope::Proxy,
+            backends: vec![
+                backend((2, 100), (8, 400), Some(8)),
+                backend((2, 100), (8, 300), Some(8)),
+            ],
+            frontend_in_flight: Some(30),
+        };
+        assert_eq!(depth(&load, None), Some((26, QueueDepthSource::Frontend)));
+        assert_eq!(load.completed_total(), 200, "own drain: client side only");
+        assert_eq!(load.in_flight(), 4);
+        assert_eq!(load.occupancy(), Some(4.0 / 16.0));
+    }
+
+    #[test]
+    fn proxy_scope_without_a_frontend_cannot_see_the_queue() {
+        // A proxy capping concurrency at 2 per replica: in flight never exceeds capacity.
+        let load = ServiceLoad {
+            scope: Scope::Proxy,
+            backends: vec![
+                backend((2, 10), (2, 10), Some(2)),
+                backend((2, 10), (2, 10), Some(2)),
+            ],
+            frontend_in_flight: None,
+        };
+        assert_eq!(depth(&load, None), None);
+    }
+
+    #[test]
+    fn replica_scope_beyond_capacity_over_server_side_completions() {
+        let load = ServiceLoad {
+            scope: Scope::Replica,
+            backends: vec![
+                backend((0, 0), (11, 70), Some(8)),
+                backend((0, 0), (5, 30), Some(8)),
+            ],
+            frontend_in_flight: None,
+        };
+        // (11 − 8) + 0 = 3; unaccepted connections' requests are already in flight.
+        assert_eq!(
+            depth(&load, None),
+            Some((3, QueueDepthSource::BeyondCapacity))
+        );
+        assert_eq!(load.completed_total(), 100);
+        assert_eq!(load.occupancy(), Some(1.0));
+        let unknown = ServiceLoad {
+            backends: vec![
+                backend((0, 0), (11, 0), Some(8)),
+                backend((0, 0), (5, 0), None),
+            ],
+            ..load
+        };
+        assert_eq!(depth(&unknown, None), None, "capacity unknown: invisible");
+        assert_eq!(unknown.occupancy(), None);
+    }
+}

@@ -1,0 +1,27 @@
+//! The Retry-After policy, in one place: the signals an estimate is made of, the named
+//! policies that turn them into seconds, the fallback ladder, jitter, rounding and clamp.
+//!
+//! No I/O, no clock, no randomness of its own: the jitter draw is an argument. The agent's
+//! estimator answers `QUERY` with [`answer`], and the client library answers a rejection from
+//! a pushed estimate with the same [`answer`], so a proxy that computes locally says exactly
+//! what the agent would have said for the same inputs and the same draw.
+//!
+//! ```text
+//! retry_after = ceil(queue_depth / drain_rate × saturation_factor × jitter)   in [min, max]
+//! saturation_factor = 1 + w1·occupancy + w2·min(backoff_streak / B, 1)
+//! ```
+//!
+//! Ladder: computed (the policy computes, the drain rate is warm and positive, the queue is
+//! visible) → the static `retry_after_s` → no header. Every step down names its
+//! [`FallbackReason`].
+
+mod ladder;
+mod names;
+mod policy;
+
+pub use ladder::{Answer, answer, header_value, jitter_factor};
+pub use names::{FallbackReason, QueueDepthSource, Rung, UnknownName};
+pub use policy::{Computed, PolicyConstants, QueueDepth, RetryAfterPolicy, Signals};
+
+/// The widest clamp of a header value: common client SDKs ignore Retry-After above 60 s.
+pub const MAX_RETRY_AFTER_S: u64 = 60;

@@ -1,0 +1,123 @@
+//! The small vocabularies every layer prints and parses: ladder rungs, why the ladder fell,
+//! and where a queue depth came from. One spelling each, used by the protocol, the metrics and
+//! the logs.
+
+use std::{fmt, str::FromStr};
+
+/// A word that is not one of a vocabulary's names.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("unknown {what} {name:?}: expected one of {expected}")]
+pub struct UnknownName {
+    /// Which vocabulary.
+    pub what: &'static str,
+    /// The word given.
+    pub name: String,
+    /// The names it has.
+    pub expected: &'static str,
+}
+
+/// Declares a fieldless enum with one wire name per variant, `ALL`, `as_str`, `Display` and
+/// `FromStr`.
+macro_rules! names {
+    ($(#[$meta:meta])* $name:ident, $what:literal { $($(#[$vmeta:meta])* $variant:ident = $text:literal,)+ }) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum $name {
+            $($(#[$vmeta])* $variant,)+
+        }
+
+        impl $name {
+            /// Every value, in order.
+            pub const ALL: &'static [$name] = &[$($name::$variant,)+];
+
+            /// The name used on the wire, in metrics and in logs.
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text,)+
+                }
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = UnknownName;
+
+            fn from_str(name: &str) -> Result<Self, UnknownName> {
+                match name {
+                    $($text => Ok($name::$variant),)+
+                    _ => Err(UnknownName {
+                        what: $what,
+                        name: name.to_owned(),
+                        expected: concat!($("\"", $text, "\" "),+),
+                    }),
+                }
+            }
+        }
+    };
+}
+
+names! {
+    /// Which rung of the fallback ladder answered.
+    Rung, "rung" {
+        /// The policy's computed value.
+        Computed = "computed",
+        /// The operator's static `retry_after_s`.
+        Static = "static",
+        /// No header.
+        None = "none",
+    }
+}
+
+names! {
+    /// Why the computed rung did not answer.
+    FallbackReason, "fallback reason" {
+        /// The service's policy is `static`: it never computes.
+        StaticPolicy = "static_policy",
+        /// The drain rate is not warm yet (or has gone cold, or is zero).
+        DrainNotWarm = "drain_not_warm",
+        /// No source can see the queue: the proxy passed no depth, no frontend is declared,
+        /// or (at the replicas) capacity is unknown. A computed value would be a guess.
+        QueueInvisible = "queue_invisible",
+        /// The formula produced no finite non-negative number.
+        EstimateUnusable = "estimate_unusable",
+    }
+}
+
+names! {
+    /// Where a queue depth came from, best first.
+    QueueDepthSource, "queue depth source" {
+        /// Passed by the rejecting proxy (or replica): it knows its own queue exactly.
+        Proxy = "proxy",
+        /// The proxy's listener's requests in flight minus those it has in flight to the
+        /// backends: the proxy's queue, seen from the kernel.
+        Frontend = "frontend",
+        /// Requests in flight at the replicas beyond their `max_ongoing_requests`: the
+        /// replicas' own queues, seen from the kernel.
+        BeyondCapacity = "beyond_capacity",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_name_parses_back() {
+        for rung in Rung::ALL {
+            assert_eq!(rung.as_str().parse::<Rung>(), Ok(*rung));
+        }
+        for reason in FallbackReason::ALL {
+            assert_eq!(reason.to_string().parse::<FallbackReason>(), Ok(*reason));
+        }
+        for source in QueueDepthSource::ALL {
+            assert_eq!(source.to_string().parse::<QueueDepthSource>(), Ok(*source));
+        }
+        let e = "in_flight".parse::<QueueDepthSource>().unwrap_err();
+        assert!(e.to_string().contains("\"frontend\""), "{e}");
+    }
+}

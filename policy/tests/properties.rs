@@ -1,0 +1,118 @@
+//! Properties of the policy over arbitrary inputs, including NaN, infinities and huge depths.
+
+use proptest::prelude::*;
+use retry_after_policy::{
+    FallbackReason, PolicyConstants, QueueDepth, QueueDepthSource, RetryAfterPolicy, Rung, Signals,
+    answer,
+};
+
+fn any_float() -> impl Strategy<Value = f64> {
+    prop_oneof![
+        Just(f64::NAN),
+        Just(f64::INFINITY),
+        Just(-1.0),
+        Just(0.0),
+        1e-9..1e9f64,
+    ]
+}
+
+fn constants() -> impl Strategy<Value = PolicyConstants> {
+    (
+        1u32..10,
+        0.0..1.0f64,
+        0.0..1.0f64,
+        0.0..0.5f64,
+        1u64..=60,
+        1u64..=60,
+    )
+        .prop_map(|(b, w1, w2, jitter, a, z)| PolicyConstants {
+            backoff_streak_saturation: b,
+            occupancy_weight: w1,
+            backoff_weight: w2,
+            jitter,
+            min_retry_after_s: a.min(z),
+            max_retry_after_s: a.max(z),
+        })
+}
+
+proptest! {
+    #[test]
+    fn the_answer_is_absent_static_or_within_the_clamp(
+        depth in prop::option::of(any::<u64>()),
+        drain in prop::option::of(any_float()),
+        occupancy in prop::option::of(any_float()),
+        streak in any::<u32>(),
+        constants in constants(),
+        static_s in prop::option::of(1u64..3600),
+        unit in any_float(),
+    ) {
+        let signals = Signals {
+            queue_depth: depth.map(|depth| QueueDepth { depth, source: QueueDepthSource::Proxy }),
+            drain_rate: drain,
+            occupancy,
+            backoff_streak: streak,
+        };
+        let a = answer(RetryAfterPolicy::RouterQueueDrainRate, &constants, static_s, signals, unit);
+        match a.rung {
+            Rung::Computed => {
+                let s = a.seconds.unwrap();
+                prop_assert!((constants.min_retry_after_s..=constants.max_retry_after_s).contains(&s));
+                let ms = a.millis.unwrap();
+                prop_assert!(ms <= s * 1000 && ms + 1000 > s * 1000, "{ms} ms vs {s} s");
+                prop_assert_eq!(a.reason, None);
+            }
+            Rung::Static => {
+                prop_assert_eq!(a.seconds, static_s);
+                prop_assert!(a.reason.is_some());
+            }
+            Rung::None => {
+                prop_assert_eq!((a.seconds, static_s), (None, None));
+                prop_assert!(a.reason.is_some());
+            }
+        }
+        if depth.is_none() && a.rung != Rung::Computed {
+            prop_assert!(matches!(
+                a.reason,
+                Some(FallbackReason::QueueInvisible | FallbackReason::DrainNotWarm)
+            ));
+        }
+    }
+
+    #[test]
+    fn without_jitter_monotone_in_depth_and_drain(
+        d1 in 0u64..100_000, d2 in 0u64..100_000,
+        r1 in 0.01..10_000.0f64, r2 in 0.01..10_000.0f64,
+        occupancy in 0.0..1.0f64, streak in 0u32..10,
+    ) {
+        let constants = PolicyConstants { jitter: 0.0, ..PolicyConstants::default() };
+        let at = |depth, drain| {
+            let signals = Signals {
+                queue_depth: Some(QueueDepth { depth, source: QueueDepthSource::Frontend }),
+                drain_rate: Some(drain),
+                occupancy: Some(occupancy),
+                backoff_streak: streak,
+            };
+            answer(RetryAfterPolicy::RouterQueueDrainRate, &constants, None, signals, 0.5).seconds.unwrap()
+        };
+        let (dl, dh) = (d1.min(d2), d1.max(d2));
+        let (rl, rh) = (r1.min(r2), r1.max(r2));
+        prop_assert!(at(dl, rl) <= at(dh, rl));
+        prop_assert!(at(dl, rh) <= at(dl, rl));
+    }
+
+    #[test]
+    fn the_simple_profile_is_ceil_of_depth_over_drain(depth in 0u64..1_000_000, drain in 0.01..10_000.0f64) {
+        let constants = PolicyConstants { jitter: 0.0, ..PolicyConstants::simple() };
+        let signals = Signals {
+            queue_depth: Some(QueueDepth { depth, source: QueueDepthSource::Proxy }),
+            drain_rate: Some(drain),
+            occupancy: Some(1.0),
+            backoff_streak: 9,
+        };
+        let a = answer(RetryAfterPolicy::RouterQueueDrainRate, &constants, None, signals, 0.5);
+        let base = depth as f64 / drain;
+        prop_assert_eq!(a.computed.unwrap().base_s, base);
+        let expected = ((base * 1e6).round() as u64).div_ceil(1_000_000).clamp(1, 60);
+        prop_assert_eq!(a.seconds, Some(expected));
+    }
+}

@@ -1,0 +1,254 @@
+//! Requests, proxy → agent: parsed by the agent, printed by clients.
+
+use std::fmt;
+
+use crate::{
+    ErrorCode, MAX_LINE_LEN, MAX_REPORT_COUNT, MAX_SERVICE_NAME_LEN, ProtocolError, wire::Opt,
+};
+
+/// A request from a proxy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Request<'a> {
+    /// One Retry-After now.
+    Query {
+        /// The service.
+        service: &'a str,
+        /// The proxy's queue depth for it, if known.
+        queue_depth: Option<u64>,
+        /// The proxy's placement backoff streak, if known.
+        backoff_streak: Option<u32>,
+    },
+    /// Push the service's estimate now and every tick.
+    Subscribe {
+        /// The service.
+        service: &'a str,
+    },
+    /// What the proxy did since its previous report (the judge's evidence).
+    Report(Report<'a>),
+    /// The agent's state.
+    Health,
+}
+
+/// What a proxy did for one service since its previous `REPORT` on this connection.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Report<'a> {
+    /// The service.
+    pub service: &'a str,
+    /// Requests it admitted to its queue.
+    pub admitted: u64,
+    /// Requests it rejected (each answered with the Retry-After it computed).
+    pub rejected: u64,
+    /// Its queue depth now, if it knows it.
+    pub queue_depth: Option<u64>,
+    /// Its placement backoff streak now, if it has one.
+    pub backoff_streak: Option<u32>,
+    /// Of the admitted requests, those it knows were retries after a Retry-After.
+    pub retry_admitted: Option<u64>,
+    /// Of the rejected requests, those it knows were retries after a Retry-After.
+    pub retry_rejected: Option<u64>,
+}
+
+impl<'a> Request<'a> {
+    /// Parse one line (without its newline; a trailing `\r` is ignored).
+    ///
+    /// # Errors
+    /// A [`ProtocolError`] saying what is wrong with the line.
+    pub fn parse(line: &'a [u8]) -> Result<Self, ProtocolError> {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if line.len() > MAX_LINE_LEN {
+            return Err(ProtocolError::new(
+                ErrorCode::LineTooLong,
+                format!("lines are at most {MAX_LINE_LEN} bytes"),
+            ));
+        }
+        if !line.iter().all(|b| b.is_ascii_graphic() || *b == b' ') {
+            return Err(ProtocolError::new(
+                ErrorCode::BadRequest,
+                "a request is printable ASCII words separated by spaces",
+            ));
+        }
+        let Ok(line) = std::str::from_utf8(line) else {
+            unreachable!("printable ASCII is UTF-8");
+        };
+        let mut words = line.split(' ');
+        let command = words.next().unwrap_or("");
+        match command {
+            "" => Err(ProtocolError::new(ErrorCode::BadRequest, "empty request")),
+            "QUERY" => {
+                let service = service(words.next())?;
+                let (mut queue_depth, mut backoff_streak) = (None, None);
+                options(
+                    words,
+                    "QUERY takes depth=<n> and streak=<n>",
+                    |key, v| match key {
+                        "depth" => set(&mut queue_depth, key, v),
+                        "streak" => set(&mut backoff_streak, key, v),
+                        _ => None,
+                    },
+                )?;
+                Ok(Request::Query {
+                    service,
+                    queue_depth,
+                    backoff_streak,
+                })
+            }
+            "SUBSCRIBE" => {
+                let service = service(words.next())?;
+                options(words, "SUBSCRIBE takes no options", |_, _| None)?;
+                Ok(Request::Subscribe { service })
+            }
+            "REPORT" => {
+                let mut report = Report {
+                    service: service(words.next())?,
+                    ..Report::default()
+                };
+                let (mut admitted, mut rejected) = (None, None);
+                options(
+                    words,
+                    "REPORT takes admitted=<n> rejected=<n> and optionally depth=, streak=, retry_admitted=, retry_rejected=",
+                    |key, v| match key {
+                        "admitted" => set(&mut admitted, key, v),
+                        "rejected" => set(&mut rejected, key, v),
+                        "depth" => set(&mut report.queue_depth, key, v),
+                        "streak" => set(&mut report.backoff_streak, key, v),
+                        "retry_admitted" => set(&mut report.retry_admitted, key, v),
+                        "retry_rejected" => set(&mut report.retry_rejected, key, v),
+                        _ => None,
+                    },
+                )?;
+                let (Some(admitted), Some(rejected)) = (admitted, rejected) else {
+                    return Err(ProtocolError::new(
+                        ErrorCode::BadArgument,
+                        "REPORT needs admitted=<n> and rejected=<n>",
+                    ));
+                };
+                report.admitted = admitted;
+                report.rejected = rejected;
+                let counts = [
+                    Some(admitted),
+                    Some(rejected),
+                    report.retry_admitted,
+                    report.retry_rejected,
+                ];
+                if counts.into_iter().flatten().any(|n| n > MAX_REPORT_COUNT) {
+                    return Err(ProtocolError::new(
+                        ErrorCode::BadArgument,
+                        format!("REPORT counts are at most {MAX_REPORT_COUNT}: report more often"),
+                    ));
+                }
+                Ok(Request::Report(report))
+            }
+            "HEALTH" => {
+                options(words, "HEALTH takes no options", |_, _| None)?;
+                Ok(Request::Health)
+            }
+            other => Err(ProtocolError::new(
+                ErrorCode::UnknownCommand,
+                format!("{other:?} is not QUERY, SUBSCRIBE, REPORT or HEALTH"),
+            )),
+        }
+    }
+
+    /// The service the request is about, if any.
+    pub fn service(&self) -> Option<&'a str> {
+        match self {
+            Request::Query { service, .. } | Request::Subscribe { service } => Some(service),
+            Request::Report(report) => Some(report.service),
+            Request::Health => None,
+        }
+    }
+}
+
+impl fmt::Display for Request<'_> {
+    /// The request line, without its newline.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Request::Query {
+                service,
+                queue_depth,
+                backoff_streak,
+            } => {
+                write!(f, "QUERY {service}")?;
+                if let Some(depth) = queue_depth {
+                    write!(f, " depth={depth}")?;
+                }
+                if let Some(streak) = backoff_streak {
+                    write!(f, " streak={streak}")?;
+                }
+                Ok(())
+            }
+            Request::Subscribe { service } => write!(f, "SUBSCRIBE {service}"),
+            Request::Report(r) => {
+                write!(
+                    f,
+                    "REPORT {} admitted={} rejected={}",
+                    r.service, r.admitted, r.rejected
+                )?;
+                for (key, value) in [
+                    ("depth", r.queue_depth),
+                    ("streak", r.backoff_streak.map(u64::from)),
+                    ("retry_admitted", r.retry_admitted),
+                    ("retry_rejected", r.retry_rejected),
+                ] {
+                    if value.is_some() {
+                        write!(f, " {key}={}", Opt(&value))?;
+                    }
+                }
+                Ok(())
+            }
+            Request::Health => f.write_str("HEALTH"),
+        }
+    }
+}
+
+fn service(word: Option<&str>) -> Result<&str, ProtocolError> {
+    match word {
+        Some(name) if !name.is_empty() && name.len() <= MAX_SERVICE_NAME_LEN => Ok(name),
+        _ => Err(ProtocolError::new(
+            ErrorCode::BadRequest,
+            format!(
+                "a service name (1 to {MAX_SERVICE_NAME_LEN} characters) must follow the command"
+            ),
+        )),
+    }
+}
+
+/// Apply every `key=value` option; `apply` returns `None` for a key it does not take.
+fn options<'a>(
+    words: impl Iterator<Item = &'a str>,
+    usage: &str,
+    mut apply: impl FnMut(&str, &str) -> Option<Result<(), ProtocolError>>,
+) -> Result<(), ProtocolError> {
+    for option in words {
+        let unexpected = || {
+            ProtocolError::new(
+                ErrorCode::BadArgument,
+                format!("unexpected {option:?}: {usage}, once each"),
+            )
+        };
+        let (key, value) = option.split_once('=').ok_or_else(unexpected)?;
+        apply(key, value).ok_or_else(unexpected)??;
+    }
+    Ok(())
+}
+
+/// Set an option given once; `None` (so: unexpected) if it was already given.
+fn set<T: std::str::FromStr>(
+    slot: &mut Option<T>,
+    name: &str,
+    value: &str,
+) -> Option<Result<(), ProtocolError>> {
+    if slot.is_some() {
+        return None;
+    }
+    Some(match value.parse() {
+        Ok(v) => {
+            *slot = Some(v);
+            Ok(())
+        }
+        Err(_) => Err(ProtocolError::new(
+            ErrorCode::BadArgument,
+            format!("{name}={value:?} is not a non-negative integer in range"),
+        )),
+    })
+}

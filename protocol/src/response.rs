@@ -1,0 +1,386 @@
+//! Responses, agent → proxy: printed by the agent, parsed by clients.
+
+use std::fmt;
+
+use retry_after_policy::{
+    Answer, FallbackReason, PolicyConstants, QueueDepth, QueueDepthSource, RetryAfterPolicy, Rung,
+    Signals,
+};
+
+use crate::{
+    ErrorCode, ProtocolError,
+    wire::{Fields, Float, Opt, float, opt, opt_float, req},
+};
+
+/// Any line the agent sends.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Response {
+    /// The answer to `QUERY`.
+    RetryAfter(QueryResponse),
+    /// A push to a subscriber.
+    Estimate(EstimatePush),
+    /// The answer to `HEALTH`.
+    Health(HealthResponse),
+    /// The answer to `REPORT`.
+    Ok,
+    /// A refused request.
+    Err(ProtocolError),
+}
+
+impl Response {
+    /// Parse one line the agent sent (a trailing `\r` or `\n` is ignored).
+    ///
+    /// # Errors
+    /// The line is not a well-formed response.
+    pub fn parse(line: &str) -> Result<Self, ProtocolError> {
+        let line = line.trim_end_matches(['\r', '\n']);
+        match line.split(' ').next() {
+            Some("RETRY-AFTER") => QueryResponse::parse(line).map(Self::RetryAfter),
+            Some("ESTIMATE") => EstimatePush::parse(line).map(Self::Estimate),
+            Some("HEALTH") => HealthResponse::parse(line).map(Self::Health),
+            Some("OK") if line == "OK" => Ok(Self::Ok),
+            Some("ERR") => {
+                let mut parts = line.splitn(3, ' ').skip(1);
+                let code = parts
+                    .next()
+                    .and_then(ErrorCode::from_name)
+                    .ok_or_else(|| ProtocolError::malformed("ERR", line))?;
+                Ok(Self::Err(ProtocolError::new(
+                    code,
+                    parts.next().unwrap_or(""),
+                )))
+            }
+            _ => Err(ProtocolError::malformed("not a response", line)),
+        }
+    }
+}
+
+impl fmt::Display for Response {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::RetryAfter(r) => r.fmt(f),
+            Self::Estimate(e) => e.fmt(f),
+            Self::Health(h) => h.fmt(f),
+            Self::Ok => f.write_str("OK"),
+            Self::Err(e) => e.fmt(f),
+        }
+    }
+}
+
+/// The answer to a `QUERY` (one line):
+///
+/// ```text
+/// RETRY-AFTER <seconds|none> ms=<n|none> rung=<computed|static|none> reason=<reason|none>
+///   status=<code> depth=<n|none> source=<proxy|frontend|beyond_capacity|none>
+///   drain=<f|none> occupancy=<f|none> saturation=<f|none>
+/// ```
+/// `seconds` is the header value (RFC 9110 delta-seconds), `none` for no header; `reason`
+/// says why the computed rung did not answer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QueryResponse {
+    /// Header value.
+    pub seconds: Option<u64>,
+    /// The same in milliseconds, for `retry-after-ms`.
+    pub millis: Option<u64>,
+    /// The ladder rung that answered.
+    pub rung: Rung,
+    /// Why the computed rung did not answer.
+    pub reason: Option<FallbackReason>,
+    /// Status code the proxy should reject with.
+    pub status_code: u16,
+    /// Queue depth used, if any source could see the queue.
+    pub queue_depth: Option<u64>,
+    /// Its source.
+    pub queue_depth_source: Option<QueueDepthSource>,
+    /// Drain rate used (responses per second), if warm.
+    pub drain_rate: Option<f64>,
+    /// Occupancy used, if capacity is known.
+    pub occupancy: Option<f64>,
+    /// Saturation factor, if computed.
+    pub saturation_factor: Option<f64>,
+}
+
+impl QueryResponse {
+    /// The response for a policy answer.
+    pub fn new(answer: &Answer, status_code: u16) -> Self {
+        let queue = answer.signals.queue_depth;
+        Self {
+            seconds: answer.seconds,
+            millis: answer.millis,
+            rung: answer.rung,
+            reason: answer.reason,
+            status_code,
+            queue_depth: queue.map(|q| q.depth),
+            queue_depth_source: queue.map(|q| q.source),
+            drain_rate: answer.signals.drain_rate,
+            occupancy: answer.signals.occupancy,
+            saturation_factor: answer.computed.map(|c| c.saturation_factor),
+        }
+    }
+
+    /// Parse a `RETRY-AFTER` line.
+    ///
+    /// # Errors
+    /// The line is not a well-formed `RETRY-AFTER` line.
+    pub fn parse(line: &str) -> Result<Self, ProtocolError> {
+        const WHAT: &str = "RETRY-AFTER";
+        let mut fields = Fields::new(line, WHAT, WHAT)?;
+        let seconds = opt(fields.word(WHAT)?).map_err(|()| ProtocolError::malformed(WHAT, line))?;
+        let mut r = QueryResponse {
+            seconds,
+            millis: None,
+            rung: Rung::None,
+            reason: None,
+            status_code: 429,
+            queue_depth: None,
+            queue_depth_source: None,
+            drain_rate: None,
+            occupancy: None,
+            saturation_factor: None,
+        };
+        fields.options(WHAT, |key, v| {
+            Some(match key {
+                "ms" => opt(v).map(|x| r.millis = x),
+                "rung" => req(v).map(|x| r.rung = x),
+                "reason" => opt(v).map(|x| r.reason = x),
+                "status" => req(v).map(|x| r.status_code = x),
+                "depth" => opt(v).map(|x| r.queue_depth = x),
+                "source" => opt(v).map(|x| r.queue_depth_source = x),
+                "drain" => opt_float(v).map(|x| r.drain_rate = x),
+                "occupancy" => opt_float(v).map(|x| r.occupancy = x),
+                "saturation" => opt_float(v).map(|x| r.saturation_factor = x),
+                _ => return None,
+            })
+        })?;
+        Ok(r)
+    }
+}
+
+impl fmt::Display for QueryResponse {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "RETRY-AFTER {} ms={} rung={} reason={} status={} depth={} source={} drain={} occupancy={} saturation={}",
+            Opt(&self.seconds),
+            Opt(&self.millis),
+            self.rung,
+            Opt(&self.reason),
+            self.status_code,
+            Opt(&self.queue_depth),
+            Opt(&self.queue_depth_source),
+            Float(self.drain_rate),
+            Float(self.occupancy),
+            Float(self.saturation_factor),
+        )
+    }
+}
+
+/// What a subscriber receives each tick: everything its reject path needs to answer on its
+/// own, exactly as the agent would, with its own jitter draw and, if it has them, its own
+/// queue depth and backoff streak ([`EstimatePush::answer`]). One line:
+///
+/// ```text
+/// ESTIMATE <service> seq=<n> policy=<name> status=<code> static=<s|none>
+///   depth=<n|none> source=<src|none> drain=<f|none> occupancy=<f|none>
+///   occupancy_weight=<f> backoff_weight=<f> backoff_saturation=<n> jitter=<f> min=<s> max=<s>
+///   base_ms=<n|none> reason=<reason|none>
+/// ```
+/// `base_ms` and `reason` describe the agent's own answer without jitter or streak (for
+/// people and logs); the other fields are the inputs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EstimatePush {
+    /// The service.
+    pub service: String,
+    /// Increases by one each push on a connection.
+    pub seq: u64,
+    /// The service's policy.
+    pub policy: RetryAfterPolicy,
+    /// Status code to reject with.
+    pub status_code: u16,
+    /// The static fallback, seconds.
+    pub static_s: Option<u64>,
+    /// The queue as the agent sees it, if it can.
+    pub queue_depth: Option<QueueDepth>,
+    /// Drain rate, responses per second, if warm.
+    pub drain_rate: Option<f64>,
+    /// Occupancy, if capacity is known.
+    pub occupancy: Option<f64>,
+    /// The formula's and the ladder's constants.
+    pub constants: PolicyConstants,
+    /// The agent's own computed value before jitter and clamp, milliseconds.
+    pub base_ms: Option<u64>,
+    /// Why the agent's own answer is not computed.
+    pub reason: Option<FallbackReason>,
+}
+
+impl EstimatePush {
+    /// The answer to one rejection: the agent's signals, with the proxy's own queue depth and
+    /// streak where given, through the same ladder the agent runs. `unit` is a uniform draw
+    /// from [0, 1) for the jitter.
+    pub fn answer(
+        &self,
+        queue_depth: Option<u64>,
+        backoff_streak: Option<u32>,
+        unit: f64,
+    ) -> Answer {
+        let signals = Signals {
+            queue_depth: queue_depth
+                .map(|depth| QueueDepth {
+                    depth,
+                    source: QueueDepthSource::Proxy,
+                })
+                .or(self.queue_depth),
+            drain_rate: self.drain_rate,
+            occupancy: self.occupancy,
+            backoff_streak: backoff_streak.unwrap_or(0),
+        };
+        retry_after_policy::answer(self.policy, &self.constants, self.static_s, signals, unit)
+    }
+
+    /// Parse an `ESTIMATE` line.
+    ///
+    /// # Errors
+    /// The line is not a well-formed `ESTIMATE` line.
+    pub fn parse(line: &str) -> Result<Self, ProtocolError> {
+        const WHAT: &str = "ESTIMATE";
+        let mut fields = Fields::new(line, WHAT, WHAT)?;
+        let mut p = EstimatePush {
+            service: fields.word(WHAT)?.to_owned(),
+            seq: 0,
+            policy: RetryAfterPolicy::Static,
+            status_code: 429,
+            static_s: None,
+            queue_depth: None,
+            drain_rate: None,
+            occupancy: None,
+            constants: PolicyConstants::default(),
+            base_ms: None,
+            reason: None,
+        };
+        let (mut depth, mut source) = (None, None);
+        let mut c = PolicyConstants::default();
+        fields.options(WHAT, |key, v| {
+            Some(match key {
+                "seq" => req(v).map(|x| p.seq = x),
+                "policy" => req(v).map(|x| p.policy = x),
+                "status" => req(v).map(|x| p.status_code = x),
+                "static" => opt(v).map(|x| p.static_s = x),
+                "depth" => opt(v).map(|x| depth = x),
+                "source" => opt(v).map(|x| source = x),
+                "drain" => opt_float(v).map(|x| p.drain_rate = x),
+                "occupancy" => opt_float(v).map(|x| p.occupancy = x),
+                "occupancy_weight" => float(v).map(|x| c.occupancy_weight = x),
+                "backoff_weight" => float(v).map(|x| c.backoff_weight = x),
+                "backoff_saturation" => req(v).map(|x| c.backoff_streak_saturation = x),
+                "jitter" => float(v).map(|x| c.jitter = x),
+                "min" => req(v).map(|x| c.min_retry_after_s = x),
+                "max" => req(v).map(|x| c.max_retry_after_s = x),
+                "base_ms" => opt(v).map(|x| p.base_ms = x),
+                "reason" => opt(v).map(|x| p.reason = x),
+                _ => return None,
+            })
+        })?;
+        p.constants = c;
+        p.queue_depth = match (depth, source) {
+            (Some(depth), Some(source)) => Some(QueueDepth { depth, source }),
+            (None, None) => None,
+            _ => {
+                return Err(ProtocolError::malformed(
+                    "ESTIMATE: depth and source go together",
+                    line,
+                ));
+            }
+        };
+        Ok(p)
+    }
+}
+
+impl fmt::Display for EstimatePush {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = &self.constants;
+        write!(
+            f,
+            "ESTIMATE {} seq={} policy={} status={} static={} depth={} source={} drain={} occupancy={} occupancy_weight={} backoff_weight={} backoff_saturation={} jitter={} min={} max={} base_ms={} reason={}",
+            self.service,
+            self.seq,
+            self.policy,
+            self.status_code,
+            Opt(&self.static_s),
+            Opt(&self.queue_depth.map(|q| q.depth)),
+            Opt(&self.queue_depth.map(|q| q.source)),
+            Float(self.drain_rate),
+            Float(self.occupancy),
+            Float(Some(c.occupancy_weight)),
+            Float(Some(c.backoff_weight)),
+            c.backoff_streak_saturation,
+            Float(Some(c.jitter)),
+            c.min_retry_after_s,
+            c.max_retry_after_s,
+            Opt(&self.base_ms),
+            Opt(&self.reason),
+        )
+    }
+}
+
+/// The answer to `HEALTH` (one line):
+///
+/// ```text
+/// HEALTH ok uptime_s=<n> ticks=<n> last_tick_ms=<n|none> services=<n> endpoints=<n> connections=<n>
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HealthResponse {
+    /// Seconds since the agent started.
+    pub uptime_s: u64,
+    /// Ticks (counter reads) so far.
+    pub ticks: u64,
+    /// Milliseconds since the last tick, if there was one.
+    pub last_tick_ms: Option<u64>,
+    /// Configured services.
+    pub services: usize,
+    /// Watched endpoints.
+    pub endpoints: usize,
+    /// Open socket connections.
+    pub connections: usize,
+}
+
+impl HealthResponse {
+    /// Parse a `HEALTH` line.
+    ///
+    /// # Errors
+    /// The line is not a well-formed `HEALTH` line.
+    pub fn parse(line: &str) -> Result<Self, ProtocolError> {
+        const WHAT: &str = "HEALTH";
+        let mut fields = Fields::new(line, WHAT, WHAT)?;
+        if fields.word(WHAT)? != "ok" {
+            return Err(ProtocolError::malformed(WHAT, line));
+        }
+        let mut h = HealthResponse::default();
+        fields.options(WHAT, |key, v| {
+            Some(match key {
+                "uptime_s" => req(v).map(|x| h.uptime_s = x),
+                "ticks" => req(v).map(|x| h.ticks = x),
+                "last_tick_ms" => opt(v).map(|x| h.last_tick_ms = x),
+                "services" => req(v).map(|x| h.services = x),
+                "endpoints" => req(v).map(|x| h.endpoints = x),
+                "connections" => req(v).map(|x| h.connections = x),
+                _ => return None,
+            })
+        })?;
+        Ok(h)
+    }
+}
+
+impl fmt::Display for HealthResponse {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "HEALTH ok uptime_s={} ticks={} last_tick_ms={} services={} endpoints={} connections={}",
+            self.uptime_s,
+            self.ticks,
+            Opt(&self.last_tick_ms),
+            self.services,
+            self.endpoints,
+            self.connections
+        )
+    }
+}

@@ -1,0 +1,311 @@
+//! Every message prints as documented and parses back to itself.
+
+use proptest::prelude::*;
+use retry_after_protocol::{
+    ErrorCode, EstimatePush, HealthResponse, MAX_LINE_LEN, MAX_REPORT_COUNT, MAX_SERVICE_NAME_LEN,
+    ProtocolError, QueryResponse, Report, Request, Response,
+    policy::{
+        FallbackReason, PolicyConstants, QueueDepth, QueueDepthSource, RetryAfterPolicy, Rung,
+    },
+};
+
+#[test]
+fn parses_every_request() {
+    assert_eq!(
+        Request::parse(b"QUERY chat depth=12 streak=3"),
+        Ok(Request::Query {
+            service: "chat",
+            queue_depth: Some(12),
+            backoff_streak: Some(3)
+        })
+    );
+    assert_eq!(
+        Request::parse(b"QUERY chat\r"),
+        Ok(Request::Query {
+            service: "chat",
+            queue_depth: None,
+            backoff_streak: None
+        })
+    );
+    assert_eq!(
+        Request::parse(b"SUBSCRIBE chat"),
+        Ok(Request::Subscribe { service: "chat" })
+    );
+    assert_eq!(
+        Request::parse(b"REPORT chat admitted=40 rejected=7 depth=12"),
+        Ok(Request::Report(Report {
+            service: "chat",
+            admitted: 40,
+            rejected: 7,
+            queue_depth: Some(12),
+            ..Report::default()
+        }))
+    );
+    assert_eq!(Request::parse(b"HEALTH"), Ok(Request::Health));
+}
+
+#[test]
+fn every_bad_line_gets_its_code() {
+    let code = |line: &[u8]| Request::parse(line).unwrap_err().code;
+    assert_eq!(code(b""), ErrorCode::BadRequest);
+    assert_eq!(code(b"QUERY"), ErrorCode::BadRequest);
+    assert_eq!(code(b"QUERY  chat"), ErrorCode::BadRequest);
+    assert_eq!(code(b"\x00\xff\x13binary"), ErrorCode::BadRequest);
+    assert_eq!(code("QUERY caf\u{e9}".as_bytes()), ErrorCode::BadRequest);
+    assert_eq!(code(b"query chat"), ErrorCode::UnknownCommand);
+    assert_eq!(code(b"DELETE everything"), ErrorCode::UnknownCommand);
+    assert_eq!(code(b"QUERY chat depth=-1"), ErrorCode::BadArgument);
+    assert_eq!(code(b"QUERY chat depth=1 depth=2"), ErrorCode::BadArgument);
+    assert_eq!(
+        code(b"QUERY chat streak=99999999999"),
+        ErrorCode::BadArgument
+    );
+    assert_eq!(code(b"QUERY chat color=red"), ErrorCode::BadArgument);
+    assert_eq!(code(b"REPORT chat admitted=1"), ErrorCode::BadArgument);
+    assert_eq!(
+        code(b"REPORT chat admitted=1 rejected=2 depth"),
+        ErrorCode::BadArgument
+    );
+    assert_eq!(code(b"HEALTH now"), ErrorCode::BadArgument);
+    assert_eq!(
+        code(b"REPORT chat admitted=1 rejected=10000001"),
+        ErrorCode::BadArgument
+    );
+    assert_eq!(code(&[b'A'; MAX_LINE_LEN + 1]), ErrorCode::LineTooLong);
+    let long_name = format!("QUERY {}", "s".repeat(MAX_SERVICE_NAME_LEN + 1));
+    assert_eq!(code(long_name.as_bytes()), ErrorCode::BadRequest);
+}
+
+#[test]
+fn errors_are_one_printable_line() {
+    let e = ProtocolError::new(ErrorCode::BadArgument, "x\ny\u{7}z");
+    assert_eq!(e.to_string(), "ERR bad_argument x?y?z");
+    assert_eq!(
+        Response::parse("ERR unknown_service no service \"x\" is configured"),
+        Ok(Response::Err(ProtocolError::new(
+            ErrorCode::UnknownService,
+            "no service \"x\" is configured"
+        )))
+    );
+}
+
+#[test]
+fn responses_print_as_documented() {
+    let r = QueryResponse {
+        seconds: Some(4),
+        millis: Some(3500),
+        rung: Rung::Computed,
+        reason: None,
+        status_code: 429,
+        queue_depth: Some(14),
+        queue_depth_source: Some(QueueDepthSource::Proxy),
+        drain_rate: Some(4.0),
+        occupancy: None,
+        saturation_factor: Some(1.0),
+    };
+    assert_eq!(
+        r.to_string(),
+        "RETRY-AFTER 4 ms=3500 rung=computed reason=none status=429 depth=14 source=proxy drain=4 occupancy=none saturation=1"
+    );
+    let push = EstimatePush {
+        service: "chat".into(),
+        seq: 7,
+        policy: RetryAfterPolicy::RouterQueueDrainRate,
+        status_code: 503,
+        static_s: Some(5),
+        queue_depth: Some(QueueDepth {
+            depth: 10,
+            source: QueueDepthSource::Frontend,
+        }),
+        drain_rate: Some(50.0 / 3.0),
+        occupancy: Some(1.0),
+        constants: PolicyConstants::default(),
+        base_ms: Some(750),
+        reason: None,
+    };
+    assert_eq!(
+        push.to_string(),
+        "ESTIMATE chat seq=7 policy=router_queue_drain_rate status=503 static=5 depth=10 source=frontend drain=16.666666666666668 occupancy=1 occupancy_weight=0.25 backoff_weight=0.25 backoff_saturation=5 jitter=0.2 min=1 max=60 base_ms=750 reason=none"
+    );
+    // An older or newer agent's extra fields are skipped.
+    let extra = format!("{push} future_field=3");
+    assert_eq!(EstimatePush::parse(&extra), Ok(push));
+}
+
+fn service() -> impl Strategy<Value = String> {
+    "[a-z0-9._-]{1,20}"
+}
+
+fn finite() -> impl Strategy<Value = f64> {
+    prop_oneof![
+        0.0..1e6f64,
+        Just(0.0),
+        Just(1.0 / 3.0),
+        any::<f64>().prop_filter("finite", |v| v.is_finite())
+    ]
+}
+
+fn query_response() -> impl Strategy<Value = QueryResponse> {
+    (
+        (
+            prop::option::of(any::<u64>()),
+            prop::option::of(any::<u64>()),
+            prop::sample::select(Rung::ALL),
+        ),
+        prop::option::of(prop::sample::select(FallbackReason::ALL)),
+        any::<u16>(),
+        prop::option::of((any::<u64>(), prop::sample::select(QueueDepthSource::ALL))),
+        (
+            prop::option::of(finite()),
+            prop::option::of(finite()),
+            prop::option::of(finite()),
+        ),
+    )
+        .prop_map(
+            |((seconds, millis, rung), reason, status_code, queue, (drain, occ, sat))| {
+                QueryResponse {
+                    seconds,
+                    millis,
+                    rung,
+                    reason,
+                    status_code,
+                    queue_depth: queue.map(|q| q.0),
+                    queue_depth_source: queue.map(|q| q.1),
+                    drain_rate: drain,
+                    occupancy: occ,
+                    saturation_factor: sat,
+                }
+            },
+        )
+}
+
+fn push() -> impl Strategy<Value = EstimatePush> {
+    (
+        (
+            service(),
+            any::<u64>(),
+            prop::sample::select(RetryAfterPolicy::ALL.to_vec()),
+            any::<u16>(),
+            prop::option::of(any::<u64>()),
+        ),
+        prop::option::of((any::<u64>(), prop::sample::select(QueueDepthSource::ALL))),
+        (prop::option::of(finite()), prop::option::of(finite())),
+        (
+            finite(),
+            finite(),
+            any::<u32>(),
+            finite(),
+            any::<u64>(),
+            any::<u64>(),
+        ),
+        (
+            prop::option::of(any::<u64>()),
+            prop::option::of(prop::sample::select(FallbackReason::ALL)),
+        ),
+    )
+        .prop_map(
+            |(
+                (service, seq, policy, status_code, static_s),
+                queue,
+                (drain_rate, occupancy),
+                (w1, w2, b, jitter, min, max),
+                (base_ms, reason),
+            )| EstimatePush {
+                service,
+                seq,
+                policy,
+                status_code,
+                static_s,
+                queue_depth: queue.map(|(depth, source)| QueueDepth { depth, source }),
+                drain_rate,
+                occupancy,
+                constants: PolicyConstants {
+                    backoff_streak_saturation: b,
+                    occupancy_weight: w1,
+                    backoff_weight: w2,
+                    jitter,
+                    min_retry_after_s: min,
+                    max_retry_after_s: max,
+                },
+                base_ms,
+                reason,
+            },
+        )
+}
+
+fn health() -> impl Strategy<Value = HealthResponse> {
+    (
+        any::<u64>(),
+        any::<u64>(),
+        prop::option::of(any::<u64>()),
+        any::<usize>(),
+        any::<usize>(),
+        any::<usize>(),
+    )
+        .prop_map(
+            |(uptime_s, ticks, last_tick_ms, services, endpoints, connections)| HealthResponse {
+                uptime_s,
+                ticks,
+                last_tick_ms,
+                services,
+                endpoints,
+                connections,
+            },
+        )
+}
+
+fn response() -> impl Strategy<Value = Response> {
+    prop_oneof![
+        query_response().prop_map(Response::RetryAfter),
+        push().prop_map(Response::Estimate),
+        health().prop_map(Response::Health),
+        Just(Response::Ok),
+        (prop::sample::select(ErrorCode::ALL.to_vec()), "[ -~]{0,40}")
+            .prop_map(|(code, reason)| Response::Err(ProtocolError::new(code, reason))),
+    ]
+}
+
+proptest! {
+    #[test]
+    fn every_response_round_trips(response in response()) {
+        let line = response.to_string();
+        prop_assert!(!line.contains('\n'));
+        prop_assert_eq!(Response::parse(&line), Ok(response));
+    }
+
+    #[test]
+    fn every_request_round_trips(
+        service in service(),
+        depth in prop::option::of(any::<u64>()),
+        streak in prop::option::of(any::<u32>()),
+        counts in (0..=MAX_REPORT_COUNT, 0..=MAX_REPORT_COUNT, prop::option::of(0..=MAX_REPORT_COUNT), prop::option::of(0..=MAX_REPORT_COUNT)),
+        which in 0..4u8,
+    ) {
+        let request = match which {
+            0 => Request::Query { service: &service, queue_depth: depth, backoff_streak: streak },
+            1 => Request::Subscribe { service: &service },
+            2 => Request::Report(Report {
+                service: &service,
+                admitted: counts.0,
+                rejected: counts.1,
+                queue_depth: depth,
+                backoff_streak: streak,
+                retry_admitted: counts.2,
+                retry_rejected: counts.3,
+            }),
+            _ => Request::Health,
+        };
+        let line = request.to_string();
+        prop_assert_eq!(Request::parse(line.as_bytes()), Ok(request));
+    }
+
+    #[test]
+    fn the_request_parser_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..600)) {
+        let _ = Request::parse(&bytes);
+    }
+
+    #[test]
+    fn the_response_parser_never_panics(line in "[ -~]{0,300}") {
+        let _ = Response::parse(&line);
+    }
+}
