@@ -6,8 +6,9 @@
 //! * bpf-linker, built against the pinned toolchain's own LLVM (no system LLVM is new enough),
 //!   into `.tools/` of the workspace. A stamp records which rustc it was built for, so a
 //!   toolchain change rebuilds it and an unchanged one costs nothing.
-//! * Debian packages: `wrk` (load generator for the benchmark) and `bpftool` (the tests check
-//!   with it that nothing stays attached).
+//! * Debian packages: `wrk` (load generator for the benchmark and the proxy tests), `bpftool`
+//!   (the tests check with it that nothing stays attached) and `haproxy` (the real proxy the
+//!   estimate is tested behind).
 
 use std::{
     ffi::OsString,
@@ -22,7 +23,7 @@ use anyhow::{Context as _, Result, bail};
 /// bpf-linker release built here.
 const BPF_LINKER_VERSION: &str = "0.13.0";
 /// Debian packages the tests and benchmarks run.
-const DEBIAN_PACKAGES: [&str; 2] = ["wrk", "bpftool"];
+const DEBIAN_PACKAGES: [&str; 3] = ["wrk", "bpftool", "haproxy"];
 
 /// The environment later steps run in: PATH with `.tools/bin` first.
 pub struct Env {

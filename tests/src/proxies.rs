@@ -1,0 +1,179 @@
+//! Software no one here wrote, run for real on loopback: the distribution's HAProxy (with its
+//! own stats socket as the truth) and wrk as traffic. Each process is stopped when dropped.
+
+use std::{
+    io::{BufRead, BufReader, Read, Write},
+    net::SocketAddr,
+    os::unix::net::UnixStream,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+/// A running `haproxy -db` with a configuration of the test's.
+pub struct Haproxy {
+    child: Child,
+    stats: PathBuf,
+    dir: PathBuf,
+}
+
+impl Haproxy {
+    /// Start HAProxy with `sections` (frontends and backends) after a `global` section with a
+    /// stats socket and HTTP `defaults`; `cgroup`, if given, is a cgroup v2 directory the
+    /// process joins before it starts (so every socket it opens belongs to it). Waits until
+    /// the stats socket answers.
+    pub fn start(sections: &str, cgroup: Option<&Path>) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "retry-after-haproxy-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let stats = dir.join("stats.sock");
+        let config = format!(
+            "global\n    stats socket {} mode 600 level user\n    maxconn 4096\n\
+             defaults\n    mode http\n    timeout connect 2s\n    timeout client 120s\n    \
+             timeout server 120s\n    timeout queue 120s\n{sections}\n",
+            stats.display()
+        );
+        let path = dir.join("haproxy.cfg");
+        std::fs::write(&path, config).unwrap();
+        let mut command = match cgroup {
+            // Join the cgroup, then become haproxy: the shell's pid is haproxy's.
+            Some(cgroup) => {
+                let mut c = Command::new("sh");
+                c.arg("-c")
+                    .arg("echo $$ > \"$1/cgroup.procs\" && exec haproxy -db -f \"$2\"")
+                    .arg("sh")
+                    .arg(cgroup)
+                    .arg(&path);
+                c
+            }
+            None => {
+                let mut c = Command::new("haproxy");
+                c.arg("-db").arg("-f").arg(&path);
+                c
+            }
+        };
+        let child = command
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("haproxy is installed (./dev setup installs it)");
+        let haproxy = Self { child, stats, dir };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while haproxy.command("show info").is_err() {
+            assert!(Instant::now() < deadline, "haproxy did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        haproxy
+    }
+
+    /// One command on the stats socket; the whole answer.
+    pub fn command(&self, command: &str) -> std::io::Result<String> {
+        let mut stream = UnixStream::connect(&self.stats)?;
+        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        stream.write_all(format!("{command}\n").as_bytes())?;
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer)?;
+        Ok(answer)
+    }
+
+    /// A field of `show stat` (e.g. `qcur`, `scur`, `stot`) for proxy `pxname`, line `svname`
+    /// (`FRONTEND`, `BACKEND` or a server's name).
+    pub fn stat(&self, pxname: &str, svname: &str, field: &str) -> u64 {
+        let csv = self.command("show stat").expect("haproxy stats socket");
+        let mut lines = csv.lines();
+        let header: Vec<&str> = lines
+            .next()
+            .and_then(|h| h.strip_prefix("# "))
+            .expect("show stat header")
+            .split(',')
+            .collect();
+        let column = header
+            .iter()
+            .position(|h| *h == field)
+            .unwrap_or_else(|| panic!("no {field} in {header:?}"));
+        lines
+            .map(|l| l.split(',').collect::<Vec<_>>())
+            .find(|row| row.first() == Some(&pxname) && row.get(1) == Some(&svname))
+            .and_then(|row| row.get(column)?.parse().ok())
+            .unwrap_or_else(|| panic!("no {pxname}/{svname} {field} in {csv}"))
+    }
+
+    /// Stop it now (SIGKILL).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Haproxy {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// A running `wrk` (keep-alive HTTP/1.1 load from a separate process).
+pub struct Wrk {
+    child: Child,
+}
+
+/// What wrk printed at its end.
+#[derive(Clone, Copy, Debug)]
+pub struct WrkTotals {
+    /// Requests completed in the run.
+    pub requests: u64,
+    /// The run's length, as wrk measured it.
+    pub seconds: f64,
+}
+
+impl Wrk {
+    /// `wrk -t threads -c connections -d seconds http://target/`, started now.
+    pub fn start(target: SocketAddr, threads: u32, connections: u32, seconds: u32) -> Self {
+        let child = Command::new("wrk")
+            .args([
+                "-t",
+                &threads.to_string(),
+                "-c",
+                &connections.to_string(),
+                "-d",
+                &format!("{seconds}s"),
+                "--timeout",
+                "60s",
+                &format!("http://{target}/"),
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("wrk is installed (./dev setup installs it)");
+        Self { child }
+    }
+
+    /// Wait for the end of the run and read its totals (`N requests in Xs`).
+    pub fn finish(mut self) -> WrkTotals {
+        let stdout = self.child.stdout.take().unwrap();
+        let mut totals = None;
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            if let [requests, "requests", "in", seconds, ..] = words.as_slice() {
+                totals = Some(WrkTotals {
+                    requests: requests.parse().unwrap(),
+                    seconds: seconds.trim_end_matches(['s', ',']).parse().unwrap(),
+                });
+            }
+        }
+        let _ = self.child.wait();
+        totals.expect("wrk printed its totals")
+    }
+}
+
+impl Drop for Wrk {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
