@@ -4,7 +4,11 @@
 //! field and the reason (`service[0].backends[1].address: ...`). Unknown fields are errors too:
 //! a misspelt key silently ignored is a wrong Retry-After later.
 
-use std::{collections::BTreeSet, path::Path, time::Duration};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::Path,
+    time::Duration,
+};
 
 use serde::Deserialize;
 
@@ -112,6 +116,11 @@ pub struct ServiceConfig {
     /// drain is this node's client-side completions) or `replica` (the replicas on this node;
     /// drain is their server-side completions). See docs/estimator.md.
     pub rejected_at: Option<String>,
+    /// The proxy's cgroup v2 (its systemd unit's or pod's), absolute or relative to the
+    /// hierarchy's root, e.g. `system.slice/haproxy.service`: only connections it (or a
+    /// descendant) opens to the backends count on the client side, so other processes on the
+    /// node that call the same replicas change nothing. Unset: every process on the node.
+    pub proxy_cgroup: Option<String>,
     /// How rejections are answered (the proposal's BackpressureConfig).
     #[serde(default)]
     pub backpressure: BackpressureConfig,
@@ -453,6 +462,12 @@ impl Config {
                     "0 would reject everything; omit it if unknown".into(),
                 ));
             }
+            if service.proxy_cgroup.as_deref().is_some_and(str::is_empty) {
+                return Err(invalid(
+                    at("proxy_cgroup"),
+                    "\"\" is not a cgroup; omit the field to count every process".into(),
+                ));
+            }
             if let Some(rejected_at) = &service.rejected_at {
                 rejected_at
                     .parse::<Scope>()
@@ -464,7 +479,37 @@ impl Config {
                     .map_err(|e| invalid(at("frontend"), e.to_string()))?;
             }
         }
+        // The client side of a backend is counted once: services sharing it share its scope.
+        let mut scopes: BTreeMap<Endpoint, (usize, Option<&str>)> = BTreeMap::new();
+        for (i, service) in self.services.iter().enumerate() {
+            for backend in &service.backends {
+                let scope = service.proxy_cgroup.as_deref();
+                let (first, theirs) = *scopes.entry(backend.endpoint()).or_insert((i, scope));
+                if theirs != scope {
+                    return Err(invalid(
+                        format!("service[{i}].proxy_cgroup"),
+                        format!(
+                            "{scope:?} differs from service[{first}].proxy_cgroup {theirs:?}, which shares backend {}",
+                            backend.address
+                        ),
+                    ));
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// The proxy cgroup that scopes each scoped backend's client side.
+    pub fn client_scopes(&self) -> BTreeMap<Endpoint, &str> {
+        let mut scopes = BTreeMap::new();
+        for service in &self.services {
+            if let Some(cgroup) = &service.proxy_cgroup {
+                for backend in &service.backends {
+                    scopes.insert(backend.endpoint(), cgroup.as_str());
+                }
+            }
+        }
+        scopes
     }
 
     /// Every endpoint the configuration asks to watch (backends and frontends), once each.
@@ -591,6 +636,17 @@ mod tests {
         );
         assert!(
             e.contains("service[0].rejected_at") && e.contains("\"client\""),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn services_sharing_a_backend_share_its_proxy_cgroup() {
+        let e = error_of(
+            "[[service]]\nname = \"a\"\nproxy_cgroup = \"haproxy\"\nbackends = [{ address = \"*:1\" }]\n[[service]]\nname = \"b\"\nbackends = [{ address = \"*:1\" }]\n",
+        );
+        assert!(
+            e.contains("service[1].proxy_cgroup") && e.contains("\"haproxy\""),
             "{e}"
         );
     }

@@ -14,7 +14,7 @@ use tracing::{debug, info, warn};
 use crate::{
     config::Config,
     estimate::Estimator,
-    kernel::{Probe, ProbeError, ProbeOptions},
+    kernel::{Probe, ProbeError, ProbeOptions, cgroup_scope, find_cgroup2_root},
     metrics,
     server::{self, ServerError, ServerOptions, Shared},
 };
@@ -28,6 +28,15 @@ pub enum RunError {
     /// The proxy socket could not be set up.
     #[error(transparent)]
     Server(#[from] ServerError),
+    /// A service's `proxy_cgroup` cannot be used.
+    #[error("proxy_cgroup {path}: cannot scope the client side to it")]
+    ProxyCgroup {
+        /// The configured path.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
     /// The metrics endpoint could not be bound.
     #[error("cannot listen for metrics on {addr}")]
     Metrics {
@@ -54,8 +63,21 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     };
     let mut probe = Probe::attach(&options)?;
     forward_ebpf_logs(&mut probe);
+    let scopes = config.client_scopes();
     for endpoint in config.watched_endpoints() {
-        probe.watch(endpoint)?;
+        let scope = match scopes.get(&endpoint) {
+            Some(path) => {
+                let root = find_cgroup2_root().ok_or(ProbeError::NoCgroup2)?;
+                Some(cgroup_scope(&root, Path::new(path)).map_err(|source| {
+                    RunError::ProxyCgroup {
+                        path: PathBuf::from(path),
+                        source,
+                    }
+                })?)
+            }
+            None => None,
+        };
+        probe.watch_scoped(endpoint, scope)?;
     }
     let shared = Arc::new(Shared::new(Estimator::from_config(&config)));
     shared

@@ -39,6 +39,8 @@ pub struct ProbeStats {
     pub packets_unparsed: u64,
     /// Segments of tracked connections whose headers had to be copied out (slow path).
     pub headers_copied: u64,
+    /// Client-side connections to scoped endpoints opened outside the scope (not counted).
+    pub connections_out_of_scope: u64,
 }
 
 /// Every watched endpoint, both sides, read at one moment.

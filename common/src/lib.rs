@@ -82,13 +82,24 @@ impl EndpointKey {
 /// path does array lookups only) and a generation that is new on every add. A connection
 /// remembers both; it counts only while `SLOT_GENERATIONS[slot]` still holds its generation,
 /// so a connection opened under an earlier watch stops counting instead of resuming mid-turn.
+///
+/// `client_cgroup`, when not zero, scopes the client side: only connections opened by sockets
+/// of that cgroup v2 (or of its descendants) count, so other processes on the node that talk
+/// to the same backend change nothing. Its id is compared with the socket's ancestor at
+/// `client_cgroup_level`.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WatchValue {
     /// Index of the watch's counters (see [`counter_index`]).
     pub slot: u32,
     /// Never zero for a live watch; never reused.
     pub generation: u32,
+    /// cgroup v2 id whose sockets alone count on the client side; 0: every socket.
+    pub client_cgroup: u64,
+    /// Depth of `client_cgroup` below the root of the hierarchy (the root is level 0).
+    pub client_cgroup_level: u32,
+    /// Always zero (explicit padding).
+    pub pad: u32,
 }
 
 /// Index into the counters array of a watch slot's counters from one side.
@@ -175,6 +186,13 @@ pub struct ConnState {
     pub side: u32,
     /// The request/response turn of this connection.
     pub turn: turn::Turn,
+    /// While not zero, the connection is not counted yet: its first segment tells whether its
+    /// socket belongs to this cgroup (at `scope_level`); if not, it is forgotten.
+    pub scope_cgroup: u64,
+    /// The level `scope_cgroup` is compared at.
+    pub scope_level: u32,
+    /// Always zero (explicit padding).
+    pub pad: u32,
 }
 
 /// Probe-wide counters, one slot each in [`PROBE_STATS_MAP`].
@@ -191,10 +209,13 @@ pub enum ProbeStat {
     /// Packets of tracked connections whose headers were not in the linear buffer and had to
     /// be copied out (the slow path).
     HeadersCopied = 3,
+    /// Client-side connections to a scoped endpoint opened by a socket outside the scope's
+    /// cgroup: not counted, by design.
+    ConnectionsOutOfScope = 4,
 }
 
 /// Number of slots in [`PROBE_STATS_MAP`].
-pub const PROBE_STATS_LEN: u32 = 4;
+pub const PROBE_STATS_LEN: u32 = 5;
 
 #[cfg(feature = "user")]
 mod pod {

@@ -27,10 +27,10 @@ use core::ptr::read_volatile;
 use aya_ebpf::{
     EbpfContext,
     bindings::{
-        BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB,
+        __sk_buff, BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB,
         BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG, BPF_TCP_CLOSE,
     },
-    helpers::bpf_get_socket_cookie,
+    helpers::{bpf_get_socket_cookie, bpf_skb_ancestor_cgroup_id, bpf_skb_cgroup_id},
     macros::{cgroup_skb, map, sock_ops},
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
     programs::{SkBuffContext, SockOpsContext},
@@ -178,11 +178,20 @@ fn on_established(ctx: &SockOpsContext, side: Side) {
     };
     // SAFETY: the helper only reads the context it is given.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    // A scoped client side: the socket's cgroup is read from its first segment (the callback
+    // here may run on behalf of any task), and only then is the connection counted.
+    let scope_cgroup = match side {
+        Side::Client => watch.client_cgroup,
+        Side::Server => 0,
+    };
     let conn = ConnState {
         slot: watch.slot,
         generation: watch.generation,
         side: side as u32,
         turn: Turn::default(),
+        scope_cgroup,
+        scope_level: watch.client_cgroup_level,
+        pad: 0,
     };
     if CONNECTIONS.insert(&cookie, &conn, 0).is_err() {
         counters::probe_stat(&PROBE_STATS, ProbeStat::ConnectionsUntracked);
@@ -195,7 +204,9 @@ fn on_established(ctx: &SockOpsContext, side: Side) {
     {
         counters::probe_stat(&PROBE_STATS, ProbeStat::StateCallbackRefused);
     }
-    if let Some(c) = live_counters(&conn) {
+    if scope_cgroup == 0
+        && let Some(c) = live_counters(&conn)
+    {
         // SAFETY: `c` points into this CPU's copy of a live map value.
         unsafe { counters::add(&mut (*c).connections_opened, 1) };
     }
@@ -213,7 +224,10 @@ fn on_close(ctx: &SockOpsContext) {
     };
     // SAFETY: `conn` points at a live value of CONNECTIONS; it is removed only below.
     let conn = unsafe { &mut *conn };
-    if let Some(c) = live_counters(conn) {
+    // A scoped connection that never sent a segment was never counted.
+    if conn.scope_cgroup == 0
+        && let Some(c) = live_counters(conn)
+    {
         let delta = conn.turn.on_close();
         // SAFETY: `c` points into this CPU's copy of a live map value.
         unsafe {
@@ -272,6 +286,24 @@ fn on_segment(ctx: &SkBuffContext, ingress: bool) {
         let _ = CONNECTIONS.remove(&cookie);
         return;
     };
+    if conn.scope_cgroup != 0 {
+        let skb = ctx.as_ptr().cast::<__sk_buff>();
+        // SAFETY: the helpers only read the packet's socket.
+        let ancestor = unsafe { bpf_skb_ancestor_cgroup_id(skb, conn.scope_level as i32) };
+        // 0 from both: no full socket on this segment, decide on the next one. 0 only from
+        // the ancestor: the socket's cgroup is shallower than the scope, so outside it.
+        if ancestor == 0 && unsafe { bpf_skb_cgroup_id(skb) } == 0 {
+            return;
+        }
+        if ancestor != conn.scope_cgroup {
+            counters::probe_stat(&PROBE_STATS, ProbeStat::ConnectionsOutOfScope);
+            let _ = CONNECTIONS.remove(&cookie);
+            return;
+        }
+        conn.scope_cgroup = 0;
+        // SAFETY: `c` points into this CPU's copy of a live map value.
+        unsafe { counters::add(&mut (*c).connections_opened, 1) };
+    }
     // Which way the segment travels between client and server.
     let from_client = (conn.side == Side::Server as u32) == ingress;
     let delta = if from_client {

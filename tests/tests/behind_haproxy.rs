@@ -161,3 +161,95 @@ fn with_the_frontend_the_answer_is_the_proxys_queue_over_its_drain_and_without_i
         "agent drain {mean_drain:.2}/s, wrk's {wrk_rate:.2}/s, by hand {drain}/s"
     );
 }
+
+/// A cgroup v2 directory of the test's own, removed (after its processes) when dropped.
+struct TestCgroup(std::path::PathBuf);
+
+impl TestCgroup {
+    fn create(name: &str) -> Self {
+        let root = retry_after_agent::kernel::find_cgroup2_root()
+            .expect("a cgroup v2 hierarchy is mounted (the agent attaches to it)");
+        let path = root.join(format!("{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&path)
+            .unwrap_or_else(|e| panic!("create cgroup {}: {e}", path.display()));
+        Self(path)
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        // Its processes were stopped first (fields drop before this guard in the test).
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.0).is_ok() {
+                return;
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+#[test]
+fn the_drain_is_this_proxys_own_throughput_when_another_caller_shares_the_replicas() {
+    let cgroup = TestCgroup::create("retry-after-test-proxy");
+    let (r1, r2) = (replica(), replica());
+    let frontend = free_port();
+    let scoped = service("api", &[&r1, &r2], Some(frontend)).replace(
+        "[[service]]\n",
+        &format!("[[service]]\nproxy_cgroup = \"{}\"\n", cgroup.0.display()),
+    );
+    let agent = AgentProcess::start("", &scoped);
+    let haproxy = Haproxy::start(&haproxy_sections(frontend, &[&r1, &r2]), Some(&cgroup.0));
+    // The proxy's clients, and a second caller on this node that goes to a replica directly
+    // (another process, in another cgroup): 10 connections × 4/s = 40 more completions a
+    // second at the replicas, none of them this proxy's.
+    let through_proxy = Wrk::start(frontend, 1, 30, 14);
+    let other_caller = Wrk::start(r1.addr(), 1, 10, 14);
+
+    let deadline = Instant::now() + Duration::from_secs(12);
+    while query(&agent, "api", None).rung != Rung::Computed {
+        assert!(
+            Instant::now() < deadline,
+            "never warm: {}",
+            query(&agent, "api", None)
+        );
+        thread::sleep(Duration::from_millis(200));
+    }
+    thread::sleep(Duration::from_secs(3));
+    let mut drains = Vec::new();
+    for _ in 0..6 {
+        let answer = query(&agent, "api", None);
+        assert_eq!(answer.rung, Rung::Computed, "{answer}");
+        drains.push(answer.drain_rate.unwrap());
+        thread::sleep(Duration::from_millis(500));
+    }
+    let metrics = agent.metrics();
+    let proxy = through_proxy.finish();
+    let other = other_caller.finish();
+    let proxy_rate = proxy.requests as f64 / proxy.seconds;
+    let other_rate = other.requests as f64 / other.seconds;
+    let drain = drains.iter().sum::<f64>() / drains.len() as f64;
+    eprintln!(
+        "drain {drain:.2}/s; this proxy's wrk {proxy_rate:.2}/s; the other caller's {other_rate:.2}/s"
+    );
+    assert!(other_rate > 30.0, "the other caller ran: {other_rate}/s");
+    assert!(
+        (drain - proxy_rate).abs() <= 0.1 * proxy_rate,
+        "the drain follows this proxy ({proxy_rate:.2}/s), not the replicas' total \
+         ({:.2}/s): {drain:.2}/s",
+        proxy_rate + other_rate
+    );
+    let out_of_scope = metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("retry_after_probe_problems{kind=\"connections_out_of_scope\"} ")
+        })
+        .expect("the out-of-scope series")
+        .parse::<f64>()
+        .unwrap();
+    assert!(
+        out_of_scope >= 10.0,
+        "the other caller's 10 connections: {out_of_scope}"
+    );
+    drop(haproxy);
+    drop(cgroup);
+}

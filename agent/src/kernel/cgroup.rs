@@ -1,9 +1,72 @@
-//! Finding the cgroup v2 hierarchy to attach to.
+//! Finding the cgroup v2 hierarchy to attach to, and the cgroups that scope a client side.
 //!
 //! Where it is mounted differs between machines: `/sys/fs/cgroup` on a pure cgroup v2 system,
 //! `/sys/fs/cgroup/unified` on a hybrid one. The mount table says which.
 
-use std::path::PathBuf;
+use std::{
+    os::unix::fs::MetadataExt,
+    path::{Component, Path, PathBuf},
+};
+
+/// A cgroup v2 as the programs compare it: its id (the inode number of its directory) and its
+/// depth below the root of the hierarchy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct CgroupScope {
+    /// The cgroup id.
+    pub id: u64,
+    /// Its level: 0 for the root, 1 for a child of the root, and so on.
+    pub level: u32,
+}
+
+/// The scope of the cgroup directory `path`: absolute (under the mount point `root`), or
+/// relative to `root` (`system.slice/haproxy.service`).
+///
+/// # Errors
+/// The directory does not exist, is not under `root`, or is the root itself (which would scope
+/// nothing).
+pub fn cgroup_scope(root: &Path, path: &Path) -> std::io::Result<CgroupScope> {
+    let invalid = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, why);
+    let full = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        root.join(path)
+    };
+    let relative = full.strip_prefix(root).map_err(|_| {
+        invalid(format!(
+            "{} is not inside the cgroup v2 hierarchy at {}",
+            full.display(),
+            root.display()
+        ))
+    })?;
+    let mut level = 0u32;
+    for component in relative.components() {
+        match component {
+            Component::Normal(_) => level += 1,
+            _ => {
+                return Err(invalid(format!(
+                    "{} is not a plain cgroup path",
+                    full.display()
+                )));
+            }
+        }
+    }
+    if level == 0 {
+        return Err(invalid(
+            "the root cgroup holds every process: it scopes nothing".to_owned(),
+        ));
+    }
+    let meta = std::fs::metadata(&full)?;
+    if !meta.is_dir() {
+        return Err(invalid(format!(
+            "{} is not a cgroup directory",
+            full.display()
+        )));
+    }
+    Ok(CgroupScope {
+        id: meta.ino(),
+        level,
+    })
+}
 
 /// The mount point of the cgroup v2 hierarchy, from /proc/self/mounts.
 pub fn find_cgroup2_root() -> Option<PathBuf> {
@@ -34,6 +97,20 @@ mod tests {
             cgroup2_mount_point(mounts),
             Some(PathBuf::from("/sys/fs/cgroup/unified"))
         );
+    }
+
+    #[test]
+    fn a_scope_is_a_directory_below_the_root() {
+        let root = std::env::temp_dir().join(format!("retry-after-cgroup-{}", std::process::id()));
+        std::fs::create_dir_all(root.join("a/b")).unwrap();
+        let scope = cgroup_scope(&root, Path::new("a/b")).unwrap();
+        assert_eq!(scope.level, 2);
+        assert_eq!(cgroup_scope(&root, &root.join("a")).unwrap().level, 1);
+        assert!(cgroup_scope(&root, &root).is_err());
+        assert!(cgroup_scope(&root, Path::new("/elsewhere")).is_err());
+        assert!(cgroup_scope(&root, Path::new("a/../a")).is_err());
+        assert!(cgroup_scope(&root, Path::new("missing")).is_err());
+        std::fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]

@@ -27,7 +27,7 @@ use crate::{
     snapshot::{EndpointSnapshot, ProbeStats, Snapshot},
 };
 
-pub use cgroup::find_cgroup2_root;
+pub use cgroup::{CgroupScope, cgroup_scope, find_cgroup2_root};
 pub use listeners::{ListenerBacklog, listener_backlogs};
 
 /// The compiled eBPF object, built by agent/build.rs.
@@ -272,6 +272,19 @@ impl Probe {
     /// # Errors
     /// `TooManyEndpoints` when every slot is taken; `Map` if the kernel refuses the update.
     pub fn watch(&mut self, endpoint: Endpoint) -> Result<(), ProbeError> {
+        self.watch_scoped(endpoint, None)
+    }
+
+    /// [`Probe::watch`], with the client side limited to connections opened by sockets of the
+    /// cgroup `client_scope` (and its descendants), if given.
+    ///
+    /// # Errors
+    /// As [`Probe::watch`].
+    pub fn watch_scoped(
+        &mut self,
+        endpoint: Endpoint,
+        client_scope: Option<CgroupScope>,
+    ) -> Result<(), ProbeError> {
         if self.watched.contains_key(&endpoint) {
             return Ok(());
         }
@@ -283,7 +296,13 @@ impl Probe {
         };
         let generation = self.next_generation;
         self.next_generation = self.next_generation.checked_add(1).expect("2^32 watches");
-        let watch = WatchValue { slot, generation };
+        let watch = WatchValue {
+            slot,
+            generation,
+            client_cgroup: client_scope.map_or(0, |s| s.id),
+            client_cgroup_level: client_scope.map_or(0, |s| s.level),
+            pad: 0,
+        };
         if let Err(error) = self.install(endpoint.key(), watch) {
             self.free_slots.push(slot);
             return Err(error);
@@ -401,6 +420,7 @@ impl Probe {
             state_callback_refused: read(ProbeStat::StateCallbackRefused)?,
             packets_unparsed: read(ProbeStat::PacketsUnparsed)?,
             headers_copied: read(ProbeStat::HeadersCopied)?,
+            connections_out_of_scope: read(ProbeStat::ConnectionsOutOfScope)?,
         })
     }
 

@@ -193,6 +193,7 @@ impl Metrics {
             ("state_callback_refused", p.state_callback_refused),
             ("packets_unparsed", p.packets_unparsed),
             ("headers_copied", p.headers_copied),
+            ("connections_out_of_scope", p.connections_out_of_scope),
         ] {
             self.probe_problems
                 .with_label_values(&[kind])
