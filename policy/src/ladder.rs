@@ -40,26 +40,27 @@ pub fn answer(
 ) -> Answer {
     let computed = policy.compute(&signals, constants);
     let reason = match computed {
-        Ok(c) => match header_value(
-            c.base_s,
-            constants.jitter,
-            unit,
-            constants.min_retry_after_s,
-            constants.max_retry_after_s,
-        ) {
-            Some((seconds, millis)) => {
-                return Answer {
-                    seconds: Some(seconds),
-                    millis: Some(millis),
-                    rung: Rung::Computed,
-                    reason: None,
-                    signals,
-                    computed: Some(c),
-                    jitter_factor: jitter_factor(constants.jitter, unit),
-                };
+        Ok(c) => {
+            let factor = jitter_factor(constants.jitter, unit);
+            match rounded(
+                c.base_s * factor,
+                constants.min_retry_after_s,
+                constants.max_retry_after_s,
+            ) {
+                Some((seconds, millis)) => {
+                    return Answer {
+                        seconds: Some(seconds),
+                        millis: Some(millis),
+                        rung: Rung::Computed,
+                        reason: None,
+                        signals,
+                        computed: Some(c),
+                        jitter_factor: factor,
+                    };
+                }
+                None => FallbackReason::EstimateUnusable,
             }
-            None => FallbackReason::EstimateUnusable,
-        },
+        }
         Err(reason) => reason,
     };
     let (seconds, rung) = match static_retry_after_s {
@@ -96,7 +97,14 @@ pub fn header_value(
     if !(base_s.is_finite() && base_s >= 0.0) {
         return None;
     }
-    let value = base_s * jitter_factor(jitter, unit);
+    rounded(base_s * jitter_factor(jitter, unit), min_s, max_s)
+}
+
+/// A jittered value in seconds, rounded up to whole seconds and milliseconds and clamped.
+fn rounded(value: f64, min_s: u64, max_s: u64) -> Option<(u64, u64)> {
+    if !(value.is_finite() && value >= 0.0) {
+        return None;
+    }
     let max = max_s.clamp(1, MAX_RETRY_AFTER_S);
     let min = min_s.clamp(1, max);
     // `as` saturates far beyond the clamp.

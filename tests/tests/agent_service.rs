@@ -583,5 +583,24 @@ fn check_names_the_bad_field_and_value() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("retry_after_policy"));
+
+    // A computing service whose queue no kernel source can see: valid, but warned about.
+    std::fs::write(
+        &config,
+        "[agent]\nsocket_path = \"/tmp/retry-after-check/agent.sock\"\n[[service]]\nname = \"api\"\nbackends = [{ address = \"*:80\" }]\n[service.backpressure]\nretry_after_policy = \"queue_drain_rate\"\nretry_after_s = 5\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(retry_after_integration_tests::agent_binary())
+        .args(["check", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("WARN    service api: no frontend") && text.contains("queue_invisible"),
+        "{text}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all("/tmp/retry-after-check");
 }
