@@ -551,6 +551,19 @@ fn the_query_command_asks_like_a_proxy() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("ERR unknown_service"));
 }
 
+/// `retry-after-agent check --config FILE`: success and standard output.
+fn check(config: &std::path::Path) -> (bool, String) {
+    let out = std::process::Command::new(retry_after_integration_tests::agent_binary())
+        .args(["check", "--config"])
+        .arg(config)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
 #[test]
 fn check_names_the_bad_field_and_value() {
     let dir = std::env::temp_dir().join(format!("retry-after-check-{}", std::process::id()));
@@ -561,13 +574,8 @@ fn check_names_the_bad_field_and_value() {
         "[[service]]\nname = \"api\"\nbackends = [{ address = \"*:80\" }]\n[service.backpressure]\nretry_after_policy = \"auto\"\n",
     )
     .unwrap();
-    let out = std::process::Command::new(retry_after_integration_tests::agent_binary())
-        .args(["check", "--config"])
-        .arg(&config)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(!out.status.success(), "{text}");
+    let (ok, text) = check(&config);
+    assert!(!ok, "{text}");
     assert!(
         text.contains("MISSING configuration")
             && text.contains("service[0].backpressure.retry_after_policy")
@@ -590,13 +598,8 @@ fn check_names_the_bad_field_and_value() {
         "[agent]\nsocket_path = \"/tmp/retry-after-check/agent.sock\"\n[[service]]\nname = \"api\"\nbackends = [{ address = \"*:80\" }]\n[service.backpressure]\nretry_after_policy = \"queue_drain_rate\"\nretry_after_s = 5\n",
     )
     .unwrap();
-    let out = std::process::Command::new(retry_after_integration_tests::agent_binary())
-        .args(["check", "--config"])
-        .arg(&config)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}");
+    let (ok, text) = check(&config);
+    assert!(ok, "{text}");
     assert!(
         text.contains("WARN    service api: no frontend") && text.contains("queue_invisible"),
         "{text}"

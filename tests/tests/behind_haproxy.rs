@@ -84,6 +84,19 @@ fn query(agent: &AgentProcess, service: &str, queue_depth: Option<u64>) -> Query
     }
 }
 
+/// Wait (at most 12 s) until the service's answer is computed: the drain rate is warm.
+fn wait_until_computed(agent: &AgentProcess, service: &str) {
+    let deadline = Instant::now() + Duration::from_secs(12);
+    loop {
+        let answer = query(agent, service, None);
+        if answer.rung == Rung::Computed {
+            return;
+        }
+        assert!(Instant::now() < deadline, "never warm: {answer}");
+        thread::sleep(Duration::from_millis(200));
+    }
+}
+
 #[test]
 fn with_the_frontend_the_answer_is_the_proxys_queue_over_its_drain_and_without_it_static() {
     let (r1, r2) = (replica(), replica());
@@ -103,15 +116,7 @@ fn with_the_frontend_the_answer_is_the_proxys_queue_over_its_drain_and_without_i
     let by_hand = (queued as f64 / drain * 1.25).ceil() as u64;
     assert_eq!(by_hand, 5);
 
-    let deadline = Instant::now() + Duration::from_secs(12);
-    while query(&agent, "seen", None).rung != Rung::Computed {
-        assert!(
-            Instant::now() < deadline,
-            "never warm: {}",
-            query(&agent, "seen", None)
-        );
-        thread::sleep(Duration::from_millis(200));
-    }
+    wait_until_computed(&agent, "seen");
     thread::sleep(Duration::from_secs(2));
     let mut drains = Vec::new();
     for _ in 0..6 {
@@ -205,15 +210,7 @@ fn the_drain_is_this_proxys_own_throughput_when_another_caller_shares_the_replic
     let through_proxy = Wrk::start(frontend, 1, 30, 14);
     let other_caller = Wrk::start(r1.addr(), 1, 10, 14);
 
-    let deadline = Instant::now() + Duration::from_secs(12);
-    while query(&agent, "api", None).rung != Rung::Computed {
-        assert!(
-            Instant::now() < deadline,
-            "never warm: {}",
-            query(&agent, "api", None)
-        );
-        thread::sleep(Duration::from_millis(200));
-    }
+    wait_until_computed(&agent, "api");
     thread::sleep(Duration::from_secs(3));
     let mut drains = Vec::new();
     for _ in 0..6 {
