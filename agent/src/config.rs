@@ -58,6 +58,8 @@ pub struct AgentConfig {
     /// A connection that sends no request for this long is closed, unless it subscribed
     /// (30000).
     pub client_idle_timeout_ms: u64,
+    /// A connection whose peer does not read an answer within this is closed (1000).
+    pub client_write_timeout_ms: u64,
     /// Address of the Prometheus endpoint (`/metrics`), loopback by default.
     pub metrics_listen: String,
 }
@@ -73,6 +75,7 @@ impl Default for AgentConfig {
             allowed_uids: None,
             max_clients: 256,
             client_idle_timeout_ms: 30_000,
+            client_write_timeout_ms: 1_000,
             metrics_listen: "127.0.0.1:9464".into(),
         }
     }
@@ -97,6 +100,11 @@ impl AgentConfig {
     /// The idle timeout of socket connections.
     pub fn client_idle_timeout(&self) -> Duration {
         Duration::from_millis(self.client_idle_timeout_ms)
+    }
+
+    /// The write deadline of socket connections.
+    pub fn client_write_timeout(&self) -> Duration {
+        Duration::from_millis(self.client_write_timeout_ms)
     }
 }
 
@@ -400,6 +408,12 @@ impl Config {
                     "{} is below the minimum of 100",
                     agent.client_idle_timeout_ms
                 ),
+            ));
+        }
+        if !(10..=60_000).contains(&agent.client_write_timeout_ms) {
+            return Err(invalid(
+                "agent.client_write_timeout_ms".into(),
+                format!("{} is outside 10..=60000", agent.client_write_timeout_ms),
             ));
         }
         if agent

@@ -95,7 +95,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     let socket_path = PathBuf::from(&agent.socket_path);
     let listener = server::bind(&socket_path, agent.socket_mode())?;
     let _socket_file = RemoveOnDrop(socket_path.clone());
-    let (stop, _) = broadcast::channel(1);
+    let (stop, mut stopped) = broadcast::channel::<()>(1);
     let server = tokio::spawn(server::serve(
         listener,
         shared.clone(),
@@ -103,8 +103,11 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             allowed_uids: agent.allowed_uids.clone(),
             max_clients: agent.max_clients,
             idle_timeout: agent.client_idle_timeout(),
+            write_timeout: agent.client_write_timeout(),
         },
-        stop.subscribe(),
+        async move {
+            let _ = stopped.recv().await;
+        },
     ));
     let metrics_shared = shared.clone();
     let metrics_server = tokio::spawn(metrics::serve(metrics_listener, move || {

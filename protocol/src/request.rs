@@ -149,6 +149,17 @@ impl<'a> Request<'a> {
         }
     }
 
+    /// The command's name in lower case (`query`, `subscribe`, `report`, `health`), for logs
+    /// and metrics.
+    pub const fn command(&self) -> &'static str {
+        match self {
+            Request::Query { .. } => "query",
+            Request::Subscribe { .. } => "subscribe",
+            Request::Report(_) => "report",
+            Request::Health => "health",
+        }
+    }
+
     /// The service the request is about, if any.
     pub fn service(&self) -> Option<&'a str> {
         match self {

@@ -52,6 +52,7 @@ pub struct Metrics {
     proxy_requests: IntCounterVec,
     proxy_retries: IntCounterVec,
     socket_connections: IntGauge,
+    socket_write_timeouts: IntCounter,
     queries: IntCounterVec,
     query_errors: IntCounterVec,
     query_duration: Histogram,
@@ -146,6 +147,7 @@ impl Metrics {
             proxy_requests: reg(&registry, IntCounterVec::new(Opts::new("retry_after_proxy_requests_total", "Requests the proxies reported admitting or rejecting."), &["service", "outcome"]).unwrap()),
             proxy_retries: reg(&registry, IntCounterVec::new(Opts::new("retry_after_proxy_retries_total", "Retries after a Retry-After that the proxies reported admitting or rejecting (where they can tell)."), &["service", "outcome"]).unwrap()),
             socket_connections: reg(&registry, IntGauge::new("retry_after_socket_connections", "Open connections on the proxy socket.").unwrap()),
+            socket_write_timeouts: reg(&registry, IntCounter::new("retry_after_socket_write_timeouts_total", "Proxy-socket connections ended because the peer did not read an answer within agent.client_write_timeout_ms.").unwrap()),
             queries: reg(&registry, IntCounterVec::new(Opts::new("retry_after_queries_total", "Requests received on the proxy socket, by command."), &["command"]).unwrap()),
             query_errors: reg(&registry, IntCounterVec::new(Opts::new("retry_after_query_errors_total", "Error lines sent on the proxy socket, by code."), &["code"]).unwrap()),
             query_duration: reg(&registry, Histogram::with_opts(HistogramOpts::new("retry_after_query_duration_seconds", "Time to answer a QUERY, from its line read to its answer written.").buckets(vec![1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 1e-2])).unwrap()),
@@ -322,6 +324,11 @@ impl Metrics {
     /// Count an error line.
     pub fn record_error(&self, code: ErrorCode) {
         self.query_errors.with_label_values(&[code.as_str()]).inc();
+    }
+
+    /// Count a connection ended by its write deadline.
+    pub fn record_write_timeout(&self) {
+        self.socket_write_timeouts.inc();
     }
 
     /// Set the number of open socket connections.

@@ -61,8 +61,6 @@ fn main() {
     {
         let _guard = runtime.enter();
         let listener = server::bind(&agent_socket, 0o600).unwrap();
-        let (_stop, stopped) = tokio::sync::broadcast::channel(1);
-        std::mem::forget(_stop);
         runtime.spawn(server::serve(
             listener,
             shared.clone(),
@@ -70,8 +68,9 @@ fn main() {
                 allowed_uids: None,
                 max_clients: 256,
                 idle_timeout: Duration::from_secs(60),
+                write_timeout: Duration::from_secs(1),
             },
-            stopped,
+            std::future::pending(),
         ));
         let echo = UnixListener::bind(&echo_socket).unwrap();
         runtime.spawn(echo_server(echo));

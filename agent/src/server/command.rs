@@ -1,0 +1,75 @@
+//! What each request does: one function per command, each returning the one line that answers
+//! it. Subscriptions keep state on the connection, so `connection.rs` handles their bookkeeping
+//! and calls [`push`] here.
+
+use std::{sync::atomic::Ordering, time::Instant};
+
+use rand::{Rng, RngExt};
+
+use super::Shared;
+use crate::{
+    estimate::Query,
+    protocol::{
+        ErrorCode, EstimatePush, HealthResponse, ProtocolError, QueryResponse, Report, Response,
+    },
+};
+
+/// `QUERY`: one answer, drawn with its own jitter and recorded for the judge.
+pub fn query(shared: &Shared, service: &str, query: Query, rng: &mut impl Rng) -> Response {
+    let started = Instant::now();
+    let unit = rng.random::<f64>();
+    let answer = shared.estimator().service_mut(service).map(|s| {
+        (
+            s.estimate(Instant::now(), query, unit),
+            s.settings().status_code,
+        )
+    });
+    let Some((answer, status_code)) = answer else {
+        return unknown_service(service);
+    };
+    shared.metrics.record_answers(service, &answer, 1);
+    shared.metrics.record_query_duration(started.elapsed());
+    Response::RetryAfter(QueryResponse::new(&answer, status_code))
+}
+
+/// `REPORT`: what the proxy did since `from`.
+pub fn report(shared: &Shared, from: Instant, report: &Report<'_>) -> Response {
+    let answer = shared
+        .estimator()
+        .service_mut(report.service)
+        .map(|s| s.report(from, Instant::now(), report));
+    let Some(answer) = answer else {
+        return unknown_service(report.service);
+    };
+    shared
+        .metrics
+        .record_answers(report.service, &answer, report.rejected);
+    shared.metrics.record_report(report);
+    Response::Ok
+}
+
+/// `HEALTH`.
+pub fn health(shared: &Shared, connections: usize) -> Response {
+    let last_tick = *shared.last_tick.lock().unwrap_or_else(|p| p.into_inner());
+    Response::Health(HealthResponse {
+        uptime_s: shared.started.elapsed().as_secs(),
+        ticks: shared.ticks.load(Ordering::Relaxed),
+        last_tick_ms: last_tick.map(|t| t.elapsed().as_millis() as u64),
+        services: shared.estimator().services().count(),
+        endpoints: shared.endpoints.load(Ordering::Relaxed),
+        connections,
+    })
+}
+
+/// The estimate pushed to a subscriber of `service`, or `None` if it is not configured.
+pub fn push(shared: &Shared, service: &str, seq: u64) -> Option<EstimatePush> {
+    shared.estimator().service(service).map(|s| s.push(seq))
+}
+
+/// The error for a service that is not configured.
+pub fn unknown_service(service: &str) -> Response {
+    Response::Err(ProtocolError::new(
+        ErrorCode::UnknownService,
+        format!("no service {service:?} is configured"),
+    ))
+}
