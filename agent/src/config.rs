@@ -62,6 +62,9 @@ pub struct AgentConfig {
     pub client_write_timeout_ms: u64,
     /// Address of the Prometheus endpoint (`/metrics`), loopback by default.
     pub metrics_listen: String,
+    /// Allow `metrics_listen` on an address other than loopback. The metrics name backend
+    /// addresses and load: exposing them off the node is a choice to make on purpose (false).
+    pub metrics_allow_remote: bool,
 }
 
 impl Default for AgentConfig {
@@ -77,6 +80,7 @@ impl Default for AgentConfig {
             client_idle_timeout_ms: 30_000,
             client_write_timeout_ms: 1_000,
             metrics_listen: "127.0.0.1:9464".into(),
+            metrics_allow_remote: false,
         }
     }
 }
@@ -416,15 +420,23 @@ impl Config {
                 format!("{} is outside 10..=60000", agent.client_write_timeout_ms),
             ));
         }
-        if agent
-            .metrics_listen
-            .parse::<std::net::SocketAddr>()
-            .is_err()
-        {
-            return Err(invalid(
-                "agent.metrics_listen".into(),
-                format!("{:?} is not ADDRESS:PORT", agent.metrics_listen),
-            ));
+        match agent.metrics_listen.parse::<std::net::SocketAddr>() {
+            Err(_) => {
+                return Err(invalid(
+                    "agent.metrics_listen".into(),
+                    format!("{:?} is not ADDRESS:PORT", agent.metrics_listen),
+                ));
+            }
+            Ok(addr) if !addr.ip().is_loopback() && !agent.metrics_allow_remote => {
+                return Err(invalid(
+                    "agent.metrics_listen".into(),
+                    format!(
+                        "{:?} is not a loopback address: the metrics name backends and their load; set agent.metrics_allow_remote = true to expose them off the node",
+                        agent.metrics_listen
+                    ),
+                ));
+            }
+            Ok(_) => {}
         }
         let mut names = BTreeSet::new();
         for (i, service) in self.services.iter().enumerate() {
@@ -663,6 +675,18 @@ mod tests {
             e.contains("service[1].proxy_cgroup") && e.contains("\"haproxy\""),
             "{e}"
         );
+    }
+
+    #[test]
+    fn metrics_off_loopback_must_be_asked_for() {
+        let e = error_of("[agent]\nmetrics_listen = \"0.0.0.0:9464\"\n");
+        assert!(
+            e.contains("agent.metrics_listen") && e.contains("metrics_allow_remote"),
+            "{e}"
+        );
+        Config::parse("[agent]\nmetrics_listen = \"0.0.0.0:9464\"\nmetrics_allow_remote = true\n")
+            .unwrap();
+        Config::parse("[agent]\nmetrics_listen = \"[::1]:9464\"\n").unwrap();
     }
 
     #[test]

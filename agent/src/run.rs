@@ -19,6 +19,13 @@ use crate::{
     server::{self, ServerError, ServerOptions, Shared},
 };
 
+/// Consecutive failed counter reads after which the probe is taken as gone.
+const MAX_FAILED_READS: u32 = 10;
+
+/// Open files the daemon needs beyond its connections: BPF maps, programs and links, the log
+/// ring buffer, netlink, the listeners, the runtime.
+const OPEN_FILES_RESERVE: u64 = 256;
+
 /// Why the daemon stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -36,6 +43,29 @@ pub enum RunError {
         /// Why.
         #[source]
         source: std::io::Error,
+    },
+    /// The counters could not be read for many ticks in a row.
+    #[error(
+        "the kernel counters could not be read for {ticks} ticks in a row: the programs are gone"
+    )]
+    ProbeGone {
+        /// Ticks in a row.
+        ticks: u32,
+        /// The last error.
+        #[source]
+        source: ProbeError,
+    },
+    /// The open-files limit is below what the configuration needs and cannot be raised.
+    #[error(
+        "agent.max_clients = {max_clients} needs {needed} open files, but the hard limit is {hard}: raise it (LimitNOFILE= in the unit, ulimit -Hn) or lower agent.max_clients"
+    )]
+    OpenFiles {
+        /// The configured connection limit.
+        max_clients: usize,
+        /// Open files needed.
+        needed: u64,
+        /// The hard limit.
+        hard: u64,
     },
     /// The metrics endpoint could not be bound.
     #[error("cannot listen for metrics on {addr}")]
@@ -56,6 +86,7 @@ pub enum RunError {
 /// counters cannot be read.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
     let agent = &config.agent;
+    raise_open_files(agent.max_clients)?;
     let options = ProbeOptions {
         cgroup: agent.cgroup.as_ref().map(PathBuf::from),
         max_connections: Some(agent.max_connections),
@@ -96,6 +127,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     let listener = server::bind(&socket_path, agent.socket_mode())?;
     let _socket_file = RemoveOnDrop(socket_path.clone());
     let (stop, mut stopped) = broadcast::channel::<()>(1);
+    let mut metrics_stopped = stop.subscribe();
     let server = tokio::spawn(server::serve(
         listener,
         shared.clone(),
@@ -109,10 +141,13 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             let _ = stopped.recv().await;
         },
     ));
-    let metrics_shared = shared.clone();
-    let metrics_server = tokio::spawn(metrics::serve(metrics_listener, move || {
-        metrics_shared.metrics.render()
-    }));
+    let metrics_server = tokio::spawn(metrics::serve(
+        metrics_listener,
+        shared.clone(),
+        async move {
+            let _ = metrics_stopped.recv().await;
+        },
+    ));
     info!(
         cgroup = %probe.cgroup().display(),
         socket = %socket_path.display(),
@@ -124,15 +159,33 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     let mut tick = tokio::time::interval(agent.tick_interval());
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(shutdown);
+    let mut failed_reads = 0u32;
     let result = loop {
         tokio::select! {
             _ = &mut shutdown => break Ok(()),
             _ = tick.tick() => {
                 let started = Instant::now();
                 let snapshot = match probe.read() {
-                    Ok(snapshot) => snapshot,
-                    Err(error) => break Err(error.into()),
+                    Ok(snapshot) => {
+                        failed_reads = 0;
+                        snapshot
+                    }
+                    Err(error) => {
+                        // A failed read is counted and retried next tick; only a probe whose
+                        // maps stay unreadable (the programs are gone) ends the daemon.
+                        shared.metrics.record_tick_error("counters");
+                        failed_reads += 1;
+                        warn!(error = %error_chain(&error), failed_reads, "cannot read the kernel counters");
+                        if failed_reads >= MAX_FAILED_READS {
+                            break Err(RunError::ProbeGone { ticks: failed_reads, source: error });
+                        }
+                        continue;
+                    }
                 };
+                if let Some(error) = &snapshot.backlog_error {
+                    shared.metrics.record_tick_error("backlogs");
+                    debug!(%error, "listener backlogs not read this tick");
+                }
                 {
                     let mut estimator = shared.estimator();
                     estimator.observe(&snapshot);
@@ -150,10 +203,59 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     };
     let _ = stop.send(());
     let _ = server.await;
-    metrics_server.abort();
+    let _ = metrics_server.await;
     drop(probe);
     info!("detached; stopped");
     result
+}
+
+/// Raise the soft open-files limit to what `max_clients` connections need (the default soft
+/// limit of a service, 1024, is below it for large `max_clients`), or refuse clearly.
+fn raise_open_files(max_clients: usize) -> Result<(), RunError> {
+    let needed = max_clients as u64 + metrics::MAX_HTTP_CONNECTIONS as u64 + OPEN_FILES_RESERVE;
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct we own.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return Ok(());
+    }
+    if limit.rlim_cur >= needed {
+        return Ok(());
+    }
+    if limit.rlim_max < needed {
+        return Err(RunError::OpenFiles {
+            max_clients,
+            needed,
+            hard: limit.rlim_max,
+        });
+    }
+    let raised = libc::rlimit {
+        rlim_cur: needed,
+        rlim_max: limit.rlim_max,
+    };
+    // SAFETY: setrlimit reads the struct we own.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+        info!(
+            from = limit.rlim_cur,
+            to = needed,
+            "raised the open-files limit"
+        );
+    }
+    Ok(())
+}
+
+/// An error and all its causes on one line.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 /// One debug line per service: what the estimate is made of after this tick.

@@ -17,7 +17,8 @@ pub struct EndpointSnapshot {
     /// Exact counters since the endpoint was watched (summed over CPUs).
     pub counters: EndpointCounters,
     /// Server side: connections waiting in the accept queues of listeners serving this
-    /// endpoint. Client side: `None` (the remote backlog cannot be seen from here).
+    /// endpoint (`None` if they could not be read this tick). Client side: `None` (the remote
+    /// backlog cannot be seen from here).
     pub accept_backlog: Option<u32>,
 }
 
@@ -52,6 +53,8 @@ pub struct Snapshot {
     pub endpoints: Vec<EndpointSnapshot>,
     /// Probe-wide counters.
     pub probe: ProbeStats,
+    /// Why listener backlogs are missing from this snapshot, if they are.
+    pub backlog_error: Option<String>,
 }
 
 impl Snapshot {

@@ -127,10 +127,20 @@ pub fn error_chain(error: &dyn std::error::Error) -> String {
     text
 }
 
+/// How the agent process is started.
+#[derive(Clone, Debug, Default)]
+pub struct Launch {
+    /// Set the open-files limit (soft and hard) of the process to this.
+    pub nofile: Option<u64>,
+    /// A command the agent is run through (e.g. `setpriv` with its options).
+    pub prefix: Vec<String>,
+}
+
 /// The real agent binary, running with a configuration of the test's, stopped (SIGTERM) when
 /// dropped.
 pub struct AgentProcess {
     child: std::process::Child,
+    launch: Launch,
     /// Its socket.
     pub socket: std::path::PathBuf,
     /// Its metrics address.
@@ -143,6 +153,11 @@ impl AgentProcess {
     /// Start the agent with `services` (TOML `[[service]]` tables) and extra `[agent]` lines;
     /// the socket and metrics address are chosen here. Waits until it answers HEALTH.
     pub fn start(agent_lines: &str, services: &str) -> Self {
+        Self::start_with(agent_lines, services, Launch::default())
+    }
+
+    /// [`AgentProcess::start`], launched as `launch` says.
+    pub fn start_with(agent_lines: &str, services: &str, launch: Launch) -> Self {
         let turn = ATTACHED
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -159,9 +174,10 @@ impl AgentProcess {
         );
         let path = dir.join("config.toml");
         std::fs::write(&path, config).unwrap();
-        let child = Self::spawn(&path);
+        let child = Self::spawn(&path, &launch);
         let agent = Self {
             child,
+            launch,
             socket,
             metrics,
             _turn: turn,
@@ -171,15 +187,54 @@ impl AgentProcess {
         agent
     }
 
-    fn spawn(config: &std::path::Path) -> std::process::Child {
-        std::process::Command::new(agent_binary())
+    fn spawn(config: &std::path::Path, launch: &Launch) -> std::process::Child {
+        use std::os::unix::process::CommandExt;
+        let mut command = match launch.prefix.split_first() {
+            Some((program, args)) => {
+                let mut command = std::process::Command::new(program);
+                command.args(args).arg(agent_binary());
+                command
+            }
+            None => std::process::Command::new(agent_binary()),
+        };
+        command
             .args(["run", "--config"])
             .arg(config)
             .env("RUST_LOG", "warn")
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::inherit())
-            .spawn()
-            .expect("start the agent")
+            .stderr(std::process::Stdio::inherit());
+        if let Some(nofile) = launch.nofile {
+            // SAFETY: setrlimit is async-signal-safe; it only changes the child's own limit.
+            unsafe {
+                command.pre_exec(move || {
+                    let limit = libc::rlimit {
+                        rlim_cur: nofile,
+                        rlim_max: nofile,
+                    };
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        command.spawn().expect("start the agent")
+    }
+
+    /// True while the process runs.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Send `signal` to the process.
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, signal) };
     }
 
     /// Wait until the socket answers HEALTH, or refuses us by uid (panics after 20 s).
@@ -233,7 +288,7 @@ impl AgentProcess {
     /// Start the agent again with the same configuration.
     pub fn restart(&mut self) {
         self.kill();
-        self.child = Self::spawn(&self.dir.join("config.toml"));
+        self.child = Self::spawn(&self.dir.join("config.toml"), &self.launch);
         self.wait_until_serving();
     }
 }

@@ -127,9 +127,6 @@ pub enum ProbeError {
     /// The number of possible CPUs (the size of per-CPU values) could not be read.
     #[error("cannot read the number of possible CPUs")]
     Cpus(#[source] std::io::Error),
-    /// Listener backlogs could not be read.
-    #[error("cannot read listener backlogs over sock_diag netlink")]
-    Netlink(#[source] std::io::Error),
 }
 
 /// Execution statistics of one program.
@@ -159,7 +156,7 @@ impl Probe {
     /// Load the programs and attach them to the cgroup v2 root (or `options.cgroup`).
     ///
     /// # Errors
-    /// Any [`ProbeError`] but `Map`, `TooManyEndpoints` and `Netlink`.
+    /// Any [`ProbeError`] but `Map` and `TooManyEndpoints`.
     pub fn attach(options: &ProbeOptions) -> Result<Self, ProbeError> {
         let cgroup = match &options.cgroup {
             Some(path) => path.clone(),
@@ -365,13 +362,23 @@ impl Probe {
             .map_err(|source| map_error("update port bitmap", WATCHED_PORTS_MAP, source))
     }
 
-    /// Read every watched endpoint's counters (both sides) and listener backlogs.
+    /// Read every watched endpoint's counters (both sides) and listener backlogs. Backlogs
+    /// that cannot be read (netlink refused, no file descriptor left) are left out and the
+    /// error is kept in the snapshot; the counters are always read.
     ///
     /// # Errors
-    /// `Map` if a counters entry cannot be read; `Netlink` if backlogs cannot be read.
+    /// `Map` if a counters entry cannot be read.
     pub fn read(&self) -> Result<Snapshot, ProbeError> {
         let taken_at = Instant::now();
-        let backlogs = listener_backlogs().map_err(ProbeError::Netlink)?;
+        let (backlogs, backlog_error) = match listener_backlogs() {
+            Ok(backlogs) => (Some(backlogs), None),
+            Err(error) => (
+                None,
+                Some(format!(
+                    "cannot read listener backlogs over sock_diag netlink: {error}"
+                )),
+            ),
+        };
         let counters: PerCpuArray<&MapData, EndpointCounters> = self.map(ENDPOINT_COUNTERS_MAP)?;
         let mut endpoints = Vec::with_capacity(self.watched.len() * 2);
         for (endpoint, watch) in &self.watched {
@@ -382,15 +389,15 @@ impl Probe {
                 let counters = per_cpu
                     .iter()
                     .fold(EndpointCounters::default(), |sum, cpu| sum.add(cpu));
-                let accept_backlog = match side {
-                    Side::Server => Some(
+                let accept_backlog = match (side, &backlogs) {
+                    (Side::Server, Some(backlogs)) => Some(
                         backlogs
                             .iter()
                             .filter(|listener| listener.serves(endpoint))
                             .map(|listener| listener.queued)
                             .sum(),
                     ),
-                    Side::Client => None,
+                    _ => None,
                 };
                 endpoints.push(EndpointSnapshot {
                     endpoint: *endpoint,
@@ -404,6 +411,7 @@ impl Probe {
             taken_at,
             endpoints,
             probe: self.probe_stats()?,
+            backlog_error,
         })
     }
 

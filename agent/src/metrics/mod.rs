@@ -4,23 +4,19 @@
 //! counters). docs/metrics.md lists every series. Kernel counters are monotonic per watch; they
 //! are exported as counters advanced by the difference since the last tick.
 
+mod http;
 mod weighted;
 
-use std::{
-    collections::HashMap,
-    net::SocketAddr,
-    time::{Duration, Instant},
-};
+pub use self::http::{MAX_CONNECTIONS as MAX_HTTP_CONNECTIONS, serve};
+
+use std::{collections::HashMap, net::SocketAddr, time::Duration};
 
 use prometheus::{
     Encoder, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
     Opts, Registry, TextEncoder,
 };
 use retry_after_common::EndpointCounters;
-use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
-    net::TcpListener,
-};
+use tokio::net::TcpListener;
 
 pub use self::weighted::WeightedHistogramVec;
 use crate::{
@@ -53,6 +49,8 @@ pub struct Metrics {
     proxy_retries: IntCounterVec,
     socket_connections: IntGauge,
     socket_write_timeouts: IntCounter,
+    http_refused: IntCounter,
+    tick_errors: IntCounterVec,
     queries: IntCounterVec,
     query_errors: IntCounterVec,
     query_duration: Histogram,
@@ -147,6 +145,8 @@ impl Metrics {
             proxy_requests: reg(&registry, IntCounterVec::new(Opts::new("retry_after_proxy_requests_total", "Requests the proxies reported admitting or rejecting."), &["service", "outcome"]).unwrap()),
             proxy_retries: reg(&registry, IntCounterVec::new(Opts::new("retry_after_proxy_retries_total", "Retries after a Retry-After that the proxies reported admitting or rejecting (where they can tell)."), &["service", "outcome"]).unwrap()),
             socket_connections: reg(&registry, IntGauge::new("retry_after_socket_connections", "Open connections on the proxy socket.").unwrap()),
+            http_refused: reg(&registry, IntCounter::new("retry_after_metrics_connections_refused_total", "Metrics-endpoint connections closed at once because the connection limit was reached.").unwrap()),
+            tick_errors: reg(&registry, IntCounterVec::new(Opts::new("retry_after_tick_errors_total", "Ticks whose kernel read failed in part (listener backlogs) or whole (counters), by kind."), &["kind"]).unwrap()),
             socket_write_timeouts: reg(&registry, IntCounter::new("retry_after_socket_write_timeouts_total", "Proxy-socket connections ended because the peer did not read an answer within agent.client_write_timeout_ms.").unwrap()),
             queries: reg(&registry, IntCounterVec::new(Opts::new("retry_after_queries_total", "Requests received on the proxy socket, by command."), &["command"]).unwrap()),
             query_errors: reg(&registry, IntCounterVec::new(Opts::new("retry_after_query_errors_total", "Error lines sent on the proxy socket, by code."), &["code"]).unwrap()),
@@ -326,6 +326,16 @@ impl Metrics {
         self.query_errors.with_label_values(&[code.as_str()]).inc();
     }
 
+    /// Count a metrics connection refused at the connection limit.
+    pub fn record_http_refused(&self) {
+        self.http_refused.inc();
+    }
+
+    /// Count a failed kernel read in a tick (`backlogs` or `counters`).
+    pub fn record_tick_error(&self, kind: &str) {
+        self.tick_errors.with_label_values(&[kind]).inc();
+    }
+
     /// Count a connection ended by its write deadline.
     pub fn record_write_timeout(&self) {
         self.socket_write_timeouts.inc();
@@ -343,43 +353,6 @@ impl Metrics {
             .encode(&self.registry.gather(), &mut buffer)
             .expect("text encoding does not fail");
         String::from_utf8(buffer).expect("text exposition is UTF-8")
-    }
-}
-
-/// Serve `GET /metrics` on `listener` until the task is dropped. Anything else gets 404; a
-/// request head larger than 8 KiB or slower than 5 s is dropped.
-pub async fn serve(listener: TcpListener, render: impl Fn() -> String + Send + Sync + 'static) {
-    let render = std::sync::Arc::new(render);
-    loop {
-        let Ok((mut stream, _)) = listener.accept().await else {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            continue;
-        };
-        let render = render.clone();
-        tokio::spawn(async move {
-            let mut head = Vec::with_capacity(512);
-            let deadline = Instant::now() + Duration::from_secs(5);
-            let mut buf = [0u8; 1024];
-            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                let remaining = deadline.saturating_duration_since(Instant::now());
-                match tokio::time::timeout(remaining, stream.read(&mut buf)).await {
-                    Ok(Ok(n)) if n > 0 && head.len() + n <= 8192 => {
-                        head.extend_from_slice(&buf[..n])
-                    }
-                    _ => return,
-                }
-            }
-            let (status, body) = if head.starts_with(b"GET /metrics ") {
-                ("200 OK", render())
-            } else {
-                ("404 Not Found", "only /metrics is served here\n".to_owned())
-            };
-            let response = format!(
-                "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = stream.write_all(response.as_bytes()).await;
-        });
     }
 }
 

@@ -75,6 +75,12 @@ impl Shared {
     }
 }
 
+impl AsRef<Metrics> for Shared {
+    fn as_ref(&self) -> &Metrics {
+        &self.metrics
+    }
+}
+
 /// Limits of the socket server.
 #[derive(Clone, Debug)]
 pub struct ServerOptions {

@@ -166,6 +166,7 @@ fn warm_estimator() -> Estimator {
                 accept_backlog: Some(0),
             }],
             probe: ProbeStats::default(),
+            backlog_error: None,
         });
     }
     estimator

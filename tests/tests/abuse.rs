@@ -1,0 +1,118 @@
+//! What a peer of the daemon can do to it, against the real binary: nothing a local user does
+//! to the proxy socket or the metrics port stops the daemon or starves a well-behaved proxy.
+//! docs/hardening.md tables every case with what the daemon did.
+
+use std::{
+    io::{BufRead, BufReader, Write},
+    net::TcpStream,
+    os::unix::net::UnixStream,
+    thread,
+    time::{Duration, Instant},
+};
+
+use retry_after_integration_tests::{AgentProcess, Launch};
+use retry_after_protocol::{Request, Response};
+
+const SERVICE: &str = "[[service]]\nname = \"api\"\nbackends = [{ address = \"127.0.0.1:1\" }]\n[service.backpressure]\nretry_after_s = 2\n";
+
+/// One well-behaved query on its own connection: the static 2 s answer.
+fn polite_query(agent: &AgentProcess) {
+    let line = agent
+        .request(
+            &Request::Query {
+                service: "api",
+                queue_depth: None,
+                backoff_streak: None,
+            }
+            .to_string(),
+        )
+        .expect("the socket answers");
+    assert!(
+        matches!(Response::parse(&line), Ok(Response::RetryAfter(a)) if a.seconds == Some(2)),
+        "{line}"
+    );
+}
+
+#[test]
+fn a_metrics_flood_under_1024_open_files_neither_stops_the_daemon_nor_starves_proxies() {
+    let mut agent = AgentProcess::start_with(
+        "",
+        SERVICE,
+        Launch {
+            nofile: Some(1024),
+            ..Launch::default()
+        },
+    );
+    // 1,100 idle TCP connections to the metrics port, held open.
+    let flood: Vec<TcpStream> = (0..1100)
+        .filter_map(|_| TcpStream::connect(agent.metrics).ok())
+        .collect();
+    assert!(flood.len() >= 1000, "{} connected", flood.len());
+    // Meanwhile a proxy keeps asking, for longer than the metrics header deadline (5 s) and
+    // several ticks.
+    let until = Instant::now() + Duration::from_secs(7);
+    let mut answered = 0;
+    while Instant::now() < until {
+        polite_query(&agent);
+        answered += 1;
+        thread::sleep(Duration::from_millis(50));
+    }
+    assert!(agent.is_running(), "the daemon is still up");
+    assert!(answered > 100);
+    drop(flood);
+    thread::sleep(Duration::from_millis(300));
+    let metrics = agent.metrics();
+    let refused: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("retry_after_metrics_connections_refused_total "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(refused >= 1000.0, "refused at the limit: {refused}");
+    let ticks: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("retry_after_ticks_total "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(ticks >= 30.0, "ticks kept running: {ticks}");
+}
+
+#[test]
+fn a_proxy_socket_peer_that_pipelines_and_never_reads_is_cut_off() {
+    let mut agent = AgentProcess::start("max_clients = 8", SERVICE);
+    let greedy = UnixStream::connect(&agent.socket).unwrap();
+    greedy
+        .set_write_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let line = format!(
+        "{}\n",
+        Request::Query {
+            service: "api",
+            queue_depth: None,
+            backoff_streak: None
+        }
+    );
+    let writer = thread::spawn(move || {
+        let mut greedy = greedy;
+        for _ in 0..500_000 {
+            if greedy.write_all(line.as_bytes()).is_err() {
+                return true;
+            }
+        }
+        false
+    });
+    assert!(writer.join().unwrap(), "the agent ended the connection");
+    polite_query(&agent);
+    assert!(agent.is_running());
+    // Let the agent see the polite connection's close too.
+    thread::sleep(Duration::from_millis(300));
+    let mut health = String::new();
+    let stream = UnixStream::connect(&agent.socket).unwrap();
+    (&stream).write_all(b"HEALTH\n").unwrap();
+    BufReader::new(&stream).read_line(&mut health).unwrap();
+    let Ok(Response::Health(health)) = Response::parse(&health) else {
+        panic!("{health}");
+    };
+    assert_eq!(health.connections, 1, "only this connection is held");
+}
