@@ -7,6 +7,7 @@
 pub mod config;
 pub mod endpoint;
 pub mod estimate;
+pub mod instance;
 pub mod kernel;
 pub mod metrics;
 pub use retry_after_protocol as protocol;

@@ -1,14 +1,22 @@
 //! The `retry-after-agent` binary: parses the command line and runs one command.
+//!
+//! Errors are printed as one line, `retry-after-agent: <what failed>: <cause>: …`, never with
+//! a backtrace, and the exit code says what kind of failure it was (docs/operations.md):
+//! 0 success; 1 failure (kernel, socket, an agent that does not answer, `check` finding
+//! something missing); 2 bad command line or configuration; 3 another agent runs on this node.
 
 use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use retry_after_agent::{
-    config::{Config, DEFAULT_CONFIG},
+    config::{Config, ConfigError, DEFAULT_CONFIG},
     estimate::{RetryAfterPolicy, Scope, ServiceSettings},
+    instance::{InstanceError, InstanceLock},
     kernel::{Probe, ProbeOptions, find_cgroup2_root},
-    run, shutdown,
+    run,
+    run::RunError,
+    shutdown,
 };
 use tracing::info;
 
@@ -68,8 +76,54 @@ fn load(config: Option<&PathBuf>) -> anyhow::Result<Config> {
     })
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<ExitCode> {
+/// Exit codes.
+mod exit {
+    /// Something failed.
+    pub const FAILURE: u8 = 1;
+    /// The command line or the configuration is invalid.
+    pub const INVALID: u8 = 2;
+    /// Another agent runs on this node.
+    pub const ANOTHER_AGENT: u8 = 3;
+}
+
+fn main() -> ExitCode {
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("retry-after-agent: cannot start the runtime: {error}");
+            return ExitCode::from(exit::FAILURE);
+        }
+    };
+    match runtime.block_on(command()) {
+        Ok(code) => code,
+        Err(error) => {
+            // `{:#}`: the message and every cause on one line; no backtrace, whatever
+            // RUST_BACKTRACE says.
+            eprintln!("retry-after-agent: {error:#}");
+            ExitCode::from(exit_code(&error))
+        }
+    }
+}
+
+/// The exit code for an error, from the kinds in its chain.
+fn exit_code(error: &anyhow::Error) -> u8 {
+    for cause in error.chain() {
+        if cause.downcast_ref::<ConfigError>().is_some() {
+            return exit::INVALID;
+        }
+        if let Some(InstanceError::Running { .. }) = cause.downcast_ref::<InstanceError>() {
+            return exit::ANOTHER_AGENT;
+        }
+        if let Some(RunError::Instance(InstanceError::Running { .. })) =
+            cause.downcast_ref::<RunError>()
+        {
+            return exit::ANOTHER_AGENT;
+        }
+    }
+    exit::FAILURE
+}
+
+async fn command() -> anyhow::Result<ExitCode> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -86,9 +140,7 @@ async fn main() -> anyhow::Result<ExitCode> {
                     Err(error) => tracing::error!(%error, "cannot wait for signals; stopping"),
                 }
             };
-            run::run(config, shutdown)
-                .await
-                .context("retry-after-agent failed")?;
+            run::run(config, shutdown).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Query {
@@ -124,6 +176,8 @@ async fn main() -> anyhow::Result<ExitCode> {
 
 /// Print one line per requirement; exit non-zero if any is missing.
 fn check(config: Option<&PathBuf>) -> ExitCode {
+    let invalid_config = config.is_some_and(|path| Config::from_file(path).is_err());
+    let mut lock_for_check = None;
     let mut missing = 0;
     let mut report = |ok: bool, what: &str, detail: String| {
         println!(
@@ -200,7 +254,22 @@ fn check(config: Option<&PathBuf>) -> ExitCode {
                 .into(),
         },
     );
-    if cgroup.is_some() {
+    let running = match InstanceLock::acquire() {
+        Err(InstanceError::Running { holder }) => Some(holder),
+        // Held until the programs are detached again, so no agent starts meanwhile.
+        Ok(lock) => {
+            lock_for_check = Some(lock);
+            None
+        }
+        Err(InstanceError::Io(_)) => None,
+    };
+    if let Some(holder) = running {
+        report(
+            true,
+            "eBPF programs",
+            format!("not loaded again: an agent is running and attached ({holder})"),
+        );
+    } else if cgroup.is_some() {
         // The real thing: load, verify and attach the programs, then detach at once.
         let options = ProbeOptions {
             cgroup,
@@ -222,6 +291,7 @@ fn check(config: Option<&PathBuf>) -> ExitCode {
             ),
         }
     }
+    drop(lock_for_check);
     if let Some(config) = &config {
         let socket = PathBuf::from(&config.agent.socket_path);
         let dir = socket.parent().map(PathBuf::from).unwrap_or_default();
@@ -245,7 +315,11 @@ fn check(config: Option<&PathBuf>) -> ExitCode {
         ExitCode::SUCCESS
     } else {
         println!("{missing} requirement(s) missing");
-        ExitCode::FAILURE
+        ExitCode::from(if invalid_config {
+            exit::INVALID
+        } else {
+            exit::FAILURE
+        })
     }
 }
 

@@ -14,6 +14,7 @@ use tracing::{debug, info, warn};
 use crate::{
     config::Config,
     estimate::Estimator,
+    instance::{InstanceError, InstanceLock},
     kernel::{Probe, ProbeError, ProbeOptions, cgroup_scope, find_cgroup2_root},
     metrics,
     server::{self, ServerError, ServerOptions, Shared},
@@ -29,6 +30,9 @@ const OPEN_FILES_RESERVE: u64 = 256;
 /// Why the daemon stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
+    /// Another agent runs on this node.
+    #[error(transparent)]
+    Instance(#[from] InstanceError),
     /// The kernel side failed (attach, watch, or a read).
     #[error(transparent)]
     Probe(#[from] ProbeError),
@@ -86,6 +90,7 @@ pub enum RunError {
 /// counters cannot be read.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
     let agent = &config.agent;
+    let lock = InstanceLock::acquire()?;
     raise_open_files(agent.max_clients)?;
     let options = ProbeOptions {
         cgroup: agent.cgroup.as_ref().map(PathBuf::from),
@@ -148,6 +153,13 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             let _ = metrics_stopped.recv().await;
         },
     ));
+    let announcer = lock
+        .announce(format!(
+            "pid={} socket={} metrics={metrics_addr}",
+            std::process::id(),
+            socket_path.display()
+        ))
+        .map_err(|e| RunError::Instance(InstanceError::Io(e)))?;
     info!(
         cgroup = %probe.cgroup().display(),
         socket = %socket_path.display(),
@@ -204,6 +216,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     let _ = stop.send(());
     let _ = server.await;
     let _ = metrics_server.await;
+    announcer.abort();
     drop(probe);
     info!("detached; stopped");
     result
