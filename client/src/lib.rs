@@ -28,7 +28,7 @@
 //! ```
 
 use std::{
-    io::{BufRead, BufReader, Read, Write},
+    io::{Read, Write},
     os::unix::net::UnixStream as StdUnixStream,
     path::{Path, PathBuf},
     sync::Arc,
@@ -195,7 +195,8 @@ pub fn decide(
 }
 
 /// Keep a subscription alive: connect, subscribe, store every push; on any failure wait
-/// (doubling, bounded) and start again.
+/// (doubling, bounded, jittered so that proxies do not reconnect in lockstep after an agent
+/// restart) and start again.
 async fn follow(
     socket: PathBuf,
     service: String,
@@ -204,29 +205,57 @@ async fn follow(
 ) {
     let mut delay = options.reconnect_min;
     loop {
-        match subscribe_once(&socket, &service, &held).await {
+        match subscribe_once(&socket, &service, &held, &options).await {
             Ok(()) => delay = options.reconnect_min,
             Err(error) => {
                 tracing::debug!(%error, socket = %socket.display(), "retry-after subscription lost")
             }
         }
-        tokio::time::sleep(delay).await;
+        let jitter: f64 = rand::RngExt::random_range(&mut rand::rng(), 0.5..1.5);
+        tokio::time::sleep(delay.mul_f64(jitter)).await;
         delay = (delay * 2).min(options.reconnect_max);
     }
 }
 
+/// One subscription, until the connection fails. Connecting is bounded by `stale_after`, and
+/// so is the wait for each push: an agent that stops (SIGSTOP, a full backlog) is left for a
+/// new connection instead of being waited on for ever. Lines are bounded.
 async fn subscribe_once(
     socket: &Path,
     service: &str,
     held: &ArcSwapOption<Held>,
+    options: &ClientOptions,
 ) -> Result<(), ClientError> {
-    let stream = UnixStream::connect(socket).await?;
+    let timed_out = || ClientError::Io(std::io::ErrorKind::TimedOut.into());
+    let stream = tokio::time::timeout(options.stale_after, UnixStream::connect(socket))
+        .await
+        .map_err(|_| timed_out())??;
     let (read, mut write) = stream.into_split();
     let request = Request::Subscribe { service };
-    write.write_all(format!("{request}\n").as_bytes()).await?;
-    let mut lines = AsyncBufReader::new(read).lines();
-    while let Some(line) = lines.next_line().await? {
-        match Response::parse(&line).map_err(|e| ClientError::Protocol(e.reason))? {
+    tokio::time::timeout(
+        options.stale_after,
+        write.write_all(format!("{request}\n").as_bytes()),
+    )
+    .await
+    .map_err(|_| timed_out())??;
+    let mut reader = AsyncBufReader::new(read);
+    let mut line = Vec::with_capacity(256);
+    loop {
+        line.clear();
+        let limited = tokio::io::AsyncReadExt::take(&mut reader, MAX_RESPONSE_LEN as u64 + 1);
+        let read = tokio::time::timeout(options.stale_after, read_line(limited, &mut line))
+            .await
+            .map_err(|_| timed_out())??;
+        if read == 0 {
+            return Ok(());
+        }
+        if line.last() != Some(&b'\n') {
+            return Err(ClientError::Protocol(format!(
+                "an answer longer than {MAX_RESPONSE_LEN} bytes"
+            )));
+        }
+        let text = String::from_utf8_lossy(&line);
+        match Response::parse(&text).map_err(|e| ClientError::Protocol(e.reason))? {
             Response::Estimate(push) => held.store(Some(Arc::new(Held {
                 push,
                 received: Instant::now(),
@@ -235,7 +264,13 @@ async fn subscribe_once(
             other => return Err(ClientError::Protocol(other.to_string())),
         }
     }
-    Ok(())
+}
+
+async fn read_line(
+    mut reader: impl tokio::io::AsyncBufRead + Unpin,
+    line: &mut Vec<u8>,
+) -> std::io::Result<usize> {
+    reader.read_until(b'\n', line).await
 }
 
 /// Why a one-shot query failed.
@@ -252,7 +287,9 @@ pub enum ClientError {
     Protocol(String),
 }
 
-/// Ask the agent once, synchronously, within `timeout` (write and read together).
+/// Ask the agent once, synchronously, within `timeout` for the whole call: connecting
+/// (an agent whose backlog is full is not waited on past it), writing, and reading an answer
+/// of at most `MAX_RESPONSE_LEN` bytes, however slowly it arrives.
 ///
 /// # Errors
 /// [`ClientError`] on any failure; callers fall back to their static value (see
@@ -271,7 +308,7 @@ pub fn query(
             .filter(|d| !d.is_zero())
             .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::TimedOut))
     };
-    let stream = StdUnixStream::connect(socket)?;
+    let stream = connect_within(socket.as_ref(), deadline)?;
     stream.set_write_timeout(Some(remaining()?))?;
     let request = Request::Query {
         service,
@@ -279,13 +316,52 @@ pub fn query(
         backoff_streak,
     };
     (&stream).write_all(format!("{request}\n").as_bytes())?;
-    stream.set_read_timeout(Some(remaining()?))?;
-    let mut line = String::new();
-    BufReader::new((&stream).take(MAX_RESPONSE_LEN as u64 + 1)).read_line(&mut line)?;
-    match Response::parse(&line).map_err(|e| ClientError::Protocol(e.reason))? {
+    let mut line = Vec::with_capacity(256);
+    let mut chunk = [0u8; 256];
+    while !line.ends_with(b"\n") {
+        if line.len() > MAX_RESPONSE_LEN {
+            return Err(ClientError::Protocol(format!(
+                "an answer longer than {MAX_RESPONSE_LEN} bytes"
+            )));
+        }
+        stream.set_read_timeout(Some(remaining()?))?;
+        let n = (&stream).read(&mut chunk)?;
+        if n == 0 {
+            return Err(ClientError::Protocol(
+                "the agent closed the connection".into(),
+            ));
+        }
+        line.extend_from_slice(&chunk[..n]);
+    }
+    let text = String::from_utf8_lossy(&line);
+    match Response::parse(&text).map_err(|e| ClientError::Protocol(e.reason))? {
         Response::RetryAfter(answer) => Ok(answer),
         Response::Err(error) => Err(ClientError::Agent(error.to_string())),
         other => Err(ClientError::Protocol(other.to_string())),
+    }
+}
+
+/// Connect to a Unix socket before `deadline`. A blocking connect waits for as long as the
+/// listener's backlog is full; a non-blocking one fails at once with `WouldBlock`, so it is
+/// retried (every millisecond) until the deadline.
+fn connect_within(socket: &Path, deadline: Instant) -> std::io::Result<StdUnixStream> {
+    let address = socket2::SockAddr::unix(socket)?;
+    loop {
+        let attempt = socket2::Socket::new(socket2::Domain::UNIX, socket2::Type::STREAM, None)?;
+        attempt.set_nonblocking(true)?;
+        match attempt.connect(&address) {
+            Ok(()) => {
+                attempt.set_nonblocking(false)?;
+                return Ok(attempt.into());
+            }
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {
+                if Instant::now() >= deadline {
+                    return Err(std::io::ErrorKind::TimedOut.into());
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(error) => return Err(error),
+        }
     }
 }
 

@@ -116,3 +116,31 @@ fn a_proxy_socket_peer_that_pipelines_and_never_reads_is_cut_off() {
     };
     assert_eq!(health.connections, 1, "only this connection is held");
 }
+
+#[test]
+fn a_stopped_agent_does_not_hold_a_proxy_past_its_deadline() {
+    let agent = AgentProcess::start("", SERVICE);
+    polite_query(&agent);
+    agent.signal(libc::SIGSTOP);
+    let started = Instant::now();
+    let result =
+        retry_after_client::query(&agent.socket, "api", None, None, Duration::from_millis(500));
+    let took = started.elapsed();
+    assert!(result.is_err(), "{result:?}");
+    assert!(
+        took < Duration::from_millis(900),
+        "bounded end to end: {took:?}"
+    );
+    assert_eq!(
+        retry_after_client::query_or_static(
+            &agent.socket,
+            "api",
+            None,
+            Duration::from_millis(200),
+            Some(9)
+        ),
+        Some(9)
+    );
+    agent.signal(libc::SIGCONT);
+    polite_query(&agent);
+}
