@@ -10,6 +10,7 @@ pub mod estimate;
 pub mod instance;
 pub mod kernel;
 pub mod metrics;
+pub mod privileges;
 pub use retry_after_protocol as protocol;
 pub mod run;
 pub mod server;

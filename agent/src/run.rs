@@ -16,7 +16,7 @@ use crate::{
     estimate::Estimator,
     instance::{InstanceError, InstanceLock},
     kernel::{Probe, ProbeError, ProbeOptions, cgroup_scope, find_cgroup2_root},
-    metrics,
+    metrics, privileges,
     server::{self, ServerError, ServerOptions, Shared},
 };
 
@@ -71,6 +71,9 @@ pub enum RunError {
         /// The hard limit.
         hard: u64,
     },
+    /// The capabilities could not be given up after attaching.
+    #[error("cannot give up capabilities after attaching")]
+    DropPrivileges(#[source] std::io::Error),
     /// The metrics endpoint could not be bound.
     #[error("cannot listen for metrics on {addr}")]
     Metrics {
@@ -131,6 +134,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     let socket_path = PathBuf::from(&agent.socket_path);
     let listener = server::bind(&socket_path, agent.socket_mode())?;
     let _socket_file = RemoveOnDrop(socket_path.clone());
+    // Everything privileged is done: attached, watched, bound. Give it all up before the
+    // first byte from another process is parsed.
+    privileges::drop_all().map_err(RunError::DropPrivileges)?;
     let (stop, mut stopped) = broadcast::channel::<()>(1);
     let mut metrics_stopped = stop.subscribe();
     let server = tokio::spawn(server::serve(
@@ -165,6 +171,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         socket = %socket_path.display(),
         metrics = %metrics_addr,
         endpoints = ?probe.watched().map(ToString::to_string).collect::<Vec<_>>(),
+        capabilities = privileges::effective().as_deref().unwrap_or("unknown"),
         "attached; serving"
     );
 

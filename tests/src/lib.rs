@@ -134,6 +134,9 @@ pub struct Launch {
     pub nofile: Option<u64>,
     /// A command the agent is run through (e.g. `setpriv` with its options).
     pub prefix: Vec<String>,
+    /// Give the test's directory (configuration, socket) to this uid, for an agent that runs
+    /// as that user.
+    pub owner: Option<u32>,
 }
 
 /// The real agent binary, running with a configuration of the test's, stopped (SIGTERM) when
@@ -174,6 +177,9 @@ impl AgentProcess {
         );
         let path = dir.join("config.toml");
         std::fs::write(&path, config).unwrap();
+        if let Some(uid) = launch.owner {
+            std::os::unix::fs::chown(&dir, Some(uid), None).unwrap();
+        }
         let child = Self::spawn(&path, &launch);
         let agent = Self {
             child,

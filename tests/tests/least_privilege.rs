@@ -1,0 +1,110 @@
+//! Least privilege, verified: the agent run as `nobody` with CAP_BPF, CAP_NET_ADMIN and
+//! CAP_PERFMON alone attaches and counts exactly, and once attached holds no capability.
+
+use std::{thread, time::Duration};
+
+use retry_after_agent::privileges::REQUIRED;
+use retry_after_integration_tests::{
+    AgentProcess, Launch,
+    http::{HttpClient, HttpServer, ServerOptions},
+};
+
+const NOBODY: u32 = 65534;
+
+/// `setpriv` giving exactly `caps` to a process of uid and gid `NOBODY`.
+fn as_nobody_with(caps: &[&str]) -> Vec<String> {
+    let list: Vec<String> = caps
+        .iter()
+        .map(|c| format!("+{}", c.trim_start_matches("CAP_").to_lowercase()))
+        .collect();
+    let list = list.join(",");
+    vec![
+        "setpriv".into(),
+        format!("--reuid={NOBODY}"),
+        format!("--regid={NOBODY}"),
+        "--clear-groups".into(),
+        format!("--inh-caps=-all,{list}"),
+        format!("--ambient-caps=-all,{list}"),
+        format!("--bounding-set=-all,{list}"),
+    ]
+}
+
+/// A line of /proc/<pid>/status.
+fn status(pid: u32, key: &str) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix(key).map(|v| v.trim().to_owned()))
+        .unwrap_or_else(|| panic!("no {key}"))
+}
+
+#[test]
+fn the_agent_as_nobody_with_three_capabilities_counts_exactly_then_holds_none() {
+    let backend = HttpServer::start("127.0.0.1:0", ServerOptions::default());
+    let addr = backend.addr();
+    let agent = AgentProcess::start_with(
+        "",
+        &format!("[[service]]\nname = \"api\"\nbackends = [{{ address = \"{addr}\" }}]\n"),
+        Launch {
+            prefix: as_nobody_with(&REQUIRED),
+            owner: Some(NOBODY),
+            ..Launch::default()
+        },
+    );
+    let pid = agent.pid();
+    assert_eq!(status(pid, "Uid:").split_whitespace().next(), Some("65534"));
+    assert_eq!(
+        status(pid, "CapEff:"),
+        "0000000000000000",
+        "after attach: none"
+    );
+    assert_eq!(status(pid, "CapPrm:"), "0000000000000000");
+    assert_eq!(status(pid, "NoNewPrivs:"), "1");
+
+    let mut client = HttpClient::connect(addr);
+    for _ in 0..200 {
+        client.exchange(16);
+    }
+    drop(client);
+    let series = |side: &str| {
+        format!(
+            "retry_after_endpoint_requests_started_total{{endpoint=\"{addr}\",side=\"{side}\"}} "
+        )
+    };
+    let mut last = String::new();
+    for _ in 0..50 {
+        last = agent.metrics();
+        let count = |side| {
+            last.lines()
+                .find_map(|l| l.strip_prefix(&series(side)))
+                .and_then(|v| v.parse::<f64>().ok())
+        };
+        if count("server") == Some(200.0) && count("client") == Some(200.0) {
+            return;
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    panic!(
+        "not exactly 200 on both sides: {}",
+        last.lines()
+            .filter(|l| l.contains("requests_started"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+#[test]
+fn without_cap_perfmon_the_agent_refuses_to_start_and_says_why() {
+    let out = std::process::Command::new("setpriv")
+        .args(&as_nobody_with(&["CAP_BPF", "CAP_NET_ADMIN"])[1..])
+        .arg(retry_after_integration_tests::agent_binary())
+        .args(["check"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains("MISSING eBPF programs") && text.contains("refused"),
+        "{text}"
+    );
+}
