@@ -153,7 +153,7 @@ async fn command() -> anyhow::Result<ExitCode> {
         } => {
             let socket = match socket {
                 Some(socket) => socket,
-                None => PathBuf::from(load(config.as_ref())?.agent.socket_path),
+                None => load(config.as_ref())?.agent.socket_path,
             };
             let answer = retry_after_client::query(
                 &socket,
@@ -243,7 +243,7 @@ fn check(config: Option<&PathBuf>) -> ExitCode {
     );
     let cgroup = config
         .as_ref()
-        .and_then(|c| c.agent.cgroup.clone().map(PathBuf::from))
+        .and_then(|c| c.agent.cgroup.clone())
         .or_else(find_cgroup2_root);
     report(
         cgroup.is_some(),
@@ -293,7 +293,7 @@ fn check(config: Option<&PathBuf>) -> ExitCode {
     }
     drop(lock_for_check);
     if let Some(config) = &config {
-        let socket = PathBuf::from(&config.agent.socket_path);
+        let socket = config.agent.socket_path.clone();
         let dir = socket.parent().map(PathBuf::from).unwrap_or_default();
         let writable = std::fs::create_dir_all(&dir).is_ok() && tempfile_in(&dir).is_ok();
         report(

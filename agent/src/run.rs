@@ -96,7 +96,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     let lock = InstanceLock::acquire()?;
     raise_open_files(agent.max_clients)?;
     let options = ProbeOptions {
-        cgroup: agent.cgroup.as_ref().map(PathBuf::from),
+        cgroup: agent.cgroup.clone(),
         max_connections: Some(agent.max_connections),
         debug_log: tracing::enabled!(tracing::Level::DEBUG),
     };
@@ -107,12 +107,12 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         let scope = match scopes.get(&endpoint) {
             Some(path) => {
                 let root = find_cgroup2_root().ok_or(ProbeError::NoCgroup2)?;
-                Some(cgroup_scope(&root, Path::new(path)).map_err(|source| {
-                    RunError::ProxyCgroup {
-                        path: PathBuf::from(path),
+                Some(
+                    cgroup_scope(&root, path).map_err(|source| RunError::ProxyCgroup {
+                        path: path.to_path_buf(),
                         source,
-                    }
-                })?)
+                    })?,
+                )
             }
             None => None,
         };
@@ -123,7 +123,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         .endpoints
         .store(probe.watched().count(), Ordering::Relaxed);
 
-    let metrics_addr = agent.metrics_listen();
+    let metrics_addr = agent.metrics_listen;
     let metrics_listener =
         metrics::bind(metrics_addr)
             .await
@@ -131,8 +131,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
                 addr: metrics_addr,
                 source,
             })?;
-    let socket_path = PathBuf::from(&agent.socket_path);
-    let listener = server::bind(&socket_path, agent.socket_mode())?;
+    let socket_path = agent.socket_path.clone();
+    let listener = server::bind(&socket_path, agent.socket_mode)?;
     let _socket_file = RemoveOnDrop(socket_path.clone());
     // Everything privileged is done: attached, watched, bound. Give it all up before the
     // first byte from another process is parsed.
@@ -145,8 +145,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         ServerOptions {
             allowed_uids: agent.allowed_uids.clone(),
             max_clients: agent.max_clients,
-            idle_timeout: agent.client_idle_timeout(),
-            write_timeout: agent.client_write_timeout(),
+            idle_timeout: agent.client_idle_timeout,
+            write_timeout: agent.client_write_timeout,
         },
         async move {
             let _ = stopped.recv().await;
@@ -175,7 +175,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         "attached; serving"
     );
 
-    let mut tick = tokio::time::interval(agent.tick_interval());
+    let mut tick = tokio::time::interval(agent.tick_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(shutdown);
     let mut failed_reads = 0u32;

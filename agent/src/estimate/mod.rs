@@ -82,18 +82,18 @@ impl ServiceSettings {
         let backpressure = &service.backpressure;
         Self {
             name: service.name.clone(),
-            scope: service.rejected_at(),
-            policy: backpressure.policy(),
-            constants: backpressure.constants(),
-            drain: backpressure.drain_constants(),
+            scope: service.rejected_at,
+            policy: backpressure.policy,
+            constants: backpressure.constants,
+            drain: backpressure.drain,
             static_retry_after_s: backpressure.retry_after_s,
             status_code: backpressure.status_code,
             backends: service
                 .backends
                 .iter()
-                .map(|b| (b.endpoint(), b.max_ongoing_requests))
+                .map(|b| (b.endpoint, b.max_ongoing_requests))
                 .collect(),
-            frontend: service.frontend_endpoint(),
+            frontend: service.frontend,
         }
     }
 

@@ -1,0 +1,692 @@
+//! The agent's configuration: a TOML file (`file.rs`), validated whole into typed values
+//! before anything is attached, so every other module reads durations, addresses, endpoints
+//! and policies, never strings to parse again.
+//!
+//! A bad file is refused whole with the path of the offending field and the reason
+//! (`service[0].backends[1].address: ...`). Unknown fields are errors too: a misspelt key
+//! silently ignored is a wrong Retry-After later. Every number is bounded where a larger one
+//! would fail later (a map too large to create, a duration that overflows, a name no proxy
+//! can ask for).
+
+mod file;
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use retry_after_common::MAX_WATCHED_ENDPOINTS;
+use retry_after_policy::{MAX_RETRY_AFTER_S, PolicyConstants, RetryAfterPolicy};
+use retry_after_protocol::MAX_SERVICE_NAME_LEN;
+
+use self::file::{AgentFile, BackpressureFile, ConfigFile, ServiceFile};
+use crate::{
+    endpoint::Endpoint,
+    estimate::{DrainRateConstants, Scope},
+};
+
+/// The configuration the agent runs with when no file is given. It watches port 8080 on every
+/// address, computes Retry-After with the proposal's policy and falls back to 5 s until warm.
+pub const DEFAULT_CONFIG: &str = include_str!("../default-config.toml");
+
+/// Most connections tracked in the kernel at once (the connection map's size).
+pub const MAX_CONNECTIONS_LIMIT: u32 = 4_194_304;
+
+/// A whole, valid configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    /// Agent-wide settings.
+    pub agent: AgentConfig,
+    /// The services (deployments) whose backends are watched.
+    pub services: Vec<ServiceConfig>,
+}
+
+/// Agent-wide settings (`[agent]`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct AgentConfig {
+    /// How often the counters are read (1 s: the proposal's interval).
+    pub tick_interval: Duration,
+    /// Connections tracked in the kernel at once (65,536).
+    pub max_connections: u32,
+    /// cgroup v2 directory to attach to (the root of the mounted hierarchy).
+    pub cgroup: Option<PathBuf>,
+    /// The Unix socket proxies connect to.
+    pub socket_path: PathBuf,
+    /// Its permissions (0660).
+    pub socket_mode: u32,
+    /// If set, only peers with these uids are served.
+    pub allowed_uids: Option<Vec<u32>>,
+    /// Socket connections held at once (256).
+    pub max_clients: usize,
+    /// A connection that sends nothing this long is closed, unless it subscribed (30 s).
+    pub client_idle_timeout: Duration,
+    /// A connection whose peer does not read an answer within this is closed (1 s).
+    pub client_write_timeout: Duration,
+    /// The Prometheus endpoint (127.0.0.1:9464).
+    pub metrics_listen: SocketAddr,
+}
+
+/// One service (`[[service]]`): a set of backend replicas, maybe behind a proxy on this node.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServiceConfig {
+    /// Unique name; proxies ask for the service by it.
+    pub name: String,
+    /// The replicas.
+    pub backends: Vec<BackendConfig>,
+    /// The proxy's own listener, if it runs on this node.
+    pub frontend: Option<Endpoint>,
+    /// The proxy's queue limit (the proposal's `max_queued_requests`).
+    pub max_queued_requests: Option<u64>,
+    /// Where requests are queued and rejected.
+    pub rejected_at: Scope,
+    /// The proxy's cgroup v2, which alone counts on the backends' client side.
+    pub proxy_cgroup: Option<PathBuf>,
+    /// How rejections are answered.
+    pub backpressure: BackpressureConfig,
+}
+
+/// One backend replica.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BackendConfig {
+    /// Its address.
+    pub endpoint: Endpoint,
+    /// Requests it serves at once (the proposal's `max_ongoing_requests`), if known.
+    pub max_ongoing_requests: Option<u64>,
+}
+
+/// The proposal's BackpressureConfig, with the computed policy's constants.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BackpressureConfig {
+    /// Status of a rejection: 429 or 503.
+    pub status_code: u16,
+    /// The policy.
+    pub policy: RetryAfterPolicy,
+    /// The static value, and the fallback of computed policies; `None`: no header.
+    pub retry_after_s: Option<u64>,
+    /// The drain-rate EWMA's constants.
+    pub drain: DrainRateConstants,
+    /// The formula's and the ladder's constants.
+    pub constants: PolicyConstants,
+}
+
+/// A configuration that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read configuration file {path}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The text is not valid TOML of the expected shape.
+    #[error("invalid configuration: {0}")]
+    Syntax(String),
+    /// A field has a value that cannot be used.
+    #[error("invalid configuration: {field}: {reason}")]
+    Invalid {
+        /// Path of the field, e.g. `service[0].backends[1].address`.
+        field: String,
+        /// What is wrong with its value.
+        reason: String,
+    },
+}
+
+fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+/// `value` within `range`, or an error naming `field`.
+fn bounded<T: PartialOrd + std::fmt::Display + Copy>(
+    field: &str,
+    value: T,
+    range: std::ops::RangeInclusive<T>,
+) -> Result<T, ConfigError> {
+    if range.contains(&value) {
+        Ok(value)
+    } else {
+        Err(invalid(
+            field,
+            format!("{value} is outside {}..={}", range.start(), range.end()),
+        ))
+    }
+}
+
+impl Config {
+    /// Read and validate a configuration file.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the file, or the field and its bad value.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::parse(&text)
+    }
+
+    /// Parse and validate configuration text.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the field and its bad value.
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        let file: ConfigFile =
+            toml::from_str(text).map_err(|e| ConfigError::Syntax(e.to_string()))?;
+        let agent = agent(file.agent)?;
+        let mut names = BTreeSet::new();
+        let mut services = Vec::with_capacity(file.service.len());
+        for (i, service_file) in file.service.into_iter().enumerate() {
+            let service = service(i, service_file)?;
+            if !names.insert(service.name.clone()) {
+                return Err(invalid(
+                    format!("service[{i}].name"),
+                    format!("{:?} is used by an earlier service", service.name),
+                ));
+            }
+            services.push(service);
+        }
+        let config = Self { agent, services };
+        config.check_shared_backends()?;
+        Ok(config)
+    }
+
+    /// The embedded default configuration.
+    pub fn default_config() -> Self {
+        Self::parse(DEFAULT_CONFIG).expect("the embedded default configuration is valid")
+    }
+
+    /// The client side of a backend is counted once: services sharing one share its scope.
+    /// And every endpoint must fit in the watch map.
+    fn check_shared_backends(&self) -> Result<(), ConfigError> {
+        let mut scopes: BTreeMap<Endpoint, (usize, Option<&Path>)> = BTreeMap::new();
+        for (i, service) in self.services.iter().enumerate() {
+            let scope = service.proxy_cgroup.as_deref();
+            for backend in &service.backends {
+                let (first, theirs) = *scopes.entry(backend.endpoint).or_insert((i, scope));
+                if theirs != scope {
+                    return Err(invalid(
+                        format!("service[{i}].proxy_cgroup"),
+                        format!(
+                            "{scope:?} differs from service[{first}].proxy_cgroup {theirs:?}, which shares backend {}",
+                            backend.endpoint
+                        ),
+                    ));
+                }
+            }
+        }
+        let watched = self.watched_endpoints().len();
+        if watched > MAX_WATCHED_ENDPOINTS as usize {
+            return Err(invalid(
+                "service",
+                format!("{watched} endpoints to watch; at most {MAX_WATCHED_ENDPOINTS}"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Every endpoint the configuration asks to watch (backends and frontends), once each.
+    pub fn watched_endpoints(&self) -> BTreeSet<Endpoint> {
+        let mut endpoints = BTreeSet::new();
+        for service in &self.services {
+            endpoints.extend(service.backends.iter().map(|b| b.endpoint));
+            endpoints.extend(service.frontend);
+        }
+        endpoints
+    }
+
+    /// The proxy cgroup that scopes each scoped backend's client side.
+    pub fn client_scopes(&self) -> BTreeMap<Endpoint, &Path> {
+        let mut scopes = BTreeMap::new();
+        for service in &self.services {
+            if let Some(cgroup) = &service.proxy_cgroup {
+                for backend in &service.backends {
+                    scopes.insert(backend.endpoint, cgroup.as_path());
+                }
+            }
+        }
+        scopes
+    }
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        agent(AgentFile::default()).expect("the defaults are valid")
+    }
+}
+
+fn agent(a: AgentFile) -> Result<AgentConfig, ConfigError> {
+    let ms = |field: &str, value: u64, range| {
+        bounded(&format!("agent.{field}"), value, range).map(Duration::from_millis)
+    };
+    let tick_interval = ms("tick_interval_ms", a.tick_interval_ms, 10..=60_000)?;
+    let max_connections = bounded(
+        "agent.max_connections",
+        a.max_connections,
+        64..=MAX_CONNECTIONS_LIMIT,
+    )?;
+    if !a.socket_path.starts_with('/') {
+        return Err(invalid(
+            "agent.socket_path",
+            format!("{:?} is not an absolute path", a.socket_path),
+        ));
+    }
+    let socket_mode = match u32::from_str_radix(&a.socket_mode, 8) {
+        Ok(mode) if mode <= 0o777 => mode,
+        _ => {
+            return Err(invalid(
+                "agent.socket_mode",
+                format!("{:?} is not an octal mode such as \"0660\"", a.socket_mode),
+            ));
+        }
+    };
+    if a.allowed_uids.as_ref().is_some_and(Vec::is_empty) {
+        return Err(invalid(
+            "agent.allowed_uids",
+            "[] would refuse every proxy; omit it to allow any peer that can open the socket",
+        ));
+    }
+    let max_clients = bounded("agent.max_clients", a.max_clients, 4..=65_536)?;
+    let client_idle_timeout = ms(
+        "client_idle_timeout_ms",
+        a.client_idle_timeout_ms,
+        100..=86_400_000,
+    )?;
+    let client_write_timeout = ms(
+        "client_write_timeout_ms",
+        a.client_write_timeout_ms,
+        10..=60_000,
+    )?;
+    let metrics_listen: SocketAddr = a.metrics_listen.parse().map_err(|_| {
+        invalid(
+            "agent.metrics_listen",
+            format!("{:?} is not ADDRESS:PORT", a.metrics_listen),
+        )
+    })?;
+    if !metrics_listen.ip().is_loopback() && !a.metrics_allow_remote {
+        return Err(invalid(
+            "agent.metrics_listen",
+            format!(
+                "{:?} is not a loopback address: the metrics name backends and their load; set agent.metrics_allow_remote = true to expose them off the node",
+                a.metrics_listen
+            ),
+        ));
+    }
+    Ok(AgentConfig {
+        tick_interval,
+        max_connections,
+        cgroup: a.cgroup.map(PathBuf::from),
+        socket_path: PathBuf::from(a.socket_path),
+        socket_mode,
+        allowed_uids: a.allowed_uids,
+        max_clients,
+        client_idle_timeout,
+        client_write_timeout,
+        metrics_listen,
+    })
+}
+
+fn service(i: usize, s: ServiceFile) -> Result<ServiceConfig, ConfigError> {
+    let at = |field: &str| format!("service[{i}].{field}");
+    if s.name.is_empty()
+        || s.name.len() > MAX_SERVICE_NAME_LEN
+        || !s
+            .name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    {
+        return Err(invalid(
+            at("name"),
+            format!(
+                "{:?} must be 1 to {MAX_SERVICE_NAME_LEN} ASCII letters, digits, '-', '_' or '.'",
+                s.name
+            ),
+        ));
+    }
+    if s.backends.is_empty() {
+        return Err(invalid(
+            at("backends"),
+            "a service needs at least one backend",
+        ));
+    }
+    let mut backends = Vec::with_capacity(s.backends.len());
+    for (j, backend) in s.backends.into_iter().enumerate() {
+        let endpoint = backend
+            .address
+            .parse::<Endpoint>()
+            .map_err(|e| invalid(at(&format!("backends[{j}].address")), e.to_string()))?;
+        let max_ongoing_requests = backend
+            .max_ongoing_requests
+            .map(|n| {
+                bounded(
+                    &at(&format!("backends[{j}].max_ongoing_requests")),
+                    n,
+                    1..=1_000_000_000,
+                )
+            })
+            .transpose()?;
+        backends.push(BackendConfig {
+            endpoint,
+            max_ongoing_requests,
+        });
+    }
+    let frontend = s
+        .frontend
+        .map(|f| f.parse::<Endpoint>())
+        .transpose()
+        .map_err(|e| invalid(at("frontend"), e.to_string()))?;
+    let max_queued_requests = s
+        .max_queued_requests
+        .map(|n| bounded(&at("max_queued_requests"), n, 1..=1_000_000_000))
+        .transpose()?;
+    let rejected_at = s
+        .rejected_at
+        .map(|r| r.parse::<Scope>())
+        .transpose()
+        .map_err(|e| invalid(at("rejected_at"), e.to_string()))?
+        .unwrap_or_default();
+    if s.proxy_cgroup.as_deref() == Some("") {
+        return Err(invalid(
+            at("proxy_cgroup"),
+            "\"\" is not a cgroup; omit the field to count every process",
+        ));
+    }
+    let backpressure = backpressure(&at("backpressure"), s.backpressure)?;
+    Ok(ServiceConfig {
+        name: s.name,
+        backends,
+        frontend,
+        max_queued_requests,
+        rejected_at,
+        proxy_cgroup: s.proxy_cgroup.map(PathBuf::from),
+        backpressure,
+    })
+}
+
+fn backpressure(at: &str, b: BackpressureFile) -> Result<BackpressureConfig, ConfigError> {
+    let field = |name: &str| format!("{at}.{name}");
+    if ![429, 503].contains(&b.status_code) {
+        return Err(invalid(
+            field("status_code"),
+            format!("{} is not 429 or 503", b.status_code),
+        ));
+    }
+    let policy = b
+        .retry_after_policy
+        .parse::<RetryAfterPolicy>()
+        .map_err(|e| invalid(field("retry_after_policy"), e.to_string()))?;
+    let retry_after_s = b
+        .retry_after_s
+        .map(|s| bounded(&field("retry_after_s"), s, 0..=86_400))
+        .transpose()?;
+    if !(b.alpha > 0.0 && b.alpha <= 1.0) {
+        return Err(invalid(
+            field("alpha"),
+            format!("{} is outside (0, 1]", b.alpha),
+        ));
+    }
+    let seconds = |name: &str, value: f64, max: f64| {
+        if value > 0.0 && value <= max {
+            Ok(Duration::from_secs_f64(value))
+        } else {
+            Err(invalid(
+                field(name),
+                format!("{value} is outside (0, {max}] seconds"),
+            ))
+        }
+    };
+    let warm_after = seconds("warm_after_s", b.warm_after_s, 3600.0)?;
+    let cold_after = seconds("cold_after_s", b.cold_after_s, 86_400.0)?;
+    let backoff_streak_saturation = bounded(
+        &field("backoff_streak_saturation"),
+        b.backoff_streak_saturation,
+        1..=1_000_000,
+    )?;
+    for (name, weight) in [
+        ("occupancy_weight", b.occupancy_weight),
+        ("backoff_weight", b.backoff_weight),
+    ] {
+        if !(0.0..=100.0).contains(&weight) {
+            return Err(invalid(
+                field(name),
+                format!("{weight} is outside [0, 100]"),
+            ));
+        }
+    }
+    if !(0.0..=0.5).contains(&b.jitter) {
+        return Err(invalid(
+            field("jitter"),
+            format!("{} is outside [0, 0.5]", b.jitter),
+        ));
+    }
+    if !(1..=MAX_RETRY_AFTER_S).contains(&b.max_retry_after_s) {
+        return Err(invalid(
+            field("max_retry_after_s"),
+            format!(
+                "{} is outside 1..={MAX_RETRY_AFTER_S} (the clamp may narrow, never widen)",
+                b.max_retry_after_s
+            ),
+        ));
+    }
+    let min_retry_after_s = bounded(
+        &field("min_retry_after_s"),
+        b.min_retry_after_s,
+        1..=b.max_retry_after_s,
+    )?;
+    Ok(BackpressureConfig {
+        status_code: b.status_code,
+        policy,
+        retry_after_s,
+        drain: DrainRateConstants {
+            alpha: b.alpha,
+            warm_after,
+            cold_after,
+        },
+        constants: PolicyConstants {
+            backoff_streak_saturation,
+            occupancy_weight: b.occupancy_weight,
+            backoff_weight: b.backoff_weight,
+            jitter: b.jitter,
+            min_retry_after_s,
+            max_retry_after_s: b.max_retry_after_s,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn error_of(text: &str) -> String {
+        Config::parse(text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn the_default_configuration_is_valid() {
+        let config = Config::default_config();
+        assert_eq!(config.agent, AgentConfig::default());
+        assert!(!config.watched_endpoints().is_empty());
+        let backpressure = &config.services[0].backpressure;
+        assert_eq!(backpressure.policy, RetryAfterPolicy::RouterQueueDrainRate);
+        assert_eq!(backpressure.retry_after_s, Some(5));
+    }
+
+    #[test]
+    fn a_bad_backend_address_names_its_field_and_value() {
+        let e = error_of(
+            "[[service]]\nname = \"api\"\nbackends = [{ address = \"127.0.0.1:80\" }, { address = \"nowhere\" }]\n",
+        );
+        assert!(e.contains("service[0].backends[1].address"), "{e}");
+        assert!(e.contains("`nowhere`"), "{e}");
+    }
+
+    #[test]
+    fn duplicate_names_zero_capacity_and_bad_ticks_are_refused() {
+        let e = error_of(
+            "[[service]]\nname = \"a\"\nbackends = [{ address = \"*:1\" }]\n[[service]]\nname = \"a\"\nbackends = [{ address = \"*:2\" }]\n",
+        );
+        assert!(e.contains("service[1].name") && e.contains("\"a\""), "{e}");
+        let e = error_of(
+            "[[service]]\nname = \"a\"\nbackends = [{ address = \"*:1\", max_ongoing_requests = 0 }]\n",
+        );
+        assert!(
+            e.contains("service[0].backends[0].max_ongoing_requests"),
+            "{e}"
+        );
+        let e = error_of("[agent]\ntick_interval_ms = 5\n");
+        assert!(
+            e.contains("agent.tick_interval_ms") && e.contains('5'),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn an_unknown_policy_names_its_field_and_value() {
+        let e = error_of(
+            "[[service]]\nname = \"a\"\nbackends = [{ address = \"*:1\" }]\n[service.backpressure]\nretry_after_policy = \"auto\"\n",
+        );
+        assert!(
+            e.contains("service[0].backpressure.retry_after_policy"),
+            "{e}"
+        );
+        assert!(e.contains("\"auto\""), "{e}");
+    }
+
+    #[test]
+    fn backpressure_defaults_are_the_proposals_and_bad_constants_are_refused() {
+        let config =
+            Config::parse("[[service]]\nname = \"a\"\nbackends = [{ address = \"*:1\" }]\n")
+                .unwrap();
+        let b = &config.services[0].backpressure;
+        assert_eq!(b.policy, RetryAfterPolicy::Static);
+        assert_eq!(b.constants, PolicyConstants::default());
+        assert_eq!(b.drain, DrainRateConstants::default());
+        assert_eq!(config.services[0].rejected_at, Scope::Proxy);
+        assert_eq!(b.status_code, 429);
+        for (line, field) in [
+            ("status_code = 500", "status_code"),
+            ("alpha = 0.0", "alpha"),
+            ("jitter = 0.9", "jitter"),
+            ("max_retry_after_s = 120", "max_retry_after_s"),
+            (
+                "min_retry_after_s = 30\nmax_retry_after_s = 10",
+                "min_retry_after_s",
+            ),
+            ("occupancy_weight = -1.0", "occupancy_weight"),
+            ("cold_after_s = 0.0", "cold_after_s"),
+            ("cold_after_s = 1e20", "cold_after_s"),
+            ("warm_after_s = 0.0", "warm_after_s"),
+        ] {
+            let e = error_of(&format!(
+                "[[service]]\nname = \"a\"\nbackends = [{{ address = \"*:1\" }}]\n[service.backpressure]\n{line}\n"
+            ));
+            assert!(
+                e.contains(&format!("service[0].backpressure.{field}")),
+                "{line}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_revision_name_and_the_rejection_site_parse() {
+        let config = Config::parse(
+            "[[service]]\nname = \"a\"\nrejected_at = \"replica\"\nbackends = [{ address = \"*:1\" }]\n[service.backpressure]\nretry_after_policy = \"queue_drain_rate\"\n",
+        )
+        .unwrap();
+        assert_eq!(config.services[0].rejected_at, Scope::Replica);
+        assert_eq!(
+            config.services[0].backpressure.policy,
+            RetryAfterPolicy::RouterQueueDrainRate
+        );
+        let e = error_of(
+            "[[service]]\nname = \"a\"\nrejected_at = \"client\"\nbackends = [{ address = \"*:1\" }]\n",
+        );
+        assert!(
+            e.contains("service[0].rejected_at") && e.contains("\"client\""),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn services_sharing_a_backend_share_its_proxy_cgroup() {
+        let e = error_of(
+            "[[service]]\nname = \"a\"\nproxy_cgroup = \"haproxy\"\nbackends = [{ address = \"*:1\" }]\n[[service]]\nname = \"b\"\nbackends = [{ address = \"*:1\" }]\n",
+        );
+        assert!(
+            e.contains("service[1].proxy_cgroup") && e.contains("\"haproxy\""),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn metrics_off_loopback_must_be_asked_for() {
+        let e = error_of("[agent]\nmetrics_listen = \"0.0.0.0:9464\"\n");
+        assert!(
+            e.contains("agent.metrics_listen") && e.contains("metrics_allow_remote"),
+            "{e}"
+        );
+        Config::parse("[agent]\nmetrics_listen = \"0.0.0.0:9464\"\nmetrics_allow_remote = true\n")
+            .unwrap();
+        Config::parse("[agent]\nmetrics_listen = \"[::1]:9464\"\n").unwrap();
+    }
+
+    #[test]
+    fn numbers_that_would_fail_later_are_refused_now() {
+        for (text, field) in [
+            (
+                "[agent]\nmax_connections = 100000000\n",
+                "agent.max_connections",
+            ),
+            (
+                "[agent]\nclient_write_timeout_ms = 0\n",
+                "agent.client_write_timeout_ms",
+            ),
+            ("[agent]\nallowed_uids = []\n", "agent.allowed_uids"),
+            ("[agent]\nmax_clients = 2\n", "agent.max_clients"),
+        ] {
+            let e = error_of(text);
+            assert!(e.contains(field), "{text}: {e}");
+        }
+        let long = "s".repeat(retry_after_protocol::MAX_SERVICE_NAME_LEN + 1);
+        let e = error_of(&format!(
+            "[[service]]\nname = \"{long}\"\nbackends = [{{ address = \"*:1\" }}]\n"
+        ));
+        assert!(
+            e.contains("service[0].name") && e.contains("1 to 128"),
+            "{e}"
+        );
+        let e = error_of(
+            "[[service]]\nname = \"a\"\nbackends = [{ address = \"*:1\", max_ongoing_requests = 10000000000 }]\n",
+        );
+        assert!(
+            e.contains("service[0].backends[0].max_ongoing_requests"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn typed_values_are_parsed_once() {
+        let config = Config::parse(
+            "[agent]\nsocket_mode = \"0640\"\ntick_interval_ms = 250\n[[service]]\nname = \"a\"\nfrontend = \"127.0.0.1:80\"\nbackends = [{ address = \"[::1]:81\", max_ongoing_requests = 4 }]\n",
+        )
+        .unwrap();
+        assert_eq!(config.agent.socket_mode, 0o640);
+        assert_eq!(config.agent.tick_interval, Duration::from_millis(250));
+        let service = &config.services[0];
+        assert_eq!(service.frontend, Some("127.0.0.1:80".parse().unwrap()));
+        assert_eq!(service.backends[0].endpoint, "[::1]:81".parse().unwrap());
+        assert_eq!(service.backends[0].max_ongoing_requests, Some(4));
+    }
+
+    #[test]
+    fn unknown_fields_are_errors() {
+        let e = error_of("[agent]\ntick_intervall_ms = 100\n");
+        assert!(e.contains("tick_intervall_ms"), "{e}");
+    }
+}
