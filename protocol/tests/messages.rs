@@ -299,9 +299,26 @@ proptest! {
         prop_assert_eq!(Request::parse(line.as_bytes()), Ok(request));
     }
 
+}
+
+// The parsers' fuzz harness, bounded so the test command runs it every time.
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(20_000))]
+
     #[test]
     fn the_request_parser_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..600)) {
         let _ = Request::parse(&bytes);
+    }
+
+    #[test]
+    fn request_like_lines_never_panic_the_parser(
+        line in "(QUERY|SUBSCRIBE|REPORT|HEALTH|query)( [a-z=0-9\\-]{0,12}){0,8}\r?",
+    ) {
+        if let Ok(request) = Request::parse(line.as_bytes()) {
+            // What parses, prints back to a line that parses to the same request.
+            let printed = request.to_string();
+            prop_assert_eq!(Request::parse(printed.as_bytes()), Ok(request));
+        }
     }
 
     #[test]
