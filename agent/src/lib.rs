@@ -16,3 +16,15 @@ pub mod run;
 pub mod server;
 pub mod shutdown;
 pub mod snapshot;
+
+/// An error and all its causes on one line (`what: why: deeper why`).
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

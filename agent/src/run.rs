@@ -13,6 +13,7 @@ use tracing::{debug, info, warn};
 
 use crate::{
     config::Config,
+    error_chain,
     estimate::Estimator,
     instance::{InstanceError, InstanceLock},
     kernel::{Probe, ProbeError, ProbeOptions, cgroup_scope, find_cgroup2_root},
@@ -264,18 +265,6 @@ fn raise_open_files(max_clients: usize) -> Result<(), RunError> {
         );
     }
     Ok(())
-}
-
-/// An error and all its causes on one line.
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// One debug line per service: what the estimate is made of after this tick.

@@ -12,6 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+pub use retry_after_agent::error_chain;
 use retry_after_agent::{
     endpoint::Endpoint,
     kernel::{Probe, ProbeOptions},
@@ -115,16 +116,13 @@ impl AttachedProbe {
     }
 }
 
-/// An error and all its causes on one line.
-pub fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
+/// A sample's value in a Prometheus text exposition: the line that starts with
+/// `name_and_labels` (labels in the exposition's order) followed by a space.
+pub fn sample(metrics: &str, name_and_labels: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name_and_labels)?.strip_prefix(' '))
+        .and_then(|v| v.parse().ok())
 }
 
 /// How the agent process is started.

@@ -37,14 +37,10 @@ fn health(line: &str) -> HealthResponse {
     }
 }
 
-/// A metric sample's value from a text exposition.
+/// A metric sample's value from a text exposition; panics if it is missing.
 fn sample(metrics: &str, name_and_labels: &str) -> f64 {
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(name_and_labels)?.strip_prefix(' '))
+    retry_after_integration_tests::sample(metrics, name_and_labels)
         .unwrap_or_else(|| panic!("no sample {name_and_labels}"))
-        .parse()
-        .unwrap()
 }
 
 /// A computed service whose replica (2 at a time) queues and rejects itself.

@@ -235,14 +235,11 @@ fn the_drain_is_this_proxys_own_throughput_when_another_caller_shares_the_replic
          ({:.2}/s): {drain:.2}/s",
         proxy_rate + other_rate
     );
-    let out_of_scope = metrics
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("retry_after_probe_problems{kind=\"connections_out_of_scope\"} ")
-        })
-        .expect("the out-of-scope series")
-        .parse::<f64>()
-        .unwrap();
+    let out_of_scope = retry_after_integration_tests::sample(
+        &metrics,
+        "retry_after_probe_problems{kind=\"connections_out_of_scope\"}",
+    )
+    .expect("the out-of-scope series");
     assert!(
         out_of_scope >= 10.0,
         "the other caller's 10 connections: {out_of_scope}"

@@ -68,17 +68,13 @@ fn the_agent_as_nobody_with_three_capabilities_counts_exactly_then_holds_none() 
     drop(client);
     let series = |side: &str| {
         format!(
-            "retry_after_endpoint_requests_started_total{{endpoint=\"{addr}\",side=\"{side}\"}} "
+            "retry_after_endpoint_requests_started_total{{endpoint=\"{addr}\",side=\"{side}\"}}"
         )
     };
     let mut last = String::new();
     for _ in 0..50 {
         last = agent.metrics();
-        let count = |side| {
-            last.lines()
-                .find_map(|l| l.strip_prefix(&series(side)))
-                .and_then(|v| v.parse::<f64>().ok())
-        };
+        let count = |side| retry_after_integration_tests::sample(&last, &series(side));
         if count("server") == Some(200.0) && count("client") == Some(200.0) {
             return;
         }
