@@ -7,8 +7,9 @@
 //!   into `.tools/` of the workspace. A stamp records which rustc it was built for, so a
 //!   toolchain change rebuilds it and an unchanged one costs nothing.
 //! * Debian packages: `wrk` (load generator for the benchmark and the proxy tests), `bpftool`
-//!   (the tests check with it that nothing stays attached) and `haproxy` (the real proxy the
-//!   estimate is tested behind).
+//!   (the tests check with it that nothing stays attached), `haproxy` (the real proxy the
+//!   estimate is tested behind) and `lua5.3` (checks the HAProxy integration's formula against
+//!   the agent's).
 
 use std::{
     ffi::OsString,
@@ -23,7 +24,7 @@ use anyhow::{Context as _, Result, bail};
 /// bpf-linker release built here.
 const BPF_LINKER_VERSION: &str = "0.13.0";
 /// Debian packages the tests and benchmarks run.
-const DEBIAN_PACKAGES: [&str; 3] = ["wrk", "bpftool", "haproxy"];
+const DEBIAN_PACKAGES: [&str; 4] = ["wrk", "bpftool", "haproxy", "lua5.3"];
 
 /// The environment later steps run in: PATH with `.tools/bin` first.
 pub struct Env {

@@ -1,0 +1,214 @@
+-- retry-after-agent for HAProxy (Lua 5.3, HAProxy 2.2 and later).
+--
+-- Keeps a subscription to the agent per service in a background task, so the rejection rule
+-- only reads a variable: the Retry-After is computed in memory from the pushed estimate, with
+-- HAProxy's own backend queue length as the queue depth, by the same ladder, formula, jitter,
+-- rounding and clamp as the agent (checked against vectors from the agent's implementation).
+-- When no estimate newer than RETRY_AFTER_STALE_MS is held (the agent is unreachable), the
+-- static value. A second task reports admissions and rejections to the agent every second.
+--
+-- Configuration (global section of haproxy.cfg), see docs/integrations/haproxy.md:
+--   lua-load /etc/haproxy/retry_after.lua
+--   setenv RETRY_AFTER_SERVICES  api:replicas     # service:backend[,service:backend...]
+--   setenv RETRY_AFTER_SOCKET    /run/retry-after-agent/agent.sock
+--   setenv RETRY_AFTER_STATIC    5                # seconds, when no estimate is held
+--   setenv RETRY_AFTER_STALE_MS  5000
+-- Actions:
+--   http-request lua.retry_after <service>           sets txn.retry_after, txn.retry_after_status
+--   http-request lua.retry_after_admitted <service>  counts an admitted request
+
+local M = {}
+
+local MAX_RETRY_AFTER_S = 60
+local MAX_LINE = 1024
+
+-- Splits a response line into its leading words and its key=value options.
+function M.parse_fields(line)
+  local words, options = {}, {}
+  for word in string.gmatch(line, "[^ \r\n]+") do
+    local key, value = string.match(word, "^([^=]+)=(.*)$")
+    if key then options[key] = value else words[#words + 1] = word end
+  end
+  return words, options
+end
+
+local function opt_int(v) if v == nil or v == "none" then return nil end return math.tointeger(tonumber(v)) end
+local function opt_float(v) if v == nil or v == "none" then return nil end return tonumber(v) + 0.0 end
+
+-- Parses an ESTIMATE line into a table, or nil.
+function M.parse_estimate(line)
+  local words, o = M.parse_fields(line)
+  if words[1] ~= "ESTIMATE" or words[2] == nil then return nil end
+  return {
+    service = words[2],
+    policy = o.policy or "static",
+    status = opt_int(o.status) or 429,
+    static = opt_int(o.static),
+    depth = opt_int(o.depth),
+    drain = opt_float(o.drain),
+    occupancy = opt_float(o.occupancy),
+    occupancy_weight = opt_float(o.occupancy_weight) or 0.25,
+    backoff_weight = opt_float(o.backoff_weight) or 0.25,
+    backoff_saturation = opt_int(o.backoff_saturation) or 5,
+    jitter = opt_float(o.jitter) or 0.2,
+    min = opt_int(o.min) or 1,
+    max = opt_int(o.max) or 60,
+  }
+end
+
+local function finite(x) return x == x and x ~= math.huge and x ~= -math.huge end
+local function clamp(x, lo, hi) if x < lo then return lo elseif x > hi then return hi else return x end end
+
+local function jitter_factor(jitter, unit)
+  local j = finite(jitter) and clamp(jitter, 0.0, 0.999) or 0.0
+  local u = finite(unit) and clamp(unit, 0.0, 1.0) or 0.5
+  return 1.0 + j * (2.0 * u - 1.0)
+end
+
+-- value seconds, rounded up to whole seconds and milliseconds (microseconds first), clamped.
+local function rounded(value, min_s, max_s)
+  if not (finite(value) and value >= 0.0) then return nil end
+  local top = clamp(max_s, 1, MAX_RETRY_AFTER_S)
+  local bottom = clamp(min_s, 1, top)
+  local x = value * 1e6
+  if x >= 2.0^62 then return top, top * 1000 end
+  local whole = math.floor(x)
+  local micros = math.tointeger(whole) + ((x - whole >= 0.5) and 1 or 0)
+  local seconds = clamp((micros + 999999) // 1000000, bottom, top)
+  local millis = clamp((micros + 999) // 1000, bottom * 1000, top * 1000)
+  return seconds, millis
+end
+
+-- The ladder for one rejection: seconds (or nil: no header), millis, rung, reason (or nil).
+function M.answer(push, depth, streak, unit)
+  if depth == nil then depth = push.depth end
+  streak = streak or 0
+  local reason
+  if push.policy == "static" then
+    reason = "static_policy"
+  elseif push.drain == nil or not finite(push.drain) or push.drain <= 0.0 then
+    reason = "drain_not_warm"
+  elseif depth == nil then
+    reason = "queue_invisible"
+  else
+    local occupancy = push.occupancy
+    if occupancy == nil or not finite(occupancy) then occupancy = 0.0 else occupancy = clamp(occupancy, 0.0, 1.0) end
+    local backoff = math.min((streak + 0.0) / (math.max(push.backoff_saturation, 1) + 0.0), 1.0)
+    local factor = 1.0 + push.occupancy_weight * occupancy + push.backoff_weight * backoff
+    local base = (depth + 0.0) / push.drain * factor
+    if finite(base) and base >= 0.0 then
+      local seconds, millis = rounded(base * jitter_factor(push.jitter, unit), push.min, push.max)
+      if seconds then return seconds, millis, "computed", nil end
+    end
+    reason = "estimate_unusable"
+  end
+  if push.static then return push.static, push.static * 1000, "static", reason end
+  return nil, nil, "none", reason
+end
+
+-- Everything below runs inside HAProxy only.
+if core == nil then return M end
+
+local socket_path = os.getenv("RETRY_AFTER_SOCKET") or "/run/retry-after-agent/agent.sock"
+local static_s = tonumber(os.getenv("RETRY_AFTER_STATIC") or "5")
+local stale_ms = tonumber(os.getenv("RETRY_AFTER_STALE_MS") or "5000")
+
+local services = {}   -- service name -> { backend, push, received_ms, admitted, rejected }
+for item in string.gmatch(os.getenv("RETRY_AFTER_SERVICES") or "", "[^,]+") do
+  local name, backend = string.match(item, "^%s*([^:%s]+):([^%s]+)%s*$")
+  if name then services[name] = { backend = backend, admitted = 0, rejected = 0 } end
+end
+
+local function now_ms()
+  local t = core.now()
+  return t.sec * 1000 + t.usec // 1000
+end
+
+-- HAProxy's queue for a backend, outside a transaction.
+local function backend_queue(backend)
+  local proxy = core.backends[backend]
+  if proxy == nil then return nil end
+  return tonumber(proxy:get_stats()["qcur"])
+end
+
+local function connect()
+  local sock = core.tcp()
+  sock:settimeout(stale_ms / 1000)
+  if not sock:connect("unix@" .. socket_path) then sock:close() return nil end
+  return sock
+end
+
+-- One subscription per service, reconnecting with jittered, doubling delays.
+local function follow(name, state)
+  return function()
+    local delay = 100
+    while true do
+      local sock = connect()
+      if sock and sock:send("SUBSCRIBE " .. name .. "\n") then
+        delay = 100
+        while true do
+          local line = sock:receive("*l")
+          if line == nil or #line > MAX_LINE then break end
+          local push = M.parse_estimate(line)
+          if push == nil then break end
+          state.push, state.received_ms = push, now_ms()
+        end
+      end
+      if sock then sock:close() end
+      core.msleep(math.floor(delay * (0.5 + math.random())))
+      delay = math.min(delay * 2, 5000)
+    end
+  end
+end
+
+-- Reports what each service's rejection rule did, every second, on one connection.
+local function reporter()
+  local sock
+  while true do
+    core.msleep(1000)
+    if sock == nil then sock = connect() end
+    if sock then
+      for name, state in pairs(services) do
+        local admitted, rejected = state.admitted, state.rejected
+        local line = string.format("REPORT %s admitted=%d rejected=%d", name, admitted, rejected)
+        local depth = backend_queue(state.backend)
+        if depth then line = line .. string.format(" depth=%d", depth) end
+        if sock:send(line .. "\n") and sock:receive("*l") == "OK" then
+          state.admitted, state.rejected = state.admitted - admitted, state.rejected - rejected
+        else
+          sock:close()
+          sock = nil
+          break
+        end
+      end
+    end
+  end
+end
+
+for name, state in pairs(services) do core.register_task(follow(name, state)) end
+core.register_task(reporter)
+
+-- http-request lua.retry_after <service>: the Retry-After for this rejection, in
+-- txn.retry_after (seconds; unset when no header is to be sent) and txn.retry_after_status.
+core.register_action("retry_after", { "http-req" }, function(txn, name)
+  local state = services[name]
+  local seconds, status = static_s, 429
+  if state then
+    state.rejected = state.rejected + 1
+    if state.push then status = state.push.status end
+    if state.push and now_ms() - state.received_ms <= stale_ms then
+      local depth = txn.f:queue(state.backend)
+      seconds = M.answer(state.push, depth, 0, math.random())
+    end
+  end
+  if seconds then txn:set_var("txn.retry_after", seconds) end
+  txn:set_var("txn.retry_after_status", status)
+end, 1)
+
+-- http-request lua.retry_after_admitted <service>: counts a request let through.
+core.register_action("retry_after_admitted", { "http-req" }, function(txn, name)
+  local state = services[name]
+  if state then state.admitted = state.admitted + 1 end
+end, 1)
+
+return M

@@ -1,0 +1,386 @@
+"""Client for retry-after-agent's Unix-socket protocol, for Python proxies and Ray Serve ingress
+code. Standard library only.
+
+The reject path must not wait on the agent, so a proxy keeps a :class:`Subscription` per
+service: a background thread holds a connection, receives the service's estimate every tick
+and stores it; :meth:`Subscription.retry_after` reads it (one attribute load) and runs the same
+fallback ladder, formula, jitter, rounding and clamp as the agent. For the same inputs and the
+same jitter draw it answers exactly what the agent answers (checked against vectors from the
+agent's own implementation). :func:`query` is the bounded one-shot alternative.
+
+The protocol is documented in docs/protocol.md.
+
+Example::
+
+    from retry_after_client import Subscription
+
+    chat = Subscription("/run/retry-after-agent/agent.sock", "chat", static_retry_after_s=5)
+    ...
+    decision = chat.retry_after(queue_depth=len(my_queue))
+    headers = {"Retry-After": str(decision.seconds)} if decision.seconds is not None else {}
+    return Response(status=decision.status_code, headers=headers)
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
+
+__all__ = [
+    "AgentError",
+    "Decision",
+    "Estimate",
+    "Subscription",
+    "answer",
+    "header_value",
+    "parse_estimate",
+    "parse_fields",
+    "query",
+    "query_or_static",
+    "report",
+]
+
+#: Longest answer line the agent sends (bytes, without the newline).
+MAX_RESPONSE_LEN = 1024
+#: The widest clamp: common client SDKs ignore Retry-After above 60 s.
+MAX_RETRY_AFTER_S = 60
+_U64_MAX = 2**64 - 1
+
+
+class AgentError(Exception):
+    """The agent refused the request (an ``ERR`` line) or could not be asked in time."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The answer to one rejection."""
+
+    #: ``Retry-After`` in delta-seconds; ``None``: send no header.
+    seconds: Optional[int]
+    #: The same in milliseconds (for ``retry-after-ms``).
+    millis: Optional[int]
+    #: The ladder rung: ``computed``, ``static`` or ``none``.
+    rung: str
+    #: Why it is not computed, when it is not (``None`` also for this client's own fallback).
+    reason: Optional[str]
+    #: The status code to reject with.
+    status_code: int
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """An ``ESTIMATE`` push: the agent's signals and the policy's constants."""
+
+    service: str
+    seq: int
+    policy: str
+    status_code: int
+    static_s: Optional[int]
+    queue_depth: Optional[int]
+    queue_depth_source: Optional[str]
+    drain_rate: Optional[float]
+    occupancy: Optional[float]
+    occupancy_weight: float
+    backoff_weight: float
+    backoff_saturation: int
+    jitter: float
+    min_s: int
+    max_s: int
+
+
+def parse_fields(line: str) -> Tuple[list, Dict[str, str]]:
+    """Split a response line into its leading words and its ``key=value`` options."""
+    words, options = [], {}
+    for word in line.rstrip("\r\n").split(" "):
+        key, eq, value = word.partition("=")
+        if eq:
+            options[key] = value
+        else:
+            words.append(word)
+    return words, options
+
+
+def _opt(value: Optional[str], kind):
+    return None if value is None or value == "none" else kind(value)
+
+
+def parse_estimate(line: str) -> Estimate:
+    """Parse an ``ESTIMATE`` line (fields this client does not know are skipped)."""
+    words, o = parse_fields(line)
+    if len(words) < 2 or words[0] != "ESTIMATE":
+        raise AgentError(f"not an ESTIMATE line: {line[:80]!r}")
+    return Estimate(
+        service=words[1],
+        seq=int(o.get("seq", "0")),
+        policy=o.get("policy", "static"),
+        status_code=int(o.get("status", "429")),
+        static_s=_opt(o.get("static"), int),
+        queue_depth=_opt(o.get("depth"), int),
+        queue_depth_source=_opt(o.get("source"), str),
+        drain_rate=_opt(o.get("drain"), float),
+        occupancy=_opt(o.get("occupancy"), float),
+        occupancy_weight=float(o.get("occupancy_weight", "0.25")),
+        backoff_weight=float(o.get("backoff_weight", "0.25")),
+        backoff_saturation=int(o.get("backoff_saturation", "5")),
+        jitter=float(o.get("jitter", "0.2")),
+        min_s=int(o.get("min", "1")),
+        max_s=int(o.get("max", "60")),
+    )
+
+
+def _jitter_factor(jitter: float, unit: float) -> float:
+    j = min(max(jitter, 0.0), 0.999) if math.isfinite(jitter) else 0.0
+    u = min(max(unit, 0.0), 1.0) if math.isfinite(unit) else 0.5
+    return 1.0 + j * (2.0 * u - 1.0)
+
+
+def _round_half_away(x: float) -> int:
+    """Rust's ``f64::round`` then ``as u64`` (saturating) for a non-negative ``x``."""
+    if x >= float(_U64_MAX):
+        return _U64_MAX
+    whole = math.floor(x)
+    return int(whole) + (1 if x - whole >= 0.5 else 0)
+
+
+def _rounded(value: float, min_s: int, max_s: int) -> Optional[Tuple[int, int]]:
+    if not (math.isfinite(value) and value >= 0.0):
+        return None
+    top = min(max(max_s, 1), MAX_RETRY_AFTER_S)
+    bottom = min(max(min_s, 1), top)
+    micros = _round_half_away(value * 1e6)
+    seconds = min(max(-(-micros // 1_000_000), bottom), top)
+    millis = min(max(-(-micros // 1_000), bottom * 1000), top * 1000)
+    return seconds, millis
+
+
+def header_value(base_s: float, jitter: float, unit: float, min_s: int, max_s: int):
+    """``base_s`` jittered by ``1 + jitter·(2·unit − 1)``, rounded up to whole seconds and
+    milliseconds (to microseconds first) and clamped; ``None`` for no finite non-negative base."""
+    if not (math.isfinite(base_s) and base_s >= 0.0):
+        return None
+    return _rounded(base_s * _jitter_factor(jitter, unit), min_s, max_s)
+
+
+def answer(
+    push: Estimate,
+    queue_depth: Optional[int] = None,
+    backoff_streak: Optional[int] = None,
+    unit: float = 0.5,
+) -> Decision:
+    """The ladder for one rejection: the pushed signals with the proxy's own depth and streak
+    where given, and ``unit`` (uniform in [0, 1)) as the jitter draw. What the agent answers to
+    ``QUERY <service> depth= streak=`` with the same draw."""
+    depth = queue_depth if queue_depth is not None else push.queue_depth
+    streak = backoff_streak or 0
+    reason = None
+    if push.policy == "static":
+        reason = "static_policy"
+    elif push.drain_rate is None or not math.isfinite(push.drain_rate) or push.drain_rate <= 0.0:
+        reason = "drain_not_warm"
+    elif depth is None:
+        reason = "queue_invisible"
+    else:
+        occupancy = push.occupancy
+        occupancy = (
+            0.0 if occupancy is None or not math.isfinite(occupancy) else min(max(occupancy, 0.0), 1.0)
+        )
+        backoff = min(float(streak) / float(max(push.backoff_saturation, 1)), 1.0)
+        factor = 1.0 + push.occupancy_weight * occupancy + push.backoff_weight * backoff
+        base = float(depth) / push.drain_rate * factor
+        if math.isfinite(base) and base >= 0.0:
+            value = _rounded(base * _jitter_factor(push.jitter, unit), push.min_s, push.max_s)
+            if value is not None:
+                return Decision(value[0], value[1], "computed", None, push.status_code)
+        reason = "estimate_unusable"
+    if push.static_s is not None:
+        return Decision(push.static_s, push.static_s * 1000, "static", reason, push.status_code)
+    return Decision(None, None, "none", reason, push.status_code)
+
+
+def _connect(path: str, deadline: float) -> socket.socket:
+    """Connect before ``deadline``; a full backlog is retried, never waited on past it."""
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            sock.connect(path)
+            return sock
+        except BlockingIOError:
+            sock.close()
+            if time.monotonic() >= deadline:
+                raise AgentError("timed out connecting to the agent") from None
+            time.sleep(0.001)
+        except OSError as error:
+            sock.close()
+            raise AgentError(f"cannot connect to the agent at {path}: {error}") from None
+
+
+def _read_line(sock: socket.socket, deadline: float, buffer: bytearray) -> str:
+    """One line, bounded in length and by ``deadline`` however slowly it arrives."""
+    while b"\n" not in buffer:
+        if len(buffer) > MAX_RESPONSE_LEN:
+            raise AgentError(f"an answer longer than {MAX_RESPONSE_LEN} bytes")
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise AgentError("timed out waiting for the agent")
+        sock.settimeout(remaining)
+        try:
+            chunk = sock.recv(256)
+        except socket.timeout:
+            raise AgentError("timed out waiting for the agent") from None
+        if not chunk:
+            raise AgentError("the agent closed the connection")
+        buffer.extend(chunk)
+    line, _, rest = bytes(buffer).partition(b"\n")
+    buffer[:] = rest
+    return line.decode("ascii", "replace")
+
+
+def _request(path: str, line: str, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    sock = _connect(path, deadline)
+    try:
+        sock.settimeout(max(deadline - time.monotonic(), 0.001))
+        sock.sendall(line.encode("ascii") + b"\n")
+        answer_line = _read_line(sock, deadline, bytearray())
+    except (OSError, socket.timeout) as error:
+        raise AgentError(f"cannot talk to the agent: {error}") from None
+    finally:
+        sock.close()
+    if answer_line.startswith("ERR "):
+        raise AgentError(answer_line)
+    return answer_line
+
+
+def query(
+    path: str,
+    service: str,
+    queue_depth: Optional[int] = None,
+    backoff_streak: Optional[int] = None,
+    timeout: float = 0.05,
+) -> Dict[str, object]:
+    """Ask once (``QUERY``), within ``timeout`` seconds for the whole call. Returns the
+    answer's fields: ``seconds`` (int or ``None``) and every ``key=value`` as a string.
+
+    Raises :class:`AgentError` on any failure; see :func:`query_or_static`."""
+    request = f"QUERY {service}"
+    if queue_depth is not None:
+        request += f" depth={int(queue_depth)}"
+    if backoff_streak is not None:
+        request += f" streak={int(backoff_streak)}"
+    line = _request(path, request, timeout)
+    words, fields = parse_fields(line)
+    if len(words) < 2 or words[0] != "RETRY-AFTER":
+        raise AgentError(f"unexpected answer: {line[:80]!r}")
+    result: Dict[str, object] = dict(fields)
+    result["seconds"] = _opt(words[1], int)
+    return result
+
+
+def query_or_static(path: str, service: str, static_retry_after_s: Optional[int], **kwargs):
+    """:func:`query`'s seconds, or ``static_retry_after_s`` if it fails for any reason."""
+    try:
+        return query(path, service, **kwargs)["seconds"]
+    except AgentError:
+        return static_retry_after_s
+
+
+def report(
+    path: str,
+    service: str,
+    admitted: int,
+    rejected: int,
+    queue_depth: Optional[int] = None,
+    timeout: float = 0.05,
+) -> None:
+    """Tell the agent what this proxy did since its previous report (``REPORT``): the judge's
+    evidence. A report on a new connection covers the time since the connection opened, so
+    proxies that report should keep one :class:`Subscription` and call its ``report``."""
+    request = f"REPORT {service} admitted={int(admitted)} rejected={int(rejected)}"
+    if queue_depth is not None:
+        request += f" depth={int(queue_depth)}"
+    _request(path, request, timeout)
+
+
+class Subscription:
+    """A live subscription to one service's estimate (a daemon thread).
+
+    :meth:`retry_after` never blocks. When no push newer than ``stale_after`` is held it
+    answers ``static_retry_after_s`` (with the service's status code once one was pushed)."""
+
+    def __init__(
+        self,
+        path: str,
+        service: str,
+        static_retry_after_s: Optional[int] = None,
+        status_code: int = 429,
+        stale_after: float = 5.0,
+        reconnect_min: float = 0.1,
+        reconnect_max: float = 5.0,
+    ):
+        self.path = path
+        self.service = service
+        self.static_retry_after_s = static_retry_after_s
+        self.status_code = status_code
+        self.stale_after = stale_after
+        self.reconnect_min = reconnect_min
+        self.reconnect_max = reconnect_max
+        # (Estimate, monotonic time received), replaced whole: one load on the reject path.
+        self._held: Optional[Tuple[Estimate, float]] = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._follow, name=f"retry-after {service}", daemon=True)
+        self._thread.start()
+
+    def retry_after(
+        self,
+        queue_depth: Optional[int] = None,
+        backoff_streak: Optional[int] = None,
+        rng: random.Random = random._inst,  # type: ignore[attr-defined]
+    ) -> Decision:
+        """The answer for one rejection, with this proxy's own queue depth and streak where
+        given. Never blocks."""
+        held = self._held
+        if held is None or time.monotonic() - held[1] > self.stale_after:
+            status = held[0].status_code if held is not None else self.status_code
+            s = self.static_retry_after_s
+            return Decision(s, None if s is None else s * 1000, "static" if s is not None else "none", None, status)
+        return answer(held[0], queue_depth, backoff_streak, rng.random())
+
+    def age(self) -> Optional[float]:
+        """Seconds since the held push arrived, if any."""
+        held = self._held
+        return None if held is None else time.monotonic() - held[1]
+
+    def close(self) -> None:
+        """Stop following (the thread ends within ``stale_after``)."""
+        self._stop.set()
+
+    def _follow(self) -> None:
+        delay = self.reconnect_min
+        while not self._stop.is_set():
+            try:
+                self._subscribe_once()
+                delay = self.reconnect_min
+            except (AgentError, OSError):
+                pass
+            self._stop.wait(delay * random.uniform(0.5, 1.5))
+            delay = min(delay * 2, self.reconnect_max)
+
+    def _subscribe_once(self) -> None:
+        sock = _connect(self.path, time.monotonic() + self.stale_after)
+        try:
+            sock.settimeout(self.stale_after)
+            sock.sendall(f"SUBSCRIBE {self.service}\n".encode("ascii"))
+            buffer = bytearray()
+            while not self._stop.is_set():
+                line = _read_line(sock, time.monotonic() + self.stale_after, buffer)
+                if line.startswith("ERR "):
+                    raise AgentError(line)
+                self._held = (parse_estimate(line), time.monotonic())
+        finally:
+            sock.close()

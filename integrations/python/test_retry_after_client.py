@@ -1,0 +1,96 @@
+"""Tests of retry_after_client, run by the integration tests (tests/tests/integrations.rs),
+which generate the shared vectors from the agent's implementation and start a real agent:
+
+    RETRY_AFTER_VECTORS=FILE RETRY_AFTER_SOCKET=PATH python3 -m unittest test_retry_after_client
+
+Both variables are required: a test that cannot run fails, it does not skip.
+"""
+
+import os
+import socket
+import time
+import unittest
+
+import retry_after_client as client
+
+
+def env(name):
+    value = os.environ.get(name)
+    if not value:
+        raise AssertionError(f"{name} is not set: run these tests through `./dev test`")
+    return value
+
+
+def opt(value):
+    return None if value == "none" else int(value)
+
+
+class SharedVectors(unittest.TestCase):
+    def test_every_vector_gives_the_agents_answer(self):
+        checked = 0
+        with open(env("RETRY_AFTER_VECTORS")) as vectors:
+            for number, line in enumerate(vectors, 1):
+                push, depth, streak, unit, seconds, millis, rung, reason = line.rstrip("\n").split("\t")
+                got = client.answer(client.parse_estimate(push), opt(depth), opt(streak), float(unit))
+                want = (opt(seconds), opt(millis), rung, None if reason == "none" else reason)
+                self.assertEqual(
+                    (got.seconds, got.millis, got.rung, got.reason), want, f"vector {number}: {line}"
+                )
+                checked += 1
+        self.assertGreater(checked, 1000)
+
+
+class RealAgent(unittest.TestCase):
+    """The agent serves service `api` (static 7 s, status 503) and nothing else."""
+
+    def test_query_answers_and_errors_are_raised(self):
+        answer = client.query(env("RETRY_AFTER_SOCKET"), "api", queue_depth=3, timeout=2.0)
+        self.assertEqual(answer["seconds"], 7)
+        self.assertEqual(answer["rung"], "static")
+        self.assertEqual(answer["depth"], "3")
+        with self.assertRaises(client.AgentError) as error:
+            client.query(env("RETRY_AFTER_SOCKET"), "nosuch", timeout=2.0)
+        self.assertIn("ERR unknown_service", str(error.exception))
+
+    def test_report_is_acknowledged(self):
+        client.report(env("RETRY_AFTER_SOCKET"), "api", admitted=5, rejected=2, queue_depth=1, timeout=2.0)
+
+    def test_a_subscription_answers_from_memory_with_the_agents_values(self):
+        sub = client.Subscription(env("RETRY_AFTER_SOCKET"), "api", static_retry_after_s=3, stale_after=2.0)
+        try:
+            deadline = time.monotonic() + 5
+            while sub.age() is None:
+                self.assertLess(time.monotonic(), deadline, "no push")
+                time.sleep(0.01)
+            started = time.perf_counter()
+            decision = sub.retry_after(queue_depth=4)
+            self.assertLess(time.perf_counter() - started, 0.005, "never blocks")
+            self.assertEqual(
+                (decision.seconds, decision.rung, decision.reason, decision.status_code),
+                (7, "static", "static_policy", 503),
+            )
+        finally:
+            sub.close()
+
+    def test_no_agent_means_the_static_value_within_the_bound(self):
+        started = time.monotonic()
+        self.assertEqual(client.query_or_static("/nonexistent/agent.sock", "api", 4, timeout=0.2), 4)
+        self.assertLess(time.monotonic() - started, 0.5)
+
+    def test_a_silent_agent_does_not_hold_the_caller(self):
+        path = env("RETRY_AFTER_SOCKET") + ".silent"
+        listener = socket.socket(socket.AF_UNIX)
+        listener.bind(path)
+        listener.listen(1)
+        try:
+            started = time.monotonic()
+            with self.assertRaises(client.AgentError):
+                client.query(path, "api", timeout=0.3)
+            self.assertLess(time.monotonic() - started, 0.8)
+        finally:
+            listener.close()
+            os.unlink(path)
+
+
+if __name__ == "__main__":
+    unittest.main()
