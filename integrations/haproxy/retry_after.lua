@@ -109,15 +109,12 @@ end
 -- Everything below runs inside HAProxy only.
 if core == nil then return M end
 
-local socket_path = os.getenv("RETRY_AFTER_SOCKET") or "/run/retry-after-agent/agent.sock"
-local static_s = tonumber(os.getenv("RETRY_AFTER_STATIC") or "5")
-local stale_ms = tonumber(os.getenv("RETRY_AFTER_STALE_MS") or "5000")
-
+-- Read once the whole configuration is parsed (see the init function below), so `setenv`
+-- lines may come before or after `lua-load`.
+local socket_path = "/run/retry-after-agent/agent.sock"
+local static_s = 5
+local stale_ms = 5000
 local services = {}   -- service name -> { backend, push, received_ms, admitted, rejected }
-for item in string.gmatch(os.getenv("RETRY_AFTER_SERVICES") or "", "[^,]+") do
-  local name, backend = string.match(item, "^%s*([^:%s]+):([^%s]+)%s*$")
-  if name then services[name] = { backend = backend, admitted = 0, rejected = 0 } end
-end
 
 local function now_ms()
   local t = core.now()
@@ -185,8 +182,20 @@ local function reporter()
   end
 end
 
-for name, state in pairs(services) do core.register_task(follow(name, state)) end
-core.register_task(reporter)
+core.register_init(function()
+  socket_path = os.getenv("RETRY_AFTER_SOCKET") or socket_path
+  static_s = tonumber(os.getenv("RETRY_AFTER_STATIC") or "") or static_s
+  stale_ms = tonumber(os.getenv("RETRY_AFTER_STALE_MS") or "") or stale_ms
+  for item in string.gmatch(os.getenv("RETRY_AFTER_SERVICES") or "", "[^,]+") do
+    local name, backend = string.match(item, "^%s*([^:%s]+):([^%s]+)%s*$")
+    if name then services[name] = { backend = backend, admitted = 0, rejected = 0 } end
+  end
+  if next(services) == nil then
+    core.Alert("retry_after.lua: RETRY_AFTER_SERVICES names no service:backend; only the static value will be used")
+  end
+  for name, state in pairs(services) do core.register_task(follow(name, state)) end
+  core.register_task(reporter)
+end)
 
 -- http-request lua.retry_after <service>: the Retry-After for this rejection, in
 -- txn.retry_after (seconds; unset when no header is to be sent) and txn.retry_after_status.

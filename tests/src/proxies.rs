@@ -23,6 +23,11 @@ impl Haproxy {
     /// process joins before it starts (so every socket it opens belongs to it). Waits until
     /// the stats socket answers.
     pub fn start(sections: &str, cgroup: Option<&Path>) -> Self {
+        Self::start_with_global("", sections, cgroup)
+    }
+
+    /// [`Haproxy::start`] with more lines for the `global` section (`lua-load`, `setenv`).
+    pub fn start_with_global(global: &str, sections: &str, cgroup: Option<&Path>) -> Self {
         let dir = std::env::temp_dir().join(format!(
             "retry-after-haproxy-{}-{}",
             std::process::id(),
@@ -31,7 +36,7 @@ impl Haproxy {
         std::fs::create_dir_all(&dir).unwrap();
         let stats = dir.join("stats.sock");
         let config = format!(
-            "global\n    stats socket {} mode 600 level user\n    maxconn 4096\n\
+            "global\n    stats socket {} mode 600 level user\n    maxconn 4096\n{global}\
              defaults\n    mode http\n    timeout connect 2s\n    timeout client 120s\n    \
              timeout server 120s\n    timeout queue 120s\n{sections}\n",
             stats.display()

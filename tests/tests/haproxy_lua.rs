@@ -1,0 +1,294 @@
+//! The HAProxy integration end to end: the distribution's HAProxy running
+//! integrations/haproxy/retry_after.lua, the real agent, real replicas on loopback, wrk as the
+//! load. Every rejection must carry an integer Retry-After within the clamp; the value follows
+//! the load (a longer queue, a longer value); once the agent is stopped the rejections carry
+//! the static value, and the computed one again after it restarts, with no rejection left
+//! without a header in between.
+
+use std::{
+    io::{Read, Write},
+    net::{SocketAddr, TcpStream},
+    path::PathBuf,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use retry_after_integration_tests::{
+    AgentProcess, free_port,
+    http::{HttpServer, ServerOptions},
+    proxies::{Haproxy, Wrk},
+    sample,
+};
+use retry_after_protocol::{Response, policy::Rung};
+
+/// HAProxy's own fallback: the computed values here stay far below it (31 s would take a drain
+/// under 2/s against a queue of 50).
+const LUA_STATIC: u64 = 31;
+
+fn replica() -> HttpServer {
+    HttpServer::start(
+        "127.0.0.1:0",
+        ServerOptions {
+            response_body: 100,
+            service_time: Duration::from_millis(250),
+            ..Default::default()
+        },
+    )
+}
+
+fn service(name: &str, replicas: &[&HttpServer]) -> String {
+    let backends: Vec<String> = replicas
+        .iter()
+        .map(|r| format!("{{ address = \"{}\", max_ongoing_requests = 2 }}", r.addr()))
+        .collect();
+    format!(
+        "[[service]]\nname = \"{name}\"\nbackends = [{}]\n[service.backpressure]\nretry_after_policy = \"router_queue_drain_rate\"\nretry_after_s = 7\njitter = 0.0\n",
+        backends.join(", ")
+    )
+}
+
+/// A frontend that rejects once its backend's queue holds `limit` requests.
+fn frontend(name: &str, bind: SocketAddr, limit: u32, replicas: &[&HttpServer]) -> String {
+    let servers: String = replicas
+        .iter()
+        .enumerate()
+        .map(|(i, r)| format!("    server r{i} {} maxconn 2\n", r.addr()))
+        .collect();
+    format!(
+        "frontend fe_{name}\n    bind {bind}\n    acl full queue(be_{name}) ge {limit}\n\
+         \x20   http-request lua.retry_after {name} if full\n\
+         \x20   http-request return status 503 content-type text/plain string \"busy\" hdr Retry-After %[var(txn.retry_after)] if full {{ var(txn.retry_after_status) -m int 503 }} {{ var(txn.retry_after) -m found }}\n\
+         \x20   http-request return status 429 content-type text/plain string \"busy\" hdr Retry-After %[var(txn.retry_after)] if full {{ var(txn.retry_after) -m found }}\n\
+         \x20   http-request return status 429 content-type text/plain string \"busy\" if full\n\
+         \x20   http-request lua.retry_after_admitted {name}\n\
+         \x20   default_backend be_{name}\n\
+         backend be_{name}\n    balance roundrobin\n{servers}"
+    )
+}
+
+#[derive(Clone, Debug)]
+struct Rejection {
+    at: Instant,
+    status: u16,
+    retry_after: Option<String>,
+}
+
+/// One request on its own connection; a rejection (answered at once) is recorded, an
+/// admitted request (queued behind slow replicas) is left after 150 ms.
+fn probe(target: SocketAddr) -> Option<Rejection> {
+    let mut stream = TcpStream::connect(target).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_millis(150)))
+        .ok()?;
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nHost: probe\r\nConnection: close\r\n\r\n")
+        .ok()?;
+    let mut response = Vec::new();
+    let _ = stream.read_to_end(&mut response);
+    let text = String::from_utf8_lossy(&response);
+    let status: u16 = text.split(' ').nth(1)?.parse().ok()?;
+    if status == 200 {
+        return None;
+    }
+    let retry_after = text
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("retry-after: ")
+                .or_else(|| l.strip_prefix("Retry-After: "))
+        })
+        .map(|v| v.trim().to_owned());
+    Some(Rejection {
+        at: Instant::now(),
+        status,
+        retry_after,
+    })
+}
+
+/// Probes `target` until `stop`, recording every rejection.
+fn prober(target: SocketAddr, stop: Arc<AtomicBool>) -> thread::JoinHandle<Vec<Rejection>> {
+    thread::spawn(move || {
+        let mut seen = Vec::new();
+        while !stop.load(Ordering::SeqCst) {
+            seen.extend(probe(target));
+            thread::sleep(Duration::from_millis(20));
+        }
+        seen
+    })
+}
+
+fn values(rejections: &[Rejection], from: Instant, to: Instant) -> Vec<u64> {
+    rejections
+        .iter()
+        .filter(|r| r.at >= from && r.at <= to)
+        .map(|r| r.retry_after.as_deref().unwrap().parse().unwrap())
+        .collect()
+}
+
+fn median(mut v: Vec<u64>) -> u64 {
+    assert!(!v.is_empty(), "no rejections in the window");
+    v.sort_unstable();
+    v[v.len() / 2]
+}
+
+#[test]
+fn haproxy_rejections_carry_the_computed_value_then_the_static_one_then_the_computed_again() {
+    let (r1, r2, r3, r4) = (replica(), replica(), replica(), replica());
+    let (short_fe, long_fe) = (free_port(), free_port());
+    let mut agent = AgentProcess::start(
+        "",
+        &(service("short", &[&r1, &r2]) + &service("long", &[&r3, &r4])),
+    );
+    let lua =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../integrations/haproxy/retry_after.lua");
+    let haproxy = Haproxy::start_with_global(
+        &format!(
+            "    lua-load {}\n    setenv RETRY_AFTER_SOCKET {}\n    setenv RETRY_AFTER_SERVICES short:be_short,long:be_long\n    setenv RETRY_AFTER_STATIC {LUA_STATIC}\n    setenv RETRY_AFTER_STALE_MS 1500\n",
+            lua.canonicalize().unwrap().display(),
+            agent.socket.display()
+        ),
+        &(frontend("short", short_fe, 10, &[&r1, &r2])
+            + &frontend("long", long_fe, 50, &[&r3, &r4])),
+        None,
+    );
+    let load = [
+        Wrk::start(short_fe, 1, 80, 26),
+        Wrk::start(long_fe, 1, 120, 26),
+    ];
+    let stop = Arc::new(AtomicBool::new(false));
+    let probes = [
+        prober(short_fe, stop.clone()),
+        prober(long_fe, stop.clone()),
+    ];
+    let marks = Arc::new(Mutex::new(Vec::new()));
+    let mark = |what: &str| {
+        marks
+            .lock()
+            .unwrap()
+            .push((what.to_owned(), Instant::now()))
+    };
+
+    // What the agent itself answers for HAProxy's queue of 50 on the long service.
+    let agent_says = |agent: &AgentProcess| {
+        let line = agent.request("QUERY long depth=50").unwrap();
+        match Response::parse(&line) {
+            Ok(Response::RetryAfter(a)) if a.rung == Rung::Computed => a.seconds.unwrap(),
+            other => panic!("not computed: {line} ({other:?})"),
+        }
+    };
+    // Computed: warm after 3 s of completions; give the EWMA time to settle.
+    thread::sleep(Duration::from_secs(6));
+    mark("computed");
+    thread::sleep(Duration::from_secs(2));
+    let before_kill = agent_says(&agent);
+    thread::sleep(Duration::from_secs(2));
+    mark("kill");
+    agent.kill();
+    // Stale after 1.5 s: HAProxy's static value.
+    thread::sleep(Duration::from_millis(2500));
+    mark("static");
+    thread::sleep(Duration::from_secs(3));
+    mark("restart");
+    agent.restart();
+    thread::sleep(Duration::from_secs(6));
+    mark("computed again");
+    thread::sleep(Duration::from_millis(1500));
+    let after_restart = agent_says(&agent);
+    thread::sleep(Duration::from_millis(1500));
+    mark("end");
+    let metrics = agent.metrics();
+    stop.store(true, Ordering::SeqCst);
+    let [short, long] = probes.map(|p| p.join().unwrap());
+    drop(load);
+    drop(haproxy);
+
+    let at = |name: &str| {
+        marks
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|(n, _)| n == name)
+            .unwrap()
+            .1
+    };
+    for (name, seen) in [("short", &short), ("long", &long)] {
+        assert!(seen.len() > 100, "{name}: {} rejections probed", seen.len());
+        for r in seen.iter() {
+            assert_eq!(r.status, 429, "{name}: {r:?}");
+            let value = r
+                .retry_after
+                .as_deref()
+                .unwrap_or_else(|| panic!("{name}: a rejection without Retry-After: {r:?}"));
+            let seconds: u64 = value
+                .parse()
+                .unwrap_or_else(|_| panic!("{name}: not delta-seconds: {value:?}"));
+            assert!((1..=60).contains(&seconds), "{name}: {seconds}");
+        }
+    }
+    // While the agent computes: 10 queued over 16/s × 1.25 → 1 s; 50 queued → 3.9 → 4 s.
+    let computed_short = values(&short, at("computed"), at("kill"));
+    let computed_long = values(&long, at("computed"), at("kill"));
+    eprintln!("computed: short {computed_short:?}\ncomputed: long {computed_long:?}");
+    assert!(
+        computed_short
+            .iter()
+            .chain(&computed_long)
+            .all(|v| *v != LUA_STATIC)
+    );
+    assert!(
+        median(computed_long.clone()) > median(computed_short.clone()),
+        "a longer queue, a longer value"
+    );
+    assert!(median(computed_long.clone()).abs_diff(4) <= 1);
+    assert!(median(computed_short) <= 2);
+    // And it is the agent's answer for that queue, computed in HAProxy from the push.
+    assert!(
+        median(computed_long).abs_diff(before_kill) <= 1,
+        "agent: {before_kill}"
+    );
+    // Agent gone: HAProxy's own static value, on every rejection.
+    let static_short = values(&short, at("static"), at("restart"));
+    let static_long = values(&long, at("static"), at("restart"));
+    eprintln!("static: short {static_short:?} long {static_long:?}");
+    assert!(!static_short.is_empty() && !static_long.is_empty());
+    assert!(
+        static_short
+            .iter()
+            .chain(&static_long)
+            .all(|v| *v == LUA_STATIC)
+    );
+    // Back: computed again, ordered by queue length as before. (Higher than before the restart
+    // for now: HAProxy's pooled connections to the replicas were opened before the new agent
+    // started, and connections older than the agent are not counted yet, so its drain reads
+    // low until they churn. Adopting them is issue 9's work; docs/integrations/haproxy.md.)
+    let again_short = values(&short, at("computed again"), at("end"));
+    let again_long = values(&long, at("computed again"), at("end"));
+    eprintln!("computed again: short {again_short:?}\ncomputed again: long {again_long:?}");
+    assert!(
+        again_short
+            .iter()
+            .chain(&again_long)
+            .all(|v| *v != LUA_STATIC)
+    );
+    assert!(median(again_long.clone()) > median(again_short));
+    assert!(
+        median(again_long).abs_diff(after_restart) <= 1,
+        "agent: {after_restart}"
+    );
+    // HAProxy reported what it did.
+    let rejected = sample(
+        &metrics,
+        "retry_after_proxy_requests_total{outcome=\"rejected\",service=\"long\"}",
+    )
+    .unwrap();
+    let admitted = sample(
+        &metrics,
+        "retry_after_proxy_requests_total{outcome=\"admitted\",service=\"long\"}",
+    )
+    .unwrap();
+    eprintln!("reported to the restarted agent: {admitted} admitted, {rejected} rejected");
+    assert!(rejected > 0.0 && admitted > 0.0);
+}
