@@ -107,7 +107,12 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     for endpoint in config.watched_endpoints() {
         let scope = match scopes.get(&endpoint) {
             Some(path) => {
-                let root = find_cgroup2_root().ok_or(ProbeError::NoCgroup2)?;
+                // The hierarchy the programs attach to: `agent.cgroup` when given (in a pod,
+                // the host's hierarchy mounted into the container), else the mounted root.
+                let root = match &agent.cgroup {
+                    Some(cgroup) => cgroup.clone(),
+                    None => find_cgroup2_root().ok_or(ProbeError::NoCgroup2)?,
+                };
                 Some(
                     cgroup_scope(&root, path).map_err(|source| RunError::ProxyCgroup {
                         path: path.to_path_buf(),

@@ -306,3 +306,29 @@ fn haproxy_rejections_carry_the_computed_value_then_the_static_one_then_the_comp
     eprintln!("reported to the restarted agent: {admitted} admitted, {rejected} rejected");
     assert!(rejected > 0.0 && admitted > 0.0);
 }
+
+#[test]
+fn the_example_configuration_is_valid_for_the_distributions_haproxy() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../integrations/haproxy");
+    let lua = dir.join("retry_after.lua").canonicalize().unwrap();
+    let example = std::fs::read_to_string(dir.join("haproxy.cfg")).unwrap();
+    assert!(example.contains("/etc/haproxy/retry_after.lua"));
+    let config = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        config.path(),
+        example.replace("/etc/haproxy/retry_after.lua", &lua.display().to_string()),
+    )
+    .unwrap();
+    let out = std::process::Command::new("haproxy")
+        .arg("-c")
+        .arg("-f")
+        .arg(config.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -23,8 +23,40 @@ use anyhow::{Context as _, Result, bail};
 
 /// bpf-linker release built here.
 const BPF_LINKER_VERSION: &str = "0.13.0";
+/// Python packages the tests run (pinned): the Kubernetes schema validator for deploy/.
+const PYTHON_PACKAGES: [(&str, &str, &str); 1] =
+    [("kubernetes-validate", "1.37.0", "kubernetes_validate")];
+
 /// Debian packages the tests and benchmarks run.
 const DEBIAN_PACKAGES: [&str; 4] = ["wrk", "bpftool", "haproxy", "lua5.3"];
+
+/// Install the pinned Python packages that are missing, with the machine's python3.
+fn ensure_python_packages() -> Result<()> {
+    for (package, version, module) in PYTHON_PACKAGES {
+        let installed = Command::new("python3")
+            .args(["-c", &format!("import {module}")])
+            .output()
+            .is_ok_and(|out| out.status.success());
+        if installed {
+            continue;
+        }
+        eprintln!("+ python3 -m pip install {package}=={version}");
+        let status = Command::new("python3")
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+            ])
+            .arg(format!("{package}=={version}"))
+            .status()?;
+        if !status.success() {
+            bail!("pip install {package}=={version} failed ({status})");
+        }
+    }
+    Ok(())
+}
 
 /// The environment later steps run in: PATH with `.tools/bin` first.
 pub struct Env {
@@ -51,6 +83,7 @@ pub fn setup(root: &Path) -> Result<Env> {
     }
     ensure_bpf_linker(root, &tools)?;
     ensure_debian_packages()?;
+    ensure_python_packages()?;
     Ok(Env { path })
 }
 
