@@ -241,6 +241,22 @@ impl AgentProcess {
         unsafe { libc::kill(self.child.id() as i32, signal) };
     }
 
+    /// Stop the process (SIGSTOP) and return once the kernel shows it stopped: `kill`
+    /// returns before the signal has taken effect.
+    pub fn stop(&self) {
+        self.signal(libc::SIGSTOP);
+        let status = format!("/proc/{}/status", self.child.id());
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !std::fs::read_to_string(&status)
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.starts_with("State:") && l.contains("T (stopped)"))
+        {
+            assert!(Instant::now() < deadline, "the agent did not stop");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// Wait until the socket answers HEALTH, or refuses us by uid (panics after 20 s).
     pub fn wait_until_serving(&self) {
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -299,8 +315,13 @@ impl AgentProcess {
 
 impl Drop for AgentProcess {
     fn drop(&mut self) {
+        // A test that failed while the agent was stopped must not hang here: continue it
+        // first, then ask it to stop.
         // SAFETY: kill(2) on our own child's pid.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGCONT);
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }

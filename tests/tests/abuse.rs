@@ -111,7 +111,7 @@ fn a_proxy_socket_peer_that_pipelines_and_never_reads_is_cut_off() {
 fn a_stopped_agent_does_not_hold_a_proxy_past_its_deadline() {
     let agent = AgentProcess::start("", SERVICE);
     polite_query(&agent);
-    agent.signal(libc::SIGSTOP);
+    agent.stop();
     let started = Instant::now();
     let result =
         retry_after_client::query(&agent.socket, "api", None, None, Duration::from_millis(500));
