@@ -27,18 +27,20 @@ use core::ptr::read_volatile;
 use aya_ebpf::{
     EbpfContext,
     bindings::{
-        __sk_buff, BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB,
-        BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG, BPF_TCP_CLOSE,
+        __sk_buff, BPF_NOEXIST, BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB,
+        BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB, BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG,
+        BPF_TCP_CLOSE,
     },
     helpers::{bpf_get_socket_cookie, bpf_skb_ancestor_cgroup_id, bpf_skb_cgroup_id},
     macros::{cgroup_skb, map, sock_ops},
-    maps::{Array, HashMap, LruHashMap, PerCpuArray},
+    maps::{Array, HashMap, PerCpuArray},
     programs::{SkBuffContext, SockOpsContext},
 };
 use aya_log_ebpf::{debug, warn};
 use retry_after_common::{
     ConnState, DEFAULT_MAX_CONNECTIONS, EndpointCounters, EndpointKey, MAX_WATCHED_ENDPOINTS,
-    PROBE_STATS_LEN, ProbeStat, Side, WATCHED_PORT_WORDS, WatchValue, counter_index, turn::Turn,
+    PROBE_STATS_LEN, ProbeStat, Side, WATCHED_PORT_WORDS, WatchValue, counter_index,
+    turn::{PHASE_REQUEST, Turn, TurnDelta},
 };
 
 /// Endpoints to observe; edited by the agent at run time.
@@ -62,11 +64,12 @@ static SLOT_GENERATIONS: Array<u32> = Array::with_max_entries(MAX_WATCHED_ENDPOI
 #[map]
 static WATCHED_PORTS: Array<u64> = Array::with_max_entries(WATCHED_PORT_WORDS, 0);
 
-/// Tracked connections by socket cookie. Entries are removed on close; the LRU bound keeps a
-/// missed close from leaking memory.
+/// Tracked connections by socket cookie, removed on close. A plain hash map, not an LRU: an
+/// evicted connection would be lost silently (and its open request counted in flight for
+/// ever). When it is full a new connection is not tracked, and that is counted
+/// (`ProbeStat::ConnectionsUntracked`).
 #[map]
-static CONNECTIONS: LruHashMap<u64, ConnState> =
-    LruHashMap::with_max_entries(DEFAULT_MAX_CONNECTIONS, 0);
+static CONNECTIONS: HashMap<u64, ConnState> = HashMap::with_max_entries(DEFAULT_MAX_CONNECTIONS, 0);
 
 /// Probe-wide counters of things that went wrong (see `ProbeStat`).
 #[map]
@@ -184,7 +187,7 @@ fn on_established(ctx: &SockOpsContext, side: Side) {
         Side::Client => watch.client_cgroup,
         Side::Server => 0,
     };
-    let conn = ConnState {
+    let mut conn = ConnState {
         slot: watch.slot,
         generation: watch.generation,
         side: side as u32,
@@ -193,7 +196,21 @@ fn on_established(ctx: &SockOpsContext, side: Side) {
         scope_level: watch.client_cgroup_level,
         pad: 0,
     };
-    if CONNECTIONS.insert(&cookie, &conn, 0).is_err() {
+    // A request that arrived with the handshake (TCP_DEFER_ACCEPT, TCP Fast Open, a lost third
+    // ACK): its segment passed while the listener still owned it, before this connection was
+    // tracked. The socket knows how many bytes it has received: they are that request.
+    let early = match side {
+        Side::Server => received_with_handshake(ctx),
+        Side::Client => None,
+    };
+    let early_delta = match early {
+        Some((end, bytes)) => conn.turn.on_early_request(end, bytes),
+        None => TurnDelta::default(),
+    };
+    if CONNECTIONS
+        .insert(&cookie, &conn, u64::from(BPF_NOEXIST))
+        .is_err()
+    {
         counters::probe_stat(&PROBE_STATS, ProbeStat::ConnectionsUntracked);
         warn!(ctx, "cannot track connection on port {}", endpoint.port);
         return;
@@ -208,12 +225,33 @@ fn on_established(ctx: &SockOpsContext, side: Side) {
         && let Some(c) = live_counters(&conn)
     {
         // SAFETY: `c` points into this CPU's copy of a live map value.
-        unsafe { counters::add(&mut (*c).connections_opened, 1) };
+        unsafe {
+            counters::add(&mut (*c).connections_opened, 1);
+            counters::apply(c, &early_delta);
+        }
     }
     debug!(
         ctx,
         "tracking {} connection on port {}", side as u32, endpoint.port
     );
+}
+
+/// A request that came with the handshake, as (sequence number just past what has been
+/// received, bytes received so far). The kernel counts the data segment that completes the
+/// handshake (`data_segs_in`) before it queues its bytes, so at this callback the bytes may
+/// still be 0 while a request is already there.
+fn received_with_handshake(ctx: &SockOpsContext) -> Option<(u32, u32)> {
+    let ops = ctx.ops;
+    // SAFETY: `ops` is the sock_ops context the kernel passed in; plain integer fields.
+    let (data_segments, received, rcv_nxt) = unsafe {
+        (
+            read_volatile(&raw const (*ops).data_segs_in),
+            read_volatile(&raw const (*ops).bytes_received),
+            read_volatile(&raw const (*ops).rcv_nxt),
+        )
+    };
+    (data_segments > 0 || received > 0)
+        .then_some((rcv_nxt, received.min(u64::from(u32::MAX)) as u32))
 }
 
 fn on_close(ctx: &SockOpsContext) {
@@ -310,8 +348,12 @@ fn on_segment(ctx: &SkBuffContext, ingress: bool) {
         conn.turn
             .on_client_segment(segment.seq, segment.payload_len, segment.ack)
     } else {
+        // Only a segment that could begin this request's response is looked into.
+        let interim = conn.turn.phase == PHASE_REQUEST
+            && segment.payload_len >= 12
+            && packet::starts_interim_response(ctx, segment.payload_offset);
         conn.turn
-            .on_server_segment(segment.seq, segment.payload_len, segment.push)
+            .on_server_segment(segment.seq, segment.payload_len, segment.push, interim)
     };
     // SAFETY: `c` points into this CPU's copy of a live map value.
     unsafe { counters::apply(c, &delta) };

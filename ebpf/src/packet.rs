@@ -31,6 +31,22 @@ pub struct Segment {
     pub payload_len: u32,
     /// The PSH flag: set on the segment that ends each write.
     pub push: bool,
+    /// Offset of the first payload byte from the network header.
+    pub payload_offset: u32,
+}
+
+/// True if the payload at `offset` begins an interim HTTP/1.x response (`HTTP/1.1 1xx`).
+#[inline(always)]
+pub fn starts_interim_response(ctx: &SkBuffContext, offset: u32) -> bool {
+    match ctx.load::<[u8; 10]>(offset as usize) {
+        Ok(start) => {
+            start[..7] == *b"HTTP/1."
+                && (start[7] == b'1' || start[7] == b'0')
+                && start[8] == b' '
+                && start[9] == b'1'
+        }
+        Err(_) => false,
+    }
 }
 
 /// The TCP segment in `ctx`, or `None` if it is not TCP over IPv4/IPv6 without extension
@@ -124,13 +140,13 @@ fn segment(ctx: &SkBuffContext, headers: Headers) -> Option<Segment> {
     let seq = u32::from_be_bytes([t[4], t[5], t[6], t[7]]);
     let ack = u32::from_be_bytes([t[8], t[9], t[10], t[11]]);
     let tcp_header_len = ((t[12] >> 4) as u32) * 4;
-    let payload_len = ctx
-        .len()
-        .saturating_sub(headers.ip_header_len as u32 + tcp_header_len);
+    let payload_offset = headers.ip_header_len as u32 + tcp_header_len;
+    let payload_len = ctx.len().saturating_sub(payload_offset);
     Some(Segment {
         seq,
         ack: (t[13] & TCP_FLAG_ACK != 0).then_some(ack),
         payload_len,
         push: t[13] & TCP_FLAG_PSH != 0,
+        payload_offset,
     })
 }

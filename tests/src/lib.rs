@@ -35,10 +35,15 @@ impl AttachedProbe {
     /// Attach the real programs. Panics (failing the test loudly) if that is not possible,
     /// e.g. when not run as root.
     pub fn attach() -> Self {
+        Self::attach_with(&ProbeOptions::default())
+    }
+
+    /// [`AttachedProbe::attach`] with `options` (a smaller connection map, say).
+    pub fn attach_with(options: &ProbeOptions) -> Self {
         let turn = ATTACHED
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let probe = Probe::attach(&ProbeOptions::default()).unwrap_or_else(|error| {
+        let probe = Probe::attach(options).unwrap_or_else(|error| {
             panic!(
                 "cannot attach the eBPF programs (these tests must run as root with CAP_BPF): {}",
                 error_chain(&error)
