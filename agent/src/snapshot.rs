@@ -42,6 +42,10 @@ pub struct ProbeStats {
     pub headers_copied: u64,
     /// Client-side connections to scoped endpoints opened outside the scope (not counted).
     pub connections_out_of_scope: u64,
+    /// Connections established before they were watched, tracked from their next request.
+    pub connections_adopted: u64,
+    /// Requests on untracked connections that could not be adopted (connection map full).
+    pub adoptions_refused: u64,
 }
 
 /// Every watched endpoint, both sides, read at one moment.

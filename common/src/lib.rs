@@ -212,10 +212,15 @@ pub enum ProbeStat {
     /// Client-side connections to a scoped endpoint opened by a socket outside the scope's
     /// cgroup: not counted, by design.
     ConnectionsOutOfScope = 4,
+    /// Connections established before they were watched, tracked from their next request.
+    ConnectionsAdopted = 5,
+    /// Requests on untracked established connections that could not be adopted because the
+    /// connection map was full (counted per attempt: once per such request).
+    AdoptionsRefused = 6,
 }
 
 /// Number of slots in [`PROBE_STATS_MAP`].
-pub const PROBE_STATS_LEN: u32 = 5;
+pub const PROBE_STATS_LEN: u32 = 7;
 
 #[cfg(feature = "user")]
 mod pod {

@@ -29,12 +29,14 @@ use aya_ebpf::{
     bindings::{
         __sk_buff, BPF_NOEXIST, BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB,
         BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB, BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG,
-        BPF_TCP_CLOSE,
+        BPF_TCP_CLOSE, BPF_TCP_ESTABLISHED,
     },
-    helpers::{bpf_get_socket_cookie, bpf_skb_ancestor_cgroup_id, bpf_skb_cgroup_id},
-    macros::{cgroup_skb, map, sock_ops},
+    helpers::{
+        bpf_get_socket_cookie, bpf_sk_fullsock, bpf_skb_ancestor_cgroup_id, bpf_skb_cgroup_id,
+    },
+    macros::{btf_tracepoint, cgroup_skb, map, sock_ops},
     maps::{Array, HashMap, PerCpuArray},
-    programs::{SkBuffContext, SockOpsContext},
+    programs::{BtfTracePointContext, SkBuffContext, SockOpsContext},
 };
 use aya_log_ebpf::{debug, warn};
 use retry_after_common::{
@@ -91,6 +93,20 @@ fn ra_sockops(ctx: SockOpsContext) -> u32 {
     1
 }
 
+/// Any TCP socket changes state. A tracked connection that reaches TCP_CLOSE is closed here
+/// even if its sock_ops state callback was never enabled: connections adopted after they
+/// opened (see `adopt`).
+#[btf_tracepoint(function = "inet_sock_set_state")]
+fn ra_state(ctx: BtfTracePointContext) -> i32 {
+    let new_state: i32 = ctx.arg(2);
+    if new_state == BPF_TCP_CLOSE as i32 {
+        let sk: *mut core::ffi::c_void = ctx.arg(0);
+        // SAFETY: `sk` is the tracepoint's own socket argument.
+        close_tracked(unsafe { bpf_get_socket_cookie(sk) });
+    }
+    0
+}
+
 /// A segment arrives at a local socket.
 #[cgroup_skb(ingress)]
 fn ra_ingress(ctx: SkBuffContext) -> i32 {
@@ -105,45 +121,66 @@ fn ra_egress(ctx: SkBuffContext) -> i32 {
     1
 }
 
-/// The endpoint a new connection belongs to, from the side it is seen: the local address for
-/// an accepted connection, the remote one for a connection this node opened.
-fn endpoint_of(ctx: &SockOpsContext, side: Side) -> Option<EndpointKey> {
-    // The verifier only accepts context loads at a constant offset from the context pointer.
-    // Reading every field unconditionally, each with its own volatile load, keeps the compiler
-    // from selecting between field pointers (which the verifier rejects) and selects between
-    // the loaded values instead.
-    let ops = ctx.ops;
-    // SAFETY: `ops` is the sock_ops context the kernel passed in; these are plain u32 fields.
-    let (family, local_port, remote_port, local_ip4, remote_ip4) = unsafe {
-        (
-            read_volatile(&raw const (*ops).family),
-            read_volatile(&raw const (*ops).local_port),
-            read_volatile(&raw const (*ops).remote_port),
-            read_volatile(&raw const (*ops).local_ip4),
-            read_volatile(&raw const (*ops).remote_ip4),
-        )
-    };
-    let mut local_ip6 = [0u32; 4];
-    let mut remote_ip6 = [0u32; 4];
-    if family == AF_INET6 {
-        // SAFETY: as above.
+/// A socket's addresses, as both the sock_ops and the cgroup_skb context carry them: ports in
+/// the kernel's orders (local in host order, remote in network order in the upper 16 bits),
+/// addresses in network order.
+struct Addresses {
+    family: u32,
+    local_port: u32,
+    remote_port: u32,
+    local_ip4: u32,
+    remote_ip4: u32,
+    local_ip6: [u32; 4],
+    remote_ip6: [u32; 4],
+}
+
+/// Read the address fields of a context (`bpf_sock_ops` or `__sk_buff`, which name them
+/// alike). The verifier only accepts context loads at a constant offset from the context
+/// pointer; each field gets its own volatile load, so the compiler selects between loaded
+/// values, never between field pointers (which the verifier rejects).
+macro_rules! addresses {
+    ($ptr:expr) => {{
+        let p = $ptr;
+        // SAFETY: `p` is the context the kernel passed in; these are plain u32 fields.
         unsafe {
-            local_ip6[0] = read_volatile(&raw const (*ops).local_ip6[0]);
-            local_ip6[1] = read_volatile(&raw const (*ops).local_ip6[1]);
-            local_ip6[2] = read_volatile(&raw const (*ops).local_ip6[2]);
-            local_ip6[3] = read_volatile(&raw const (*ops).local_ip6[3]);
-            remote_ip6[0] = read_volatile(&raw const (*ops).remote_ip6[0]);
-            remote_ip6[1] = read_volatile(&raw const (*ops).remote_ip6[1]);
-            remote_ip6[2] = read_volatile(&raw const (*ops).remote_ip6[2]);
-            remote_ip6[3] = read_volatile(&raw const (*ops).remote_ip6[3]);
+            let family = read_volatile(&raw const (*p).family);
+            let mut local_ip6 = [0u32; 4];
+            let mut remote_ip6 = [0u32; 4];
+            if family == AF_INET6 {
+                local_ip6[0] = read_volatile(&raw const (*p).local_ip6[0]);
+                local_ip6[1] = read_volatile(&raw const (*p).local_ip6[1]);
+                local_ip6[2] = read_volatile(&raw const (*p).local_ip6[2]);
+                local_ip6[3] = read_volatile(&raw const (*p).local_ip6[3]);
+                remote_ip6[0] = read_volatile(&raw const (*p).remote_ip6[0]);
+                remote_ip6[1] = read_volatile(&raw const (*p).remote_ip6[1]);
+                remote_ip6[2] = read_volatile(&raw const (*p).remote_ip6[2]);
+                remote_ip6[3] = read_volatile(&raw const (*p).remote_ip6[3]);
+            }
+            Addresses {
+                family,
+                local_port: read_volatile(&raw const (*p).local_port),
+                remote_port: read_volatile(&raw const (*p).remote_port),
+                local_ip4: read_volatile(&raw const (*p).local_ip4),
+                remote_ip4: read_volatile(&raw const (*p).remote_ip4),
+                local_ip6,
+                remote_ip6,
+            }
         }
-    }
+    }};
+}
+
+/// The endpoint of `addresses` seen from `side`: the local address for a connection accepted
+/// here, the remote one for a connection opened from here.
+fn endpoint_of(a: &Addresses, side: Side) -> Option<EndpointKey> {
     let (ip4, ip6, port) = match side {
-        Side::Server => (local_ip4, local_ip6, local_port as u16),
-        // remote_port holds the port in network byte order in its upper 16 bits.
-        Side::Client => (remote_ip4, remote_ip6, u32::from_be(remote_port) as u16),
+        Side::Server => (a.local_ip4, a.local_ip6, a.local_port as u16),
+        Side::Client => (
+            a.remote_ip4,
+            a.remote_ip6,
+            u32::from_be(a.remote_port) as u16,
+        ),
     };
-    match family {
+    match a.family {
         AF_INET => Some(EndpointKey::from_ipv4(ip4.to_ne_bytes(), port)),
         AF_INET6 => {
             let mut addr = [0u8; 16];
@@ -173,7 +210,7 @@ fn matching_watch(endpoint: &EndpointKey) -> Option<WatchValue> {
 }
 
 fn on_established(ctx: &SockOpsContext, side: Side) {
-    let Some(endpoint) = endpoint_of(ctx, side) else {
+    let Some(endpoint) = endpoint_of(&addresses!(ctx.ops), side) else {
         return;
     };
     let Some(watch) = matching_watch(&endpoint) else {
@@ -256,7 +293,13 @@ fn received_with_handshake(ctx: &SockOpsContext) -> Option<(u32, u32)> {
 
 fn on_close(ctx: &SockOpsContext) {
     // SAFETY: the helper only reads the context it is given.
-    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    close_tracked(unsafe { bpf_get_socket_cookie(ctx.as_ptr()) });
+}
+
+/// A tracked connection closed: close its open turn, count the close, forget it. Reached from
+/// the sock_ops state callback and from the `inet_sock_set_state` tracepoint, whichever runs
+/// first (the second finds nothing).
+fn close_tracked(cookie: u64) {
     let Some(conn) = CONNECTIONS.get_ptr_mut(&cookie) else {
         return;
     };
@@ -311,11 +354,14 @@ fn on_segment(ctx: &SkBuffContext, ingress: bool) {
     }
     // SAFETY: the helper only reads the context it is given.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    let Some(conn) = CONNECTIONS.get_ptr_mut(&cookie) else {
+    let tracked = CONNECTIONS.get_ptr_mut(&cookie);
+    let Some(segment) = packet::parse_tcp(ctx) else {
+        if tracked.is_some() {
+            counters::probe_stat(&PROBE_STATS, ProbeStat::PacketsUnparsed);
+        }
         return;
     };
-    let Some(segment) = packet::parse_tcp(ctx) else {
-        counters::probe_stat(&PROBE_STATS, ProbeStat::PacketsUnparsed);
+    let Some(conn) = tracked.or_else(|| adopt(ctx, cookie, ingress, &segment)) else {
         return;
     };
     // SAFETY: `conn` points at a live value of CONNECTIONS.
@@ -357,6 +403,75 @@ fn on_segment(ctx: &SkBuffContext, ingress: bool) {
     };
     // SAFETY: `c` points into this CPU's copy of a live map value.
     unsafe { counters::apply(c, &delta) };
+}
+
+/// Start tracking a connection that was established before it was watched (a proxy's
+/// connection pool, open before the agent started): at the first request it carries, that
+/// is, at a client→server segment with payload on an established socket of a watched
+/// endpoint. Its close is seen by `ra_state`. `None` if it is not to be tracked.
+#[inline(never)]
+fn adopt(
+    ctx: &SkBuffContext,
+    cookie: u64,
+    ingress: bool,
+    segment: &packet::Segment,
+) -> Option<*mut ConnState> {
+    if segment.payload_len == 0 {
+        return None;
+    }
+    let skb = ctx.as_ptr().cast::<__sk_buff>();
+    // Only an established full socket: not a listener whose handshake is completing.
+    // SAFETY: `sk` is read from the program's own context.
+    let sk = unsafe { (*skb).__bindgen_anon_2.sk };
+    if sk.is_null() {
+        return None;
+    }
+    // SAFETY: the helper checks the pointer it is given.
+    let full = unsafe { bpf_sk_fullsock(sk) };
+    if full.is_null() || unsafe { (*full).state } != BPF_TCP_ESTABLISHED {
+        return None;
+    }
+    let a = addresses!(skb);
+    let (side, watch) = match endpoint_of(&a, Side::Server).and_then(|e| matching_watch(&e)) {
+        Some(watch) => (Side::Server, watch),
+        None => (
+            Side::Client,
+            matching_watch(&endpoint_of(&a, Side::Client)?)?,
+        ),
+    };
+    // A request begins with client data; anything else waits for the next one.
+    if (side == Side::Server) != ingress {
+        return None;
+    }
+    let scope_cgroup = match side {
+        Side::Client => watch.client_cgroup,
+        Side::Server => 0,
+    };
+    let conn = ConnState {
+        slot: watch.slot,
+        generation: watch.generation,
+        side: side as u32,
+        turn: Turn::default(),
+        scope_cgroup,
+        scope_level: watch.client_cgroup_level,
+        pad: 0,
+    };
+    if CONNECTIONS
+        .insert(&cookie, &conn, u64::from(BPF_NOEXIST))
+        .is_err()
+    {
+        // The map is full: tried again at the connection's next request.
+        counters::probe_stat(&PROBE_STATS, ProbeStat::AdoptionsRefused);
+        return None;
+    }
+    counters::probe_stat(&PROBE_STATS, ProbeStat::ConnectionsAdopted);
+    if scope_cgroup == 0
+        && let Some(c) = live_counters(&conn)
+    {
+        // SAFETY: `c` points into this CPU's copy of a live map value.
+        unsafe { counters::add(&mut (*c).connections_opened, 1) };
+    }
+    CONNECTIONS.get_ptr_mut(&cookie)
 }
 
 #[cfg(not(test))]

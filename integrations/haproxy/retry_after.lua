@@ -13,6 +13,7 @@
 --   setenv RETRY_AFTER_SOCKET    /run/retry-after-agent/agent.sock
 --   setenv RETRY_AFTER_STATIC    5                # seconds, when no estimate is held
 --   setenv RETRY_AFTER_STALE_MS  5000
+--   setenv RETRY_AFTER_RECONNECT_MAX_MS 5000      # longest wait between reconnect attempts
 -- Actions:
 --   http-request lua.retry_after <service>           sets txn.retry_after, txn.retry_after_status
 --   http-request lua.retry_after_admitted <service>  counts an admitted request
@@ -114,6 +115,7 @@ if core == nil then return M end
 local socket_path = "/run/retry-after-agent/agent.sock"
 local static_s = 5
 local stale_ms = 5000
+local reconnect_max_ms = 5000
 local services = {}   -- service name -> { backend, push, received_ms, admitted, rejected }
 
 local function now_ms()
@@ -153,7 +155,7 @@ local function follow(name, state)
       end
       if sock then sock:close() end
       core.msleep(math.floor(delay * (0.5 + math.random())))
-      delay = math.min(delay * 2, 5000)
+      delay = math.min(delay * 2, reconnect_max_ms)
     end
   end
 end
@@ -186,6 +188,7 @@ core.register_init(function()
   socket_path = os.getenv("RETRY_AFTER_SOCKET") or socket_path
   static_s = tonumber(os.getenv("RETRY_AFTER_STATIC") or "") or static_s
   stale_ms = tonumber(os.getenv("RETRY_AFTER_STALE_MS") or "") or stale_ms
+  reconnect_max_ms = tonumber(os.getenv("RETRY_AFTER_RECONNECT_MAX_MS") or "") or reconnect_max_ms
   for item in string.gmatch(os.getenv("RETRY_AFTER_SERVICES") or "", "[^,]+") do
     local name, backend = string.match(item, "^%s*([^:%s]+):([^%s]+)%s*$")
     if name then services[name] = { backend = backend, admitted = 0, rejected = 0 } end

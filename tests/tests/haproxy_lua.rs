@@ -53,9 +53,8 @@ fn service(name: &str, replicas: &[&HttpServer]) -> String {
 
 /// A frontend that rejects once its backend's queue holds `limit` requests: the decision is
 /// taken once per request (`txn.reject`), so every rule after it agrees even while the queue
-/// moves (HAProxy runs several threads). Each request gets a server connection of its own
-/// (`http-server-close`): connections opened before an agent starts are not counted yet, and
-/// the test restarts the agent.
+/// moves (HAProxy runs several threads). HAProxy keeps its server connections alive and
+/// reuses them: after the restart, the new agent adopts those it did not see open.
 fn frontend(name: &str, bind: SocketAddr, limit: u32, replicas: &[&HttpServer]) -> String {
     let servers: String = replicas
         .iter()
@@ -72,7 +71,7 @@ fn frontend(name: &str, bind: SocketAddr, limit: u32, replicas: &[&HttpServer]) 
          \x20   http-request return status 429 content-type text/plain string \"busy\" if reject\n\
          \x20   http-request lua.retry_after_admitted {name}\n\
          \x20   default_backend be_{name}\n\
-         backend be_{name}\n    balance roundrobin\n    option http-server-close\n{servers}"
+         backend be_{name}\n    balance roundrobin\n{servers}"
     )
 }
 
@@ -152,7 +151,7 @@ fn haproxy_rejections_carry_the_computed_value_then_the_static_one_then_the_comp
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../integrations/haproxy/retry_after.lua");
     let haproxy = Haproxy::start_with_global(
         &format!(
-            "    lua-load {}\n    setenv RETRY_AFTER_SOCKET {}\n    setenv RETRY_AFTER_SERVICES short:be_short,long:be_long\n    setenv RETRY_AFTER_STATIC {LUA_STATIC}\n    setenv RETRY_AFTER_STALE_MS 1500\n",
+            "    lua-load {}\n    setenv RETRY_AFTER_SOCKET {}\n    setenv RETRY_AFTER_SERVICES short:be_short,long:be_long\n    setenv RETRY_AFTER_STATIC {LUA_STATIC}\n    setenv RETRY_AFTER_STALE_MS 1500\n    setenv RETRY_AFTER_RECONNECT_MAX_MS 1000\n",
             lua.canonicalize().unwrap().display(),
             agent.socket.display()
         ),

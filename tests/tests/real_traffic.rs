@@ -192,3 +192,46 @@ fn a_full_connection_map_refuses_and_counts_instead_of_losing_connections_silent
     );
     assert!(tracked <= 64 + 64, "{tracked}");
 }
+
+#[test]
+fn a_pool_opened_before_the_agent_is_counted_exactly_from_its_next_request() {
+    let server = HttpServer::start("127.0.0.1:0", ServerOptions::default());
+    let endpoint = Endpoint::from(server.addr());
+    // A proxy's pool: ten keep-alive connections, opened and used before anything watches.
+    let mut pool: Vec<HttpClient> = (0..10)
+        .map(|_| HttpClient::connect(server.addr()))
+        .collect();
+    for client in &mut pool {
+        client.exchange(16);
+    }
+    let probe = AttachedProbe::watching(&[endpoint]);
+    for _ in 0..100 {
+        for client in &mut pool {
+            client.exchange(16);
+        }
+    }
+    for side in [Side::Server, Side::Client] {
+        let seen = probe.wait_for(
+            endpoint,
+            side,
+            SETTLE,
+            "1000 turns on the adopted pool",
+            |s| s.counters.requests_started == 1000 && s.counters.responses_completed == 1000,
+        );
+        assert_eq!(seen.counters.connections_opened, 10, "{side:?}: adopted");
+        assert_eq!(seen.in_flight(), 0, "{side:?}");
+    }
+    assert_eq!(
+        probe.read().probe.connections_adopted,
+        20,
+        "both ends of ten"
+    );
+    // Their closes are seen too, though their state callback was never enabled.
+    drop(pool);
+    for side in [Side::Server, Side::Client] {
+        let seen = probe.wait_for(endpoint, side, SETTLE, "the pool closed", |s| {
+            s.counters.connections_closed == 10
+        });
+        assert_eq!(seen.in_flight(), 0, "{side:?}");
+    }
+}

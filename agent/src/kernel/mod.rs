@@ -11,9 +11,9 @@ mod listeners;
 use std::{collections::BTreeMap, path::PathBuf, time::Instant};
 
 use aya::{
-    Ebpf, EbpfLoader,
+    Btf, Ebpf, EbpfLoader,
     maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray, PerCpuValues},
-    programs::{CgroupSkb, CgroupSkbAttachType, SockOps, links::CgroupAttachMode},
+    programs::{BtfTracePoint, CgroupSkb, CgroupSkbAttachType, SockOps, links::CgroupAttachMode},
     util::nr_cpus,
 };
 use retry_after_common::{
@@ -35,7 +35,7 @@ static EBPF_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/retry-after-ebpf"));
 
 /// Names of our programs, as the kernel lists them (`bpftool prog`).
-pub const PROGRAM_NAMES: [&str; 3] = ["ra_sockops", "ra_ingress", "ra_egress"];
+pub const PROGRAM_NAMES: [&str; 4] = ["ra_sockops", "ra_ingress", "ra_egress", "ra_state"];
 
 /// How the probe is loaded.
 #[derive(Clone, Debug, Default)]
@@ -68,6 +68,11 @@ pub enum ProbeError {
     /// The eBPF object could not be loaded (map creation, relocation).
     #[error("cannot load the eBPF object (is the agent running as root, with CAP_BPF?)")]
     Load(#[source] aya::EbpfError),
+    /// The kernel's BTF (/sys/kernel/btf/vmlinux) cannot be read.
+    #[error(
+        "cannot read the kernel's BTF (/sys/kernel/btf/vmlinux): a kernel built with CONFIG_DEBUG_INFO_BTF is needed"
+    )]
+    Btf(#[source] aya::BtfError),
     /// A program the object should contain is missing or of the wrong type.
     #[error("eBPF program {name} is missing from the object or has the wrong type")]
     MissingProgram {
@@ -175,7 +180,7 @@ impl Probe {
         }
         let mut ebpf = loader.load(EBPF_OBJECT).map_err(ProbeError::Load)?;
 
-        let [sockops, ingress, egress] = PROGRAM_NAMES;
+        let [sockops, ingress, egress, state] = PROGRAM_NAMES;
         let program: &mut SockOps = program_mut(&mut ebpf, sockops)?;
         program.load().map_err(|source| ProbeError::Verify {
             name: sockops,
@@ -205,6 +210,21 @@ impl Probe {
                     source,
                 })?;
         }
+        // Closes of connections adopted after they opened (their state callback was never
+        // enabled) come from the `inet_sock_set_state` tracepoint.
+        let btf = Btf::from_sys_fs().map_err(ProbeError::Btf)?;
+        let program: &mut BtfTracePoint = program_mut(&mut ebpf, state)?;
+        program
+            .load("inet_sock_set_state", &btf)
+            .map_err(|source| ProbeError::Verify {
+                name: state,
+                source,
+            })?;
+        program.attach().map_err(|source| ProbeError::Attach {
+            name: state,
+            cgroup: cgroup.clone(),
+            source,
+        })?;
         let cpus = nr_cpus()
             .map_err(|(_, source)| ProbeError::Cpus(source))?
             .get() as usize;
@@ -429,6 +449,8 @@ impl Probe {
             packets_unparsed: read(ProbeStat::PacketsUnparsed)?,
             headers_copied: read(ProbeStat::HeadersCopied)?,
             connections_out_of_scope: read(ProbeStat::ConnectionsOutOfScope)?,
+            connections_adopted: read(ProbeStat::ConnectionsAdopted)?,
+            adoptions_refused: read(ProbeStat::AdoptionsRefused)?,
         })
     }
 

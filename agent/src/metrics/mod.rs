@@ -196,6 +196,8 @@ impl Metrics {
             ("packets_unparsed", p.packets_unparsed),
             ("headers_copied", p.headers_copied),
             ("connections_out_of_scope", p.connections_out_of_scope),
+            ("connections_adopted", p.connections_adopted),
+            ("adoptions_refused", p.adoptions_refused),
         ] {
             self.probe_problems
                 .with_label_values(&[kind])
