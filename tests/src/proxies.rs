@@ -182,3 +182,97 @@ impl Drop for Wrk {
         let _ = self.child.wait();
     }
 }
+
+/// A running nginx (the distribution's) with a configuration of the test's: `servers` are the
+/// `server { … }` blocks; a stub_status server on its own loopback port is added, and its
+/// counters are the truth.
+pub struct Nginx {
+    child: Child,
+    status: SocketAddr,
+    dir: PathBuf,
+}
+
+/// nginx's own counters (`stub_status`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NginxStatus {
+    /// Connections accepted.
+    pub accepts: u64,
+    /// Requests received.
+    pub requests: u64,
+}
+
+impl Nginx {
+    /// Start nginx in the foreground with `servers`; waits until stub_status answers.
+    pub fn start(servers: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "retry-after-nginx-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let status = crate::free_port();
+        let d = dir.display();
+        let config = format!(
+            "daemon off;\nmaster_process on;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
+             events {{ worker_connections 4096; }}\n\
+             http {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n  \
+             fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n\
+             {servers}\n  server {{ listen {status}; location / {{ stub_status; }} }}\n}}\n"
+        );
+        let path = dir.join("nginx.conf");
+        std::fs::write(&path, config).unwrap();
+        let child = Command::new("nginx")
+            .arg("-c")
+            .arg(&path)
+            .arg("-p")
+            .arg(&dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("nginx is installed (./dev setup installs it)");
+        let nginx = Self { child, status, dir };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while nginx.try_status().is_none() {
+            assert!(Instant::now() < deadline, "nginx did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        nginx
+    }
+
+    fn try_status(&self) -> Option<NginxStatus> {
+        let mut stream = std::net::TcpStream::connect(self.status).ok()?;
+        stream
+            .write_all(b"GET / HTTP/1.0\r\nHost: status\r\n\r\n")
+            .ok()?;
+        let mut text = String::new();
+        stream.read_to_string(&mut text).ok()?;
+        let numbers: Vec<u64> = text
+            .lines()
+            .find(|l| {
+                let words: Vec<&str> = l.split_whitespace().collect();
+                words.len() == 3 && words.iter().all(|w| w.parse::<u64>().is_ok())
+            })?
+            .split_whitespace()
+            .map(|w| w.parse().unwrap())
+            .collect();
+        Some(NginxStatus {
+            accepts: numbers[0],
+            requests: numbers[2],
+        })
+    }
+
+    /// nginx's counters now. Reading them is itself one connection and one request, counted
+    /// in what it returns.
+    pub fn status(&self) -> NginxStatus {
+        self.try_status().expect("stub_status answers")
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our own child's pid; SIGQUIT is nginx's graceful stop.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -8,8 +8,9 @@
 //!   toolchain change rebuilds it and an unchanged one costs nothing.
 //! * Debian packages: `wrk` (load generator for the benchmark and the proxy tests), `bpftool`
 //!   (the tests check with it that nothing stays attached), `haproxy` (the real proxy the
-//!   estimate is tested behind) and `lua5.3` (checks the HAProxy integration's formula against
-//!   the agent's).
+//!   estimate is tested behind), `lua5.3` (checks the HAProxy integration's formula against
+//!   the agent's), and `nginx` with `apache2-utils` (ab): a real backend and one-request
+//!   connections whose own counters judge the kernel's.
 
 use std::{
     ffi::OsString,
@@ -28,7 +29,14 @@ const PYTHON_PACKAGES: [(&str, &str, &str); 1] =
     [("kubernetes-validate", "1.37.0", "kubernetes_validate")];
 
 /// Debian packages the tests and benchmarks run.
-const DEBIAN_PACKAGES: [&str; 4] = ["wrk", "bpftool", "haproxy", "lua5.3"];
+const DEBIAN_PACKAGES: [&str; 6] = [
+    "wrk",
+    "bpftool",
+    "haproxy",
+    "lua5.3",
+    "nginx",
+    "apache2-utils",
+];
 
 /// Install the pinned Python packages that are missing, with the machine's python3.
 fn ensure_python_packages() -> Result<()> {
