@@ -361,6 +361,16 @@ fn on_segment(ctx: &SkBuffContext, ingress: bool) {
         }
         return;
     };
+    // State from an earlier watch of the endpoint (removed, or removed and added again) is
+    // dropped: the connection is then as untracked, and may be adopted by this very segment.
+    // SAFETY: `conn` points at a live value of CONNECTIONS.
+    let tracked = tracked.filter(|conn| {
+        let live = live_counters(unsafe { &**conn }).is_some();
+        if !live {
+            let _ = CONNECTIONS.remove(&cookie);
+        }
+        live
+    });
     let Some(conn) = tracked.or_else(|| adopt(ctx, cookie, ingress, &segment)) else {
         return;
     };
