@@ -195,6 +195,31 @@ pub struct ConnState {
     pub pad: u32,
 }
 
+impl ConnState {
+    /// A connection of `watch` seen from `side`, between turns. A client side whose watch is
+    /// scoped to a cgroup starts unresolved (`scope_cgroup` set): its first segment decides.
+    pub const fn new(watch: &WatchValue, side: Side) -> Self {
+        Self {
+            slot: watch.slot,
+            generation: watch.generation,
+            side: side as u32,
+            turn: turn::Turn {
+                phase: turn::PHASE_IDLE,
+                flags: 0,
+                pad: 0,
+                request_end: 0,
+                response_end: 0,
+            },
+            scope_cgroup: match side {
+                Side::Client => watch.client_cgroup,
+                Side::Server => 0,
+            },
+            scope_level: watch.client_cgroup_level,
+            pad: 0,
+        }
+    }
+}
+
 /// Probe-wide counters, one slot each in [`PROBE_STATS_MAP`].
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -42,7 +42,7 @@ use aya_log_ebpf::{debug, warn};
 use retry_after_common::{
     ConnState, DEFAULT_MAX_CONNECTIONS, EndpointCounters, EndpointKey, MAX_WATCHED_ENDPOINTS,
     PROBE_STATS_LEN, ProbeStat, Side, WATCHED_PORT_WORDS, WatchValue, counter_index,
-    turn::{PHASE_REQUEST, Turn, TurnDelta},
+    turn::{PHASE_REQUEST, TurnDelta},
 };
 
 /// Endpoints to observe; edited by the agent at run time.
@@ -220,19 +220,8 @@ fn on_established(ctx: &SockOpsContext, side: Side) {
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     // A scoped client side: the socket's cgroup is read from its first segment (the callback
     // here may run on behalf of any task), and only then is the connection counted.
-    let scope_cgroup = match side {
-        Side::Client => watch.client_cgroup,
-        Side::Server => 0,
-    };
-    let mut conn = ConnState {
-        slot: watch.slot,
-        generation: watch.generation,
-        side: side as u32,
-        turn: Turn::default(),
-        scope_cgroup,
-        scope_level: watch.client_cgroup_level,
-        pad: 0,
-    };
+    let mut conn = ConnState::new(&watch, side);
+    let scope_cgroup = conn.scope_cgroup;
     // A request that arrived with the handshake (TCP_DEFER_ACCEPT, TCP Fast Open, a lost third
     // ACK): its segment passed while the listener still owned it, before this connection was
     // tracked. The socket knows how many bytes it has received: they are that request.
@@ -453,19 +442,8 @@ fn adopt(
     if (side == Side::Server) != ingress {
         return None;
     }
-    let scope_cgroup = match side {
-        Side::Client => watch.client_cgroup,
-        Side::Server => 0,
-    };
-    let conn = ConnState {
-        slot: watch.slot,
-        generation: watch.generation,
-        side: side as u32,
-        turn: Turn::default(),
-        scope_cgroup,
-        scope_level: watch.client_cgroup_level,
-        pad: 0,
-    };
+    let conn = ConnState::new(&watch, side);
+    let scope_cgroup = conn.scope_cgroup;
     if CONNECTIONS
         .insert(&cookie, &conn, u64::from(BPF_NOEXIST))
         .is_err()

@@ -121,6 +121,21 @@ impl AttachedProbe {
     }
 }
 
+/// Run `command` to success; its standard output and error together (panics with them if it
+/// fails).
+pub fn run_ok(command: &mut std::process::Command) -> String {
+    let out = command
+        .output()
+        .unwrap_or_else(|e| panic!("{command:?}: {e}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{command:?} failed:\n{text}");
+    text
+}
+
 /// A sample's value in a Prometheus text exposition: the line that starts with
 /// `name_and_labels` (labels in the exposition's order) followed by a space.
 pub fn sample(metrics: &str, name_and_labels: &str) -> Option<f64> {

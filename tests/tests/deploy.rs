@@ -6,6 +6,7 @@
 use std::{path::PathBuf, process::Command};
 
 use retry_after_agent::{config::Config, privileges::REQUIRED};
+use retry_after_integration_tests::run_ok;
 
 fn deploy() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -14,26 +15,15 @@ fn deploy() -> PathBuf {
         .unwrap()
 }
 
-fn run(command: &mut Command) -> String {
-    let out = command
-        .output()
-        .unwrap_or_else(|e| panic!("{command:?}: {e}"));
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{command:?}:\n{text}");
-    text
-}
-
 #[test]
 fn the_daemonset_passes_the_kubernetes_schemas_and_ships_a_valid_configuration() {
     let manifest = deploy().join("kubernetes/retry-after-agent.yaml");
     for version in ["1.29.0", "1.31.0"] {
-        let text = run(Command::new("kubernetes-validate")
-            .args(["--strict", "-k", version])
-            .arg(&manifest));
+        let text = run_ok(
+            Command::new("kubernetes-validate")
+                .args(["--strict", "-k", version])
+                .arg(&manifest),
+        );
         for resource in ["namespace", "configmap", "daemonset"] {
             assert!(
                 text.contains(&format!("passed for resource {resource}/")),
@@ -42,7 +32,7 @@ fn the_daemonset_passes_the_kubernetes_schemas_and_ships_a_valid_configuration()
         }
     }
     // The ConfigMap's configuration, and the capabilities the container adds.
-    let extracted = run(Command::new("python3").arg("-c").arg(
+    let extracted = run_ok(Command::new("python3").arg("-c").arg(
         "import sys, yaml\n\
          docs = list(yaml.safe_load_all(open(sys.argv[1])))\n\
          config = next(d for d in docs if d['kind'] == 'ConfigMap')['data']['config.toml']\n\
@@ -88,15 +78,19 @@ fn the_systemd_unit_passes_systemds_verifier_and_grants_only_the_verified_capabi
         ),
     )
     .unwrap();
-    let text = run(Command::new("systemd-analyze")
-        .arg("verify")
-        .arg(&copy)
-        .current_dir(dir.path()));
+    let text = run_ok(
+        Command::new("systemd-analyze")
+            .arg("verify")
+            .arg(&copy)
+            .current_dir(dir.path()),
+    );
     assert!(text.trim().is_empty(), "verify said: {text}");
-    let text = run(Command::new("systemd-analyze")
-        .args(["security", "--offline=yes", "--threshold=40"])
-        .arg(&copy)
-        .current_dir(dir.path()));
+    let text = run_ok(
+        Command::new("systemd-analyze")
+            .args(["security", "--offline=yes", "--threshold=40"])
+            .arg(&copy)
+            .current_dir(dir.path()),
+    );
     let exposure: f64 = text
         .lines()
         .find_map(|l| l.split("Overall exposure level for ").nth(1))
@@ -104,8 +98,10 @@ fn the_systemd_unit_passes_systemds_verifier_and_grants_only_the_verified_capabi
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("{text}"));
     assert!(exposure <= 4.0, "exposure {exposure}:\n{text}");
-    run(Command::new("systemd-sysusers")
-        .arg("--dry-run")
-        .arg(deploy().join("systemd/retry-after-agent.sysusers")));
+    run_ok(
+        Command::new("systemd-sysusers")
+            .arg("--dry-run")
+            .arg(deploy().join("systemd/retry-after-agent.sysusers")),
+    );
     Config::from_file(&deploy().join("systemd/config.toml")).unwrap();
 }

@@ -6,7 +6,7 @@
 use std::{io::Write, path::PathBuf, process::Command};
 
 use rand::{Rng, RngExt, SeedableRng, rngs::SmallRng};
-use retry_after_integration_tests::AgentProcess;
+use retry_after_integration_tests::{AgentProcess, run_ok};
 use retry_after_protocol::{
     EstimatePush,
     policy::{PolicyConstants, QueueDepth, QueueDepthSource, RetryAfterPolicy},
@@ -116,36 +116,27 @@ fn write_vectors(count: usize) -> tempfile::TempPath {
     file.into_temp_path()
 }
 
-fn run(command: &mut Command) -> String {
-    let out = command
-        .output()
-        .unwrap_or_else(|e| panic!("{command:?}: {e}"));
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{command:?} failed:\n{text}");
-    text
-}
-
 #[test]
 fn the_lua_and_python_ports_answer_exactly_as_the_agent_on_shared_vectors() {
     let vectors = write_vectors(5000);
-    let text = run(Command::new("lua5.3")
-        .arg(integrations().join("haproxy/check_vectors.lua"))
-        .arg(&vectors));
+    let text = run_ok(
+        Command::new("lua5.3")
+            .arg(integrations().join("haproxy/check_vectors.lua"))
+            .arg(&vectors),
+    );
     assert!(text.contains("5000 vectors agree"), "{text}");
-    let text = run(Command::new("python3")
-        .args([
-            "-m",
-            "unittest",
-            "-v",
-            "test_retry_after_client.SharedVectors",
-        ])
-        .current_dir(integrations().join("python"))
-        .env("RETRY_AFTER_VECTORS", &vectors)
-        .env("RETRY_AFTER_SOCKET", "/unused"));
+    let text = run_ok(
+        Command::new("python3")
+            .args([
+                "-m",
+                "unittest",
+                "-v",
+                "test_retry_after_client.SharedVectors",
+            ])
+            .current_dir(integrations().join("python"))
+            .env("RETRY_AFTER_VECTORS", &vectors)
+            .env("RETRY_AFTER_SOCKET", "/unused"),
+    );
     assert!(text.contains("OK"), "{text}");
 }
 
@@ -155,11 +146,13 @@ fn the_python_client_against_the_real_agent() {
         "",
         "[[service]]\nname = \"api\"\nbackends = [{ address = \"127.0.0.1:1\" }]\n[service.backpressure]\nretry_after_s = 7\nstatus_code = 503\n",
     );
-    let text = run(Command::new("python3")
-        .args(["-m", "unittest", "-v", "test_retry_after_client.RealAgent"])
-        .current_dir(integrations().join("python"))
-        .env("RETRY_AFTER_SOCKET", &agent.socket)
-        .env("RETRY_AFTER_VECTORS", "/unused"));
+    let text = run_ok(
+        Command::new("python3")
+            .args(["-m", "unittest", "-v", "test_retry_after_client.RealAgent"])
+            .current_dir(integrations().join("python"))
+            .env("RETRY_AFTER_SOCKET", &agent.socket)
+            .env("RETRY_AFTER_VECTORS", "/unused"),
+    );
     assert!(
         text.contains("Ran 5 tests") && text.contains("OK"),
         "{text}"
