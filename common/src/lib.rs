@@ -25,7 +25,7 @@ pub const WATCHED_PORT_WORDS: u32 = 1024;
 /// Name of the per-CPU array of probe-wide counters, indexed by [`ProbeStat`].
 pub const PROBE_STATS_MAP: &str = "PROBE_STATS";
 
-/// How many connections the kernel tracks at once (the LRU bound of [`CONNECTIONS_MAP`]).
+/// How many connections the kernel tracks at once (the size of [`CONNECTIONS_MAP`]).
 pub const DEFAULT_MAX_CONNECTIONS: u32 = 65_536;
 /// How many endpoints can be watched at once.
 pub const MAX_WATCHED_ENDPOINTS: u32 = 1_024;
@@ -226,8 +226,8 @@ impl ConnState {
 pub enum ProbeStat {
     /// A watched connection could not be tracked (connection map insert failed).
     ConnectionsUntracked = 0,
-    /// A watched connection did not accept the state callback flag; its close is only seen
-    /// when the LRU evicts it.
+    /// A watched connection did not accept the state callback flag; its close is then seen
+    /// by the `inet_sock_set_state` tracepoint only.
     StateCallbackRefused = 1,
     /// Packets of tracked connections whose headers could not be read.
     PacketsUnparsed = 2,

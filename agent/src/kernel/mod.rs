@@ -42,7 +42,8 @@ pub const PROGRAM_NAMES: [&str; 4] = ["ra_sockops", "ra_ingress", "ra_egress", "
 pub struct ProbeOptions {
     /// The cgroup v2 directory to attach to; `None` finds the root of the mounted hierarchy.
     pub cgroup: Option<PathBuf>,
-    /// Bound on tracked connections (the LRU size); `None` keeps the built-in default.
+    /// Bound on tracked connections (the connection map's size); `None` keeps the built-in
+    /// default.
     pub max_connections: Option<u32>,
     /// Let the programs' debug-level log lines through to the agent's log.
     pub debug_log: bool,
