@@ -16,7 +16,7 @@ use crate::{
     error_chain,
     estimate::Estimator,
     instance::{InstanceError, InstanceLock},
-    kernel::{Probe, ProbeError, ProbeOptions, cgroup_scope, find_cgroup2_root},
+    kernel::{Probe, ProbeError, ProbeOptions, cgroup_scope},
     metrics, privileges,
     server::{self, ServerError, ServerOptions, Shared},
 };
@@ -105,21 +105,15 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     forward_ebpf_logs(&mut probe);
     let scopes = config.client_scopes();
     for endpoint in config.watched_endpoints() {
+        // Scopes resolve against the hierarchy the programs attached to: `agent.cgroup` when
+        // given (in a pod, the host's hierarchy mounted into the container), else the root.
         let scope = match scopes.get(&endpoint) {
-            Some(path) => {
-                // The hierarchy the programs attach to: `agent.cgroup` when given (in a pod,
-                // the host's hierarchy mounted into the container), else the mounted root.
-                let root = match &agent.cgroup {
-                    Some(cgroup) => cgroup.clone(),
-                    None => find_cgroup2_root().ok_or(ProbeError::NoCgroup2)?,
-                };
-                Some(
-                    cgroup_scope(&root, path).map_err(|source| RunError::ProxyCgroup {
-                        path: path.to_path_buf(),
-                        source,
-                    })?,
-                )
-            }
+            Some(path) => Some(cgroup_scope(probe.cgroup(), path).map_err(|source| {
+                RunError::ProxyCgroup {
+                    path: path.to_path_buf(),
+                    source,
+                }
+            })?),
             None => None,
         };
         probe.watch_scoped(endpoint, scope)?;

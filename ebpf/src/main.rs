@@ -224,7 +224,7 @@ fn on_established(ctx: &SockOpsContext, side: Side) {
     let scope_cgroup = conn.scope_cgroup;
     // A request that arrived with the handshake (TCP_DEFER_ACCEPT, TCP Fast Open, a lost third
     // ACK): its segment passed while the listener still owned it, before this connection was
-    // tracked. The socket knows how many bytes it has received: they are that request.
+    // tracked. The kernel has already counted that data segment: it starts the first turn.
     let early = match side {
         Side::Server => received_with_handshake(ctx),
         Side::Client => None,

@@ -9,7 +9,7 @@ use retry_after_agent::endpoint::Endpoint;
 use retry_after_common::Side;
 use retry_after_integration_tests::{
     AttachedProbe, SETTLE, free_port,
-    proxies::{Nginx, NginxStatus},
+    proxies::{Nginx, NginxStatus, Wrk},
 };
 
 fn ab(target: std::net::SocketAddr, requests: u32, concurrency: u32) {
@@ -31,25 +31,6 @@ fn ab(target: std::net::SocketAddr, requests: u32, concurrency: u32) {
     );
 }
 
-fn wrk(target: std::net::SocketAddr, connections: u32, seconds: u32) {
-    let out = Command::new("wrk")
-        .args([
-            "-t1",
-            "-c",
-            &connections.to_string(),
-            "-d",
-            &format!("{seconds}s"),
-        ])
-        .arg(format!("http://{target}/"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// nginx's counts of the traffic between two readings (each reading is one connection and
 /// one request of its own, counted by the later one).
 fn traffic(before: NginxStatus, after: NginxStatus) -> NginxStatus {
@@ -68,7 +49,7 @@ fn check(listen: &str) {
     let probe = AttachedProbe::watching(&[endpoint]);
     let before = nginx.status();
     ab(port, 500, 10);
-    wrk(port, 10, 2);
+    Wrk::start(port, 1, 10, 2).finish();
     let truth = traffic(before, nginx.status());
     eprintln!("{listen:?}: nginx counted {truth:?}");
     assert!(truth.requests > 1000, "{truth:?}");

@@ -100,10 +100,20 @@ impl ServiceSettings {
     /// True if no kernel source can see this service's queue: only a depth passed by the
     /// proxy lets it compute (`check` warns about such a service).
     pub fn queue_needs_proxy_depth(&self) -> bool {
-        match self.scope {
-            Scope::Proxy => self.frontend.is_none(),
-            Scope::Replica => self.backends.iter().any(|(_, max)| max.is_none()),
-        }
+        // The load's own rule, asked of an idle service with this shape.
+        let idle = ServiceLoad {
+            scope: self.scope,
+            backends: self
+                .backends
+                .iter()
+                .map(|(_, max_ongoing_requests)| BackendLoad {
+                    max_ongoing_requests: *max_ongoing_requests,
+                    ..BackendLoad::default()
+                })
+                .collect(),
+            frontend_in_flight: self.frontend.map(|_| 0),
+        };
+        idle.queue_depth(None).is_none()
     }
 }
 
