@@ -23,6 +23,9 @@ fn main() -> anyhow::Result<()> {
     // the pinned stable toolchain allows both with RUSTC_BOOTSTRAP, set only for that build.
     // SAFETY: build scripts are single-threaded; nothing else reads the environment here.
     unsafe { std::env::set_var("RUSTC_BOOTSTRAP", "1") };
+    // The programs also compile the shared crate (the turn and TLS state machines); aya-build
+    // watches only the eBPF crate's own directory.
+    println!("cargo::rerun-if-changed={root_dir}/../common");
     let toolchain = pinned_toolchain().context("reading the channel from rust-toolchain.toml")?;
     aya_build::build_ebpf(
         [aya_build::Package {

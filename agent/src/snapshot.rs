@@ -46,6 +46,8 @@ pub struct ProbeStats {
     pub connections_adopted: u64,
     /// Requests on untracked connections that could not be adopted (connection map full).
     pub adoptions_refused: u64,
+    /// Segments of TLS connections whose record framing was lost (their turns are not seen).
+    pub tls_segments_unframed: u64,
 }
 
 /// Every watched endpoint, both sides, read at one moment.

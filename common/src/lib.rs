@@ -7,6 +7,7 @@
 
 #![no_std]
 
+pub mod tls;
 pub mod turn;
 
 /// Name of the map of watched endpoints: [`EndpointKey`] → [`WatchValue`].
@@ -159,16 +160,26 @@ impl EndpointCounters {
             .saturating_sub(self.requests_abandoned)
     }
 
-    /// Field-wise sum, used to add up per-CPU copies.
+    /// Field-wise sum, used to add up per-CPU copies. Wrapping: a CPU's copy of
+    /// `requests_started` can go below zero when a start counted on another CPU is withdrawn
+    /// there (see [`turn::TurnDelta::withdrawn`]); the sum over all CPUs is exact.
     pub const fn add(&self, other: &Self) -> Self {
         Self {
-            connections_opened: self.connections_opened + other.connections_opened,
-            connections_closed: self.connections_closed + other.connections_closed,
-            requests_started: self.requests_started + other.requests_started,
-            responses_completed: self.responses_completed + other.responses_completed,
-            requests_abandoned: self.requests_abandoned + other.requests_abandoned,
-            request_bytes: self.request_bytes + other.request_bytes,
-            response_bytes: self.response_bytes + other.response_bytes,
+            connections_opened: self
+                .connections_opened
+                .wrapping_add(other.connections_opened),
+            connections_closed: self
+                .connections_closed
+                .wrapping_add(other.connections_closed),
+            requests_started: self.requests_started.wrapping_add(other.requests_started),
+            responses_completed: self
+                .responses_completed
+                .wrapping_add(other.responses_completed),
+            requests_abandoned: self
+                .requests_abandoned
+                .wrapping_add(other.requests_abandoned),
+            request_bytes: self.request_bytes.wrapping_add(other.request_bytes),
+            response_bytes: self.response_bytes.wrapping_add(other.response_bytes),
         }
     }
 }
@@ -184,16 +195,21 @@ pub struct ConnState {
     pub generation: u32,
     /// The vantage point: `Side as u32`.
     pub side: u32,
+    /// The level `scope_cgroup` is compared at.
+    pub scope_level: u32,
     /// The request/response turn of this connection.
     pub turn: turn::Turn,
+    /// TLS record framing of the client→server bytes (written by those segments only).
+    pub client_records: tls::RecordStream,
+    /// TLS record framing of the server→client bytes (written by those segments only).
+    pub server_records: tls::RecordStream,
     /// While not zero, the connection is not counted yet: its first segment tells whether its
     /// socket belongs to this cgroup (at `scope_level`); if not, it is forgotten.
     pub scope_cgroup: u64,
-    /// The level `scope_cgroup` is compared at.
-    pub scope_level: u32,
-    /// Always zero (explicit padding).
-    pub pad: u32,
 }
+
+// Every field is accounted for: no implicit padding, so the map value has no undefined bytes.
+const _: () = assert!(core::mem::size_of::<ConnState>() == 64);
 
 impl ConnState {
     /// A connection of `watch` seen from `side`, between turns. A client side whose watch is
@@ -203,19 +219,29 @@ impl ConnState {
             slot: watch.slot,
             generation: watch.generation,
             side: side as u32,
+            scope_level: watch.client_cgroup_level,
             turn: turn::Turn {
-                phase: turn::PHASE_IDLE,
+                client: 0,
+                server: 0,
+            },
+            client_records: tls::RecordStream {
+                next_seq: 0,
+                held: 0,
+                left: 0,
+                held_len: 0,
                 flags: 0,
-                pad: 0,
-                request_end: 0,
-                response_end: 0,
+            },
+            server_records: tls::RecordStream {
+                next_seq: 0,
+                held: 0,
+                left: 0,
+                held_len: 0,
+                flags: 0,
             },
             scope_cgroup: match side {
                 Side::Client => watch.client_cgroup,
                 Side::Server => 0,
             },
-            scope_level: watch.client_cgroup_level,
-            pad: 0,
         }
     }
 }
@@ -242,10 +268,14 @@ pub enum ProbeStat {
     /// Requests on untracked established connections that could not be adopted because the
     /// connection map was full (counted per attempt: once per such request).
     AdoptionsRefused = 6,
+    /// Segments of TLS connections whose record framing was lost (a gap in the sequence, or
+    /// more records in one segment than are read): their requests or responses are not seen
+    /// until a segment starts with a record header again.
+    TlsSegmentsUnframed = 7,
 }
 
 /// Number of slots in [`PROBE_STATS_MAP`].
-pub const PROBE_STATS_LEN: u32 = 7;
+pub const PROBE_STATS_LEN: u32 = 8;
 
 #[cfg(feature = "user")]
 mod pod {

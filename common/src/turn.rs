@@ -16,6 +16,14 @@
 //! reverse), so both vantage points reach the same counts. Retransmitted bytes are recognised
 //! by sequence number and never start a second turn.
 //!
+//! **Concurrency.** The two directions of one connection are seen by two programs (ingress and
+//! egress) that may run at the same time on two CPUs, or nest on one (a send interrupted by a
+//! receive). So the state is two 64-bit words with one writer each: [`Turn::client`] is
+//! written only by client→server segments, [`Turn::server`] only by server→client segments.
+//! Each event reads the other word once, whole, and writes its own once, whole; the phase is
+//! derived from both. No update can be lost to the other direction. (The close is the one
+//! event that writes the client word from elsewhere; it comes after both directions are done.)
+//!
 //! Where this falls short: pipelined requests (several sent before the first answer) count as
 //! one turn; multiplexed protocols (HTTP/2, gRPC) interleave streams on one connection and
 //! count as one long turn per burst; a streamed response that pauses long enough for the
@@ -25,6 +33,8 @@
 //! This module is plain integer code so the eBPF programs can run it and host tests can check
 //! it.
 
+use core::ptr::{read_volatile, write_volatile};
+
 /// No request is open.
 pub const PHASE_IDLE: u8 = 0;
 /// A request is arriving or being processed; no response byte yet.
@@ -32,26 +42,89 @@ pub const PHASE_REQUEST: u8 = 1;
 /// Response bytes are flowing.
 pub const PHASE_RESPONSE: u8 = 2;
 
+/// Client word: `request_end` holds a sequence number.
 const HAVE_REQUEST_END: u8 = 1;
-/// The highest response byte so far ended a write (its segment carried PSH).
-const RESPONSE_PUSHED: u8 = 2;
-/// `response_end` holds the end of an earlier response (or interim response).
-const HAVE_RESPONSE_END: u8 = 4;
+/// Client word: the open request began with bytes that came with the handshake, and no client
+/// segment has been seen since: they may yet turn out to be a TLS ClientHello.
+const EARLY_REQUEST: u8 = 2;
+/// Server word: the highest response byte so far ended a write (its segment carried PSH).
+const RESPONSE_PUSHED: u8 = 1;
+/// Server word: `response_end` holds the end of an earlier response (or interim response).
+const HAVE_RESPONSE_END: u8 = 2;
 
-/// The turn state of one connection.
+/// What the client→server direction knows, packed into [`Turn::client`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct ClientWord {
+    /// Sequence number just past the highest client→server byte seen.
+    request_end: u32,
+    /// Requests started on this connection, modulo 256.
+    requests: u8,
+    /// Requests whose turn ended (answered or abandoned), modulo 256: `requests` or one less.
+    ended: u8,
+    flags: u8,
+}
+
+/// What the server→client direction knows, packed into [`Turn::server`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct ServerWord {
+    /// Sequence number just past the highest server→client byte of the current response.
+    response_end: u32,
+    /// The request (its number in `ClientWord::requests`) the latest response answers.
+    answered: u8,
+    flags: u8,
+}
+
+impl ClientWord {
+    const fn unpack(w: u64) -> Self {
+        Self {
+            request_end: w as u32,
+            requests: (w >> 32) as u8,
+            ended: (w >> 40) as u8,
+            flags: (w >> 48) as u8,
+        }
+    }
+
+    const fn pack(self) -> u64 {
+        self.request_end as u64
+            | (self.requests as u64) << 32
+            | (self.ended as u64) << 40
+            | (self.flags as u64) << 48
+    }
+}
+
+impl ServerWord {
+    const fn unpack(w: u64) -> Self {
+        Self {
+            response_end: w as u32,
+            answered: (w >> 32) as u8,
+            flags: (w >> 40) as u8,
+        }
+    }
+
+    const fn pack(self) -> u64 {
+        self.response_end as u64 | (self.answered as u64) << 32 | (self.flags as u64) << 40
+    }
+}
+
+/// The phase both words describe together.
+const fn phase_of(c: ClientWord, s: ServerWord) -> u8 {
+    if c.requests == c.ended {
+        PHASE_IDLE
+    } else if s.answered == c.requests {
+        PHASE_RESPONSE
+    } else {
+        PHASE_REQUEST
+    }
+}
+
+/// The turn state of one connection: one word per direction, each with a single writer.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Turn {
-    /// One of `PHASE_IDLE`, `PHASE_REQUEST`, `PHASE_RESPONSE`.
-    pub phase: u8,
-    /// Bit flags (whether `request_end` is set).
-    pub flags: u8,
-    /// Always zero.
-    pub pad: u16,
-    /// Sequence number just past the highest client→server byte seen.
-    pub request_end: u32,
-    /// Sequence number just past the highest server→client byte of the current response.
-    pub response_end: u32,
+    /// Written by client→server segments only (packed request end, counts and flags).
+    pub client: u64,
+    /// Written by server→client segments only (packed response end, answer and flags).
+    pub server: u64,
 }
 
 /// What one event did to the counters.
@@ -63,6 +136,9 @@ pub struct TurnDelta {
     pub completed: u8,
     /// Requests abandoned by this event (0 or 1).
     pub abandoned: u8,
+    /// Requests started earlier and withdrawn by this event (0 or 1): the bytes that came with
+    /// the handshake were a TLS ClientHello, not a request.
+    pub withdrawn: u8,
     /// New client→server payload bytes.
     pub request_bytes: u32,
     /// Server→client payload bytes counted toward a response.
@@ -76,16 +152,60 @@ pub const fn seq_after(a: u32, b: u32) -> bool {
 }
 
 impl Turn {
+    #[inline(always)]
+    fn load(&self) -> (ClientWord, ServerWord) {
+        // SAFETY: plain aligned reads of this value's own fields; volatile so each word is read
+        // once, whole, even while the other direction writes its word.
+        unsafe {
+            (
+                ClientWord::unpack(read_volatile(&raw const self.client)),
+                ServerWord::unpack(read_volatile(&raw const self.server)),
+            )
+        }
+    }
+
+    #[inline(always)]
+    fn store_client(&mut self, c: ClientWord) {
+        // SAFETY: an aligned write of this value's own field, whole.
+        unsafe { write_volatile(&raw mut self.client, c.pack()) }
+    }
+
+    #[inline(always)]
+    fn store_server(&mut self, s: ServerWord) {
+        // SAFETY: an aligned write of this value's own field, whole.
+        unsafe { write_volatile(&raw mut self.server, s.pack()) }
+    }
+
+    /// One of `PHASE_IDLE`, `PHASE_REQUEST`, `PHASE_RESPONSE`.
+    #[inline(always)]
+    pub fn phase(&self) -> u8 {
+        let (c, s) = self.load();
+        phase_of(c, s)
+    }
+
     /// A client→server segment: `len` payload bytes at `seq`, and the acknowledgement number
     /// it carries (`None` if the ACK flag is clear).
     #[inline(always)]
     pub fn on_client_segment(&mut self, seq: u32, len: u32, ack: Option<u32>) -> TurnDelta {
         let mut delta = TurnDelta::default();
+        let (mut c, s) = self.load();
+        let before = c;
         if len > 0 {
-            self.on_request_payload(seq, len, &mut delta);
+            on_request_payload(&mut c, s, seq, len, &mut delta);
         }
+        c.flags &= !EARLY_REQUEST;
         if let Some(ack) = ack {
-            self.on_response_ack(ack, &mut delta);
+            // The whole response acknowledged, and its last byte ended a write: the turn is over.
+            if phase_of(c, s) == PHASE_RESPONSE
+                && s.flags & RESPONSE_PUSHED != 0
+                && !seq_after(s.response_end, ack)
+            {
+                c.ended = c.requests;
+                delta.completed = 1;
+            }
+        }
+        if c != before {
+            self.store_client(c);
         }
         delta
     }
@@ -105,38 +225,42 @@ impl Turn {
         if len == 0 {
             return delta;
         }
+        let (c, mut s) = self.load();
         let end = seq.wrapping_add(len);
-        match self.phase {
+        match phase_of(c, s) {
             // Every byte was sent before: a retransmitted tail of the previous response, which
             // must not begin this request's response.
             PHASE_REQUEST
-                if self.flags & HAVE_RESPONSE_END != 0 && !seq_after(end, self.response_end) => {}
+                if s.flags & HAVE_RESPONSE_END != 0 && !seq_after(end, s.response_end) =>
+            {
+                return delta;
+            }
             // An interim response: its bytes are passed over, the request stays open.
             PHASE_REQUEST if interim => {
-                self.response_end = end;
-                self.flags |= HAVE_RESPONSE_END;
+                s.response_end = end;
+                s.flags |= HAVE_RESPONSE_END;
             }
             PHASE_REQUEST => {
-                let new = if self.flags & HAVE_RESPONSE_END != 0 {
-                    end.wrapping_sub(self.response_end).min(len)
+                delta.response_bytes = if s.flags & HAVE_RESPONSE_END != 0 {
+                    end.wrapping_sub(s.response_end).min(len)
                 } else {
                     len
                 };
-                self.phase = PHASE_RESPONSE;
-                self.response_end = end;
-                self.flags |= HAVE_RESPONSE_END;
-                self.set_pushed(push);
-                delta.response_bytes = new;
+                s.answered = c.requests;
+                s.response_end = end;
+                s.flags |= HAVE_RESPONSE_END;
+                s.flags = with_push(s.flags, push);
             }
-            PHASE_RESPONSE if seq_after(end, self.response_end) => {
-                delta.response_bytes = end.wrapping_sub(self.response_end).min(len);
-                self.response_end = end;
-                self.set_pushed(push);
+            PHASE_RESPONSE if seq_after(end, s.response_end) => {
+                delta.response_bytes = end.wrapping_sub(s.response_end).min(len);
+                s.response_end = end;
+                s.flags = with_push(s.flags, push);
             }
             // Retransmitted response bytes, or server bytes outside a turn (a greeting, or the
             // tail of a response that already completed at a pause): nothing to count.
-            _ => {}
+            _ => return delta,
         }
+        self.store_server(s);
         delta
     }
 
@@ -147,77 +271,103 @@ impl Turn {
     #[inline(always)]
     pub fn on_early_request(&mut self, end: u32, bytes: u32) -> TurnDelta {
         let mut delta = TurnDelta::default();
-        if self.phase != PHASE_IDLE {
+        let (mut c, s) = self.load();
+        if phase_of(c, s) != PHASE_IDLE {
             return delta;
         }
-        self.phase = PHASE_REQUEST;
-        self.flags |= HAVE_REQUEST_END;
-        self.request_end = end;
+        c.requests = c.requests.wrapping_add(1);
+        c.flags |= HAVE_REQUEST_END | EARLY_REQUEST;
+        c.request_end = end;
+        self.store_client(c);
         delta.started = 1;
         delta.request_bytes = bytes;
         delta
     }
 
-    /// The connection closed (the socket reached TCP_CLOSE).
+    /// The client's first segment since a request came with the handshake shows a TLS
+    /// connection: those bytes were its ClientHello, and the request is withdrawn (called
+    /// before that segment is fed to [`Turn::on_client_segment`]).
     #[inline(always)]
-    pub fn on_close(&mut self) -> TurnDelta {
+    pub fn on_client_hello_found(&mut self) -> TurnDelta {
         let mut delta = TurnDelta::default();
-        match self.phase {
-            PHASE_REQUEST => delta.abandoned = 1,
-            PHASE_RESPONSE => delta.completed = 1,
-            _ => {}
+        let (mut c, s) = self.load();
+        if c.flags & EARLY_REQUEST == 0 || phase_of(c, s) != PHASE_REQUEST {
+            return delta;
         }
-        self.phase = PHASE_IDLE;
+        c.requests = c.requests.wrapping_sub(1);
+        c.flags &= !EARLY_REQUEST;
+        self.store_client(c);
+        delta.withdrawn = 1;
         delta
     }
 
+    /// The connection closed (the socket reached TCP_CLOSE). `server_tls`: the server's bytes
+    /// were TLS records, so a request that came with the handshake and was never followed by
+    /// another client segment was a ClientHello, and is withdrawn rather than abandoned.
     #[inline(always)]
-    fn on_request_payload(&mut self, seq: u32, len: u32, delta: &mut TurnDelta) {
-        let end = seq.wrapping_add(len);
-        let new_bytes = if self.flags & HAVE_REQUEST_END == 0 {
-            len
-        } else if seq_after(end, self.request_end) {
-            end.wrapping_sub(self.request_end).min(len)
-        } else {
-            // Every byte of this segment was seen before: a retransmission.
-            return;
-        };
-        self.flags |= HAVE_REQUEST_END;
-        self.request_end = end;
-        delta.request_bytes = new_bytes;
-        match self.phase {
-            PHASE_IDLE => {
-                self.phase = PHASE_REQUEST;
-                delta.started = 1;
+    pub fn on_close(&mut self, server_tls: bool) -> TurnDelta {
+        let mut delta = TurnDelta::default();
+        let (mut c, s) = self.load();
+        match phase_of(c, s) {
+            PHASE_REQUEST if server_tls && c.flags & EARLY_REQUEST != 0 => {
+                c.requests = c.requests.wrapping_sub(1);
+                self.store_client(c);
+                delta.withdrawn = 1;
+                return delta;
             }
-            PHASE_RESPONSE => {
-                self.phase = PHASE_REQUEST;
-                delta.completed = 1;
-                delta.started = 1;
-            }
-            // More of the same request (or a pipelined one: see the module docs).
-            _ => {}
+            PHASE_REQUEST => delta.abandoned = 1,
+            PHASE_RESPONSE => delta.completed = 1,
+            _ => return delta,
         }
+        c.ended = c.requests;
+        self.store_client(c);
+        delta
     }
+}
 
-    #[inline(always)]
-    fn set_pushed(&mut self, push: bool) {
-        if push {
-            self.flags |= RESPONSE_PUSHED;
-        } else {
-            self.flags &= !RESPONSE_PUSHED;
+#[inline(always)]
+const fn with_push(flags: u8, push: bool) -> u8 {
+    if push {
+        flags | RESPONSE_PUSHED
+    } else {
+        flags & !RESPONSE_PUSHED
+    }
+}
+
+#[inline(always)]
+fn on_request_payload(
+    c: &mut ClientWord,
+    s: ServerWord,
+    seq: u32,
+    len: u32,
+    delta: &mut TurnDelta,
+) {
+    let end = seq.wrapping_add(len);
+    let new_bytes = if c.flags & HAVE_REQUEST_END == 0 {
+        len
+    } else if seq_after(end, c.request_end) {
+        end.wrapping_sub(c.request_end).min(len)
+    } else {
+        // Every byte of this segment was seen before: a retransmission.
+        return;
+    };
+    let phase = phase_of(*c, s);
+    c.flags |= HAVE_REQUEST_END;
+    c.request_end = end;
+    delta.request_bytes = new_bytes;
+    match phase {
+        PHASE_IDLE => {
+            c.requests = c.requests.wrapping_add(1);
+            delta.started = 1;
         }
-    }
-
-    #[inline(always)]
-    fn on_response_ack(&mut self, ack: u32, delta: &mut TurnDelta) {
-        if self.phase == PHASE_RESPONSE
-            && self.flags & RESPONSE_PUSHED != 0
-            && !seq_after(self.response_end, ack)
-        {
-            self.phase = PHASE_IDLE;
+        PHASE_RESPONSE => {
+            c.ended = c.requests;
+            c.requests = c.requests.wrapping_add(1);
             delta.completed = 1;
+            delta.started = 1;
         }
+        // More of the same request (or a pipelined one: see the module docs).
+        _ => {}
     }
 }
 
@@ -239,7 +389,11 @@ mod tests {
             t.on_server_segment(1100, 100, true, false),
             TurnDelta::default()
         );
-        assert_eq!(t.phase, PHASE_REQUEST, "still waiting for its own response");
+        assert_eq!(
+            t.phase(),
+            PHASE_REQUEST,
+            "still waiting for its own response"
+        );
         // The client's ACK covers the old bytes: that must not complete the new turn.
         assert_eq!(
             t.on_client_segment(190, 0, Some(1200)),
@@ -247,7 +401,7 @@ mod tests {
         );
         // The real response; an overlapping start counts only its new bytes.
         let d = t.on_server_segment(1150, 150, true, false);
-        assert_eq!((d.response_bytes, t.phase), (100, PHASE_RESPONSE));
+        assert_eq!((d.response_bytes, t.phase()), (100, PHASE_RESPONSE));
         assert_eq!(t.on_client_segment(190, 0, Some(1300)).completed, 1);
     }
 
@@ -287,7 +441,7 @@ mod tests {
         let d = t.on_client_segment(180, 500, Some(1025));
         assert_eq!((d.started, d.completed, d.request_bytes), (0, 0, 500));
         let d = t.on_server_segment(1025, 300, true, false);
-        assert_eq!((d.response_bytes, t.phase), (300, PHASE_RESPONSE));
+        assert_eq!((d.response_bytes, t.phase()), (300, PHASE_RESPONSE));
         assert_eq!(t.on_client_segment(680, 0, Some(1325)).completed, 1);
     }
 
@@ -296,7 +450,7 @@ mod tests {
         let mut t = Turn::default();
         let d = t.on_client_segment(100, 50, ACK);
         assert_eq!((d.started, d.completed, d.request_bytes), (1, 0, 50));
-        assert_eq!(t.phase, PHASE_REQUEST);
+        assert_eq!(t.phase(), PHASE_REQUEST);
         let d = t.on_server_segment(1000, 200, true, false);
         assert_eq!((d.started, d.completed, d.response_bytes), (0, 0, 200));
         // An ACK short of the end keeps the turn open.
@@ -304,7 +458,7 @@ mod tests {
         assert_eq!(d, TurnDelta::default());
         let d = t.on_client_segment(150, 0, Some(1200));
         assert_eq!(d.completed, 1);
-        assert_eq!(t.phase, PHASE_IDLE);
+        assert_eq!(t.phase(), PHASE_IDLE);
     }
 
     #[test]
@@ -327,7 +481,7 @@ mod tests {
         // The next request carries an ACK of the whole response; it counts once.
         let d = t.on_client_segment(10, 10, Some(10));
         assert_eq!((d.started, d.completed), (1, 1));
-        assert_eq!(t.phase, PHASE_REQUEST);
+        assert_eq!(t.phase(), PHASE_REQUEST);
     }
 
     #[test]
@@ -357,7 +511,7 @@ mod tests {
         t.on_server_segment(0, 10, true, false);
         let d = t.on_client_segment(0, 100, None);
         assert_eq!(d, TurnDelta::default());
-        assert_eq!(t.phase, PHASE_RESPONSE);
+        assert_eq!(t.phase(), PHASE_RESPONSE);
         // Partly new bytes: only the new ones count, and they start a turn.
         let d = t.on_client_segment(50, 100, None);
         assert_eq!((d.started, d.completed, d.request_bytes), (1, 1, 50));
@@ -367,13 +521,13 @@ mod tests {
     fn close_ends_the_open_turn() {
         let mut t = Turn::default();
         t.on_client_segment(0, 1, None);
-        assert_eq!(t.on_close().abandoned, 1);
+        assert_eq!(t.on_close(false).abandoned, 1);
         let mut t = Turn::default();
         t.on_client_segment(0, 1, None);
         t.on_server_segment(0, 1, true, false);
-        assert_eq!(t.on_close().completed, 1);
+        assert_eq!(t.on_close(false).completed, 1);
         let mut t = Turn::default();
-        assert_eq!(t.on_close(), TurnDelta::default());
+        assert_eq!(t.on_close(false), TurnDelta::default());
     }
 
     #[test]
@@ -394,6 +548,48 @@ mod tests {
             t.on_server_segment(0, 100, true, false),
             TurnDelta::default()
         );
-        assert_eq!(t.phase, PHASE_IDLE);
+        assert_eq!(t.phase(), PHASE_IDLE);
+    }
+
+    #[test]
+    fn turns_count_past_256_on_one_connection() {
+        let mut t = Turn::default();
+        let (mut started, mut completed) = (0u32, 0u32);
+        for i in 0..1000u32 {
+            let d = t.on_client_segment(i * 10, 10, Some(i * 100));
+            started += d.started as u32;
+            completed += d.completed as u32;
+            t.on_server_segment(i * 100, 100, true, false);
+        }
+        completed += t.on_client_segment(10_000, 0, Some(100_000)).completed as u32;
+        assert_eq!((started, completed), (1000, 1000));
+        assert_eq!(t.phase(), PHASE_IDLE);
+    }
+
+    #[test]
+    fn each_direction_writes_only_its_own_word() {
+        // A pseudo-random mix of events in both directions: a server→client segment never
+        // changes the client word, and a client→server segment never changes the server word,
+        // so ingress and egress running at once cannot undo each other's update.
+        let mut t = Turn::default();
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let (mut client_seq, mut server_seq) = (0u32, 0u32);
+        for _ in 0..10_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let len = (x >> 8) as u32 % 3 * 700;
+            let before = t;
+            if x.is_multiple_of(2) {
+                let ack = (x >> 20) as u32 % (server_seq + 1);
+                t.on_client_segment(client_seq, len, Some(ack));
+                client_seq += len;
+                assert_eq!(t.server, before.server);
+            } else {
+                t.on_server_segment(server_seq, len, x.is_multiple_of(3), x.is_multiple_of(5));
+                server_seq += len;
+                assert_eq!(t.client, before.client);
+            }
+        }
     }
 }

@@ -33,6 +33,12 @@ pub unsafe fn apply(c: *mut EndpointCounters, delta: &TurnDelta) {
     // SAFETY: guaranteed by the caller.
     unsafe {
         add(&mut (*c).requests_started, delta.started as u64);
+        // A withdrawn start is subtracted (wrapping; the agent sums the per-CPU copies
+        // wrapping, so the total is exact even when this CPU's own copy goes below zero).
+        add(
+            &mut (*c).requests_started,
+            (delta.withdrawn as u64).wrapping_neg(),
+        );
         add(&mut (*c).responses_completed, delta.completed as u64);
         add(&mut (*c).requests_abandoned, delta.abandoned as u64);
         add(&mut (*c).request_bytes, delta.request_bytes as u64);

@@ -7,7 +7,8 @@
 //!   count it, start tracking it by socket cookie, and ask for state callbacks; it reaches
 //!   TCP_CLOSE → close its open turn, count the close, forget it.
 //! * `ra_ingress` / `ra_egress` (cgroup_skb): every TCP segment a tracked socket receives or
-//!   sends → feed the turn state machine of `retry_after_common::turn`. Segments are seen as
+//!   sends → feed the turn state machine of `retry_after_common::turn`, through the TLS record
+//!   framing of `retry_after_common::tls` on an encrypted connection. Segments are seen as
 //!   they arrive, before the application reads them, so a request waiting unread in a socket
 //!   buffer is already counted.
 //!
@@ -29,19 +30,20 @@ use aya_ebpf::{
     bindings::{
         __sk_buff, BPF_NOEXIST, BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB,
         BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB, BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG,
-        BPF_TCP_CLOSE, BPF_TCP_ESTABLISHED,
+        BPF_TCP_CLOSE, BPF_TCP_ESTABLISHED, BPF_TCP_LISTEN,
     },
     helpers::{
         bpf_get_socket_cookie, bpf_sk_fullsock, bpf_skb_ancestor_cgroup_id, bpf_skb_cgroup_id,
     },
     macros::{btf_tracepoint, cgroup_skb, map, sock_ops},
-    maps::{Array, HashMap, PerCpuArray},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray},
     programs::{BtfTracePointContext, SkBuffContext, SockOpsContext},
 };
 use aya_log_ebpf::{debug, warn};
 use retry_after_common::{
     ConnState, DEFAULT_MAX_CONNECTIONS, EndpointCounters, EndpointKey, MAX_WATCHED_ENDPOINTS,
     PROBE_STATS_LEN, ProbeStat, Side, WATCHED_PORT_WORDS, WatchValue, counter_index,
+    tls::Sender,
     turn::{PHASE_REQUEST, TurnDelta},
 };
 
@@ -72,6 +74,24 @@ static WATCHED_PORTS: Array<u64> = Array::with_max_entries(WATCHED_PORT_WORDS, 0
 /// (`ProbeStat::ConnectionsUntracked`).
 #[map]
 static CONNECTIONS: HashMap<u64, ConnState> = HashMap::with_max_entries(DEFAULT_MAX_CONNECTIONS, 0);
+
+/// A client of a watched listener, as the segment that completes its handshake and as the
+/// connection then established both name it: its address and port, and the listener's port.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct HandshakePeer {
+    addr: [u8; 16],
+    port: u16,
+    local_port: u16,
+}
+
+/// Clients of watched listeners whose handshake-completing segment carried a TLS ClientHello
+/// (TCP_DEFER_ACCEPT, a lost third ACK). The segment passes while the listener owns it; the
+/// connection established next finds its entry here, and does not take those bytes for a
+/// request. An LRU of in-progress handshakes: an entry evicted before its connection is
+/// established leaves the turn to be withdrawn later (`Turn::on_client_hello_found`).
+#[map]
+static CLIENT_HELLOS: LruHashMap<HandshakePeer, u8> = LruHashMap::with_max_entries(4_096, 0);
 
 /// Probe-wide counters of things that went wrong (see `ProbeStat`).
 #[map]
@@ -224,9 +244,10 @@ fn on_established(ctx: &SockOpsContext, side: Side) {
     let scope_cgroup = conn.scope_cgroup;
     // A request that arrived with the handshake (TCP_DEFER_ACCEPT, TCP Fast Open, a lost third
     // ACK): its segment passed while the listener still owned it, before this connection was
-    // tracked. The kernel has already counted that data segment: it starts the first turn.
+    // tracked. The kernel has already counted that data segment: it starts the first turn,
+    // unless it was a TLS ClientHello (`CLIENT_HELLOS`).
     let early = match side {
-        Side::Server => received_with_handshake(ctx),
+        Side::Server => received_with_handshake(ctx).filter(|_| !client_hello_came(ctx)),
         Side::Client => None,
     };
     let early_delta = match early {
@@ -280,6 +301,46 @@ fn received_with_handshake(ctx: &SockOpsContext) -> Option<(u32, u32)> {
         .then_some((rcv_nxt, received.min(u64::from(u32::MAX)) as u32))
 }
 
+/// True if the handshake-completing segment of this (server-side) connection carried a TLS
+/// ClientHello, as `note_client_hello` saw it; the entry is used up.
+fn client_hello_came(ctx: &SockOpsContext) -> bool {
+    let a = addresses!(ctx.ops);
+    let Some(remote) = endpoint_of(&a, Side::Client) else {
+        return false;
+    };
+    let peer = HandshakePeer {
+        addr: remote.addr,
+        port: remote.port,
+        local_port: a.local_port as u16,
+    };
+    // SAFETY: only the presence of the entry is read.
+    let came = unsafe { CLIENT_HELLOS.get(&peer) }.is_some();
+    if came {
+        let _ = CLIENT_HELLOS.remove(&peer);
+    }
+    came
+}
+
+/// A segment with payload reached a watched listener: it completes a handshake and carries the
+/// client's first bytes. If they are a TLS ClientHello, remember the client (`CLIENT_HELLOS`).
+#[inline(never)]
+fn note_client_hello(ctx: &SkBuffContext, segment: &packet::Segment, local_port: u16) {
+    let hello = ctx
+        .load::<[u8; 5]>(segment.payload_offset as usize)
+        .is_ok_and(retry_after_common::tls::is_handshake_header);
+    if !hello {
+        return;
+    }
+    if let Some((addr, port)) = packet::source(ctx, segment) {
+        let peer = HandshakePeer {
+            addr,
+            port,
+            local_port,
+        };
+        let _ = CLIENT_HELLOS.insert(&peer, &1, 0);
+    }
+}
+
 fn on_close(ctx: &SockOpsContext) {
     // SAFETY: the helper only reads the context it is given.
     close_tracked(unsafe { bpf_get_socket_cookie(ctx.as_ptr()) });
@@ -298,7 +359,7 @@ fn close_tracked(cookie: u64) {
     if conn.scope_cgroup == 0
         && let Some(c) = live_counters(conn)
     {
-        let delta = conn.turn.on_close();
+        let delta = conn.turn.on_close(conn.server_records.is_tls());
         // SAFETY: `c` points into this CPU's copy of a live map value.
         unsafe {
             counters::apply(c, &delta);
@@ -387,18 +448,58 @@ fn on_segment(ctx: &SkBuffContext, ingress: bool) {
         // SAFETY: `c` points into this CPU's copy of a live map value.
         unsafe { counters::add(&mut (*c).connections_opened, 1) };
     }
-    // Which way the segment travels between client and server.
+    // Which way the segment travels between client and server. On a TLS connection only the
+    // segments that carry request or response records take part in turns (`tls`).
     let from_client = (conn.side == Side::Server as u32) == ingress;
+    let payload = packet::SegmentPayload::new(ctx, segment.payload_offset);
     let delta = if from_client {
-        conn.turn
-            .on_client_segment(segment.seq, segment.payload_len, segment.ack)
+        let peer = conn.server_records.flags;
+        let walked = conn.client_records.walk(
+            segment.seq,
+            segment.payload_len,
+            &payload,
+            Sender::Client,
+            peer,
+        );
+        if walked.unframed {
+            counters::probe_stat(&PROBE_STATS, ProbeStat::TlsSegmentsUnframed);
+        }
+        if walked.found_tls {
+            let withdrawn = conn.turn.on_client_hello_found();
+            // SAFETY: `c` points into this CPU's copy of a live map value.
+            unsafe { counters::apply(c, &withdrawn) };
+        }
+        let len = if walked.plaintext || walked.message {
+            segment.payload_len
+        } else {
+            0
+        };
+        let ack = segment.has_ack.then_some(segment.ack);
+        conn.turn.on_client_segment(segment.seq, len, ack)
     } else {
-        // Only a segment that could begin this request's response is looked into.
-        let interim = conn.turn.phase == PHASE_REQUEST
-            && segment.payload_len >= 12
-            && packet::starts_interim_response(ctx, segment.payload_offset);
-        conn.turn
-            .on_server_segment(segment.seq, segment.payload_len, segment.push, interim)
+        let peer = conn.client_records.flags;
+        let walked = conn.server_records.walk(
+            segment.seq,
+            segment.payload_len,
+            &payload,
+            Sender::Server,
+            peer,
+        );
+        if walked.unframed {
+            counters::probe_stat(&PROBE_STATS, ProbeStat::TlsSegmentsUnframed);
+        }
+        if walked.plaintext || walked.message {
+            // Only a plaintext segment that could begin this request's response is looked
+            // into for an interim (1xx) response.
+            let interim = walked.plaintext
+                && conn.turn.phase() == PHASE_REQUEST
+                && segment.payload_len >= 12
+                && packet::starts_interim_response(ctx, segment.payload_offset);
+            conn.turn
+                .on_server_segment(segment.seq, segment.payload_len, segment.push, interim)
+        } else {
+            TurnDelta::default()
+        }
     };
     // SAFETY: `c` points into this CPU's copy of a live map value.
     unsafe { counters::apply(c, &delta) };
@@ -427,7 +528,17 @@ fn adopt(
     }
     // SAFETY: the helper checks the pointer it is given.
     let full = unsafe { bpf_sk_fullsock(sk) };
-    if full.is_null() || unsafe { (*full).state } != BPF_TCP_ESTABLISHED {
+    if full.is_null() {
+        return None;
+    }
+    // SAFETY: checked not null above; a full socket's state field.
+    let state = unsafe { (*full).state };
+    if state == BPF_TCP_LISTEN && ingress {
+        // SAFETY: as above.
+        note_client_hello(ctx, segment, unsafe { (*full).src_port } as u16);
+        return None;
+    }
+    if state != BPF_TCP_ESTABLISHED {
         return None;
     }
     let a = addresses!(skb);

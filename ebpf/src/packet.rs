@@ -7,7 +7,7 @@
 //! on both paths; `bpf_skb_load_bytes` is the fallback.
 
 use aya_ebpf::{EbpfContext, bindings::__sk_buff, programs::SkBuffContext};
-use retry_after_common::ProbeStat;
+use retry_after_common::{ProbeStat, tls::Payload};
 
 use crate::counters;
 
@@ -25,14 +25,78 @@ const TCP_FLAG_ACK: u8 = 0x10;
 pub struct Segment {
     /// Sequence number of the first payload byte.
     pub seq: u32,
-    /// Acknowledgement number, if the ACK flag is set.
-    pub ack: Option<u32>,
+    /// Acknowledgement number (meaningful if `has_ack`).
+    pub ack: u32,
+    /// The ACK flag. (Not an `Option`: LLVM may leave the `None` payload undefined, and the
+    /// verifier refuses to store an undefined register.)
+    pub has_ack: bool,
     /// Payload bytes (the whole GSO super-packet on egress).
     pub payload_len: u32,
     /// The PSH flag: set on the segment that ends each write.
     pub push: bool,
     /// Offset of the first payload byte from the network header.
     pub payload_offset: u32,
+    /// The segment's source port.
+    pub source_port: u16,
+    /// An IPv6 packet (else IPv4).
+    pub ipv6: bool,
+}
+
+/// The sender's address of the IPv4 or IPv6 packet in `ctx` (IPv4 as IPv4-mapped IPv6), and
+/// the source port of its TCP segment `segment`.
+#[inline(always)]
+pub fn source(ctx: &SkBuffContext, segment: &Segment) -> Option<([u8; 16], u16)> {
+    let addr = if segment.ipv6 {
+        ctx.load::<[u8; 16]>(8).ok()?
+    } else {
+        let [a, b, c, d] = ctx.load::<[u8; 4]>(12).ok()?;
+        [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, a, b, c, d]
+    };
+    Some((addr, segment.source_port))
+}
+
+/// The payload of one segment, for the TLS record walk.
+pub struct SegmentPayload<'a> {
+    ctx: &'a SkBuffContext,
+    offset: u32,
+}
+
+impl<'a> SegmentPayload<'a> {
+    /// The payload that begins `offset` bytes after the network header of `ctx`.
+    #[inline(always)]
+    pub fn new(ctx: &'a SkBuffContext, offset: u32) -> Self {
+        Self { ctx, offset }
+    }
+}
+
+impl Payload for SegmentPayload<'_> {
+    #[inline(always)]
+    fn header_at(&self, at: u32) -> Option<[u8; 5]> {
+        self.ctx.load::<[u8; 5]>((self.offset + at) as usize).ok()
+    }
+
+    #[inline(always)]
+    fn bytes_at(&self, at: u32, n: u32) -> Option<u32> {
+        // One load of a constant size per case: the verifier wants a bounded length.
+        let at = (self.offset + at) as usize;
+        let bytes = match n {
+            1 => {
+                let [a] = self.ctx.load::<[u8; 1]>(at).ok()?;
+                [0, 0, 0, a]
+            }
+            2 => {
+                let [a, b] = self.ctx.load::<[u8; 2]>(at).ok()?;
+                [0, 0, a, b]
+            }
+            3 => {
+                let [a, b, c] = self.ctx.load::<[u8; 3]>(at).ok()?;
+                [0, a, b, c]
+            }
+            4 => self.ctx.load::<[u8; 4]>(at).ok()?,
+            _ => return None,
+        };
+        Some(u32::from_be_bytes(bytes))
+    }
 }
 
 /// True if the payload at `offset` begins an interim HTTP/1.x response (`HTTP/1.1 1xx`).
@@ -68,6 +132,7 @@ pub fn parse_tcp(ctx: &SkBuffContext) -> Option<Segment> {
 
 /// Fixed header fields of one segment, before the payload length is known.
 struct Headers {
+    ipv6: bool,
     ip_header_len: usize,
     tcp: [u8; TCP_PREFIX_LEN],
 }
@@ -108,13 +173,14 @@ fn parse_in_place(ctx: &SkBuffContext, is_ipv6: bool) -> Option<Segment> {
     segment(
         ctx,
         Headers {
+            ipv6: is_ipv6,
             ip_header_len,
             tcp: prefix,
         },
     )
 }
 
-#[inline(never)]
+#[inline(always)]
 fn parse_copied(ctx: &SkBuffContext, is_ipv6: bool) -> Option<Segment> {
     let ip_header_len = if is_ipv6 {
         let next_header: u8 = ctx.load(6).ok()?;
@@ -131,7 +197,14 @@ fn parse_copied(ctx: &SkBuffContext, is_ipv6: bool) -> Option<Segment> {
         ((version_ihl & 0x0f) as usize) * 4
     };
     let tcp: [u8; TCP_PREFIX_LEN] = ctx.load(ip_header_len).ok()?;
-    segment(ctx, Headers { ip_header_len, tcp })
+    segment(
+        ctx,
+        Headers {
+            ipv6: is_ipv6,
+            ip_header_len,
+            tcp,
+        },
+    )
 }
 
 #[inline(always)]
@@ -144,9 +217,12 @@ fn segment(ctx: &SkBuffContext, headers: Headers) -> Option<Segment> {
     let payload_len = ctx.len().saturating_sub(payload_offset);
     Some(Segment {
         seq,
-        ack: (t[13] & TCP_FLAG_ACK != 0).then_some(ack),
+        ack,
+        has_ack: t[13] & TCP_FLAG_ACK != 0,
         payload_len,
         push: t[13] & TCP_FLAG_PSH != 0,
         payload_offset,
+        source_port: u16::from_be_bytes([t[0], t[1]]),
+        ipv6: headers.ipv6,
     })
 }

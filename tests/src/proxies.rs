@@ -139,6 +139,11 @@ pub struct WrkTotals {
 impl Wrk {
     /// `wrk -t threads -c connections -d seconds http://target/`, started now.
     pub fn start(target: SocketAddr, threads: u32, connections: u32, seconds: u32) -> Self {
+        Self::start_url(&format!("http://{target}/"), threads, connections, seconds)
+    }
+
+    /// `wrk -t threads -c connections -d seconds url`, started now (`https://` for TLS).
+    pub fn start_url(url: &str, threads: u32, connections: u32, seconds: u32) -> Self {
         let child = Command::new("wrk")
             .args([
                 "-t",
@@ -149,7 +154,7 @@ impl Wrk {
                 &format!("{seconds}s"),
                 "--timeout",
                 "60s",
-                &format!("http://{target}/"),
+                url,
             ])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -275,4 +280,26 @@ impl Drop for Nginx {
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// A self-signed certificate for `localhost` and its key, made by the distribution's openssl in
+/// a new directory: (certificate path, key path).
+pub fn self_signed_certificate() -> (PathBuf, PathBuf) {
+    let dir = std::env::temp_dir().join(format!(
+        "retry-after-tls-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    crate::run_ok(
+        Command::new("openssl")
+            .args(["req", "-x509", "-newkey", "ec", "-pkeyopt"])
+            .args(["ec_paramgen_curve:prime256v1", "-nodes", "-days", "2"])
+            .args(["-subj", "/CN=localhost", "-keyout"])
+            .arg(&key)
+            .arg("-out")
+            .arg(&cert),
+    );
+    (cert, key)
 }

@@ -1,6 +1,7 @@
 //! The kernel's counts against the distribution's nginx and its own counters (stub_status),
 //! with ab (one connection per request) and wrk (keep-alive) as traffic: on a plain listener,
-//! on a `deferred` one (TCP_DEFER_ACCEPT: the request comes with the handshake), and with the
+//! on a `deferred` one (TCP_DEFER_ACCEPT: the request comes with the handshake), over TLS 1.2
+//! and TLS 1.3 (handshakes, session tickets and close_notify are not requests), and with the
 //! keep-alive connections opened before the probe attached.
 
 use std::{process::Command, thread, time::Duration};
@@ -9,19 +10,24 @@ use retry_after_agent::endpoint::Endpoint;
 use retry_after_common::Side;
 use retry_after_integration_tests::{
     AttachedProbe, SETTLE, free_port,
-    proxies::{Nginx, NginxStatus, Wrk},
+    proxies::{Nginx, NginxStatus, Wrk, self_signed_certificate},
 };
 
-fn ab(target: std::net::SocketAddr, requests: u32, concurrency: u32) {
-    let out = Command::new("ab")
-        .args([
-            "-q",
-            "-n",
-            &requests.to_string(),
-            "-c",
-            &concurrency.to_string(),
-        ])
-        .arg(format!("http://{target}/"))
+/// `ab -n requests -c concurrency url`, with `-f protocol` for TLS; every request must succeed.
+fn ab(url: &str, tls_protocol: Option<&str>, requests: u32, concurrency: u32) {
+    let mut command = Command::new("ab");
+    command.args([
+        "-q",
+        "-n",
+        &requests.to_string(),
+        "-c",
+        &concurrency.to_string(),
+    ]);
+    if let Some(protocol) = tls_protocol {
+        command.args(["-f", protocol]);
+    }
+    let out = command
+        .arg(url)
         .output()
         .expect("ab is installed (./dev setup installs apache2-utils)");
     let text = String::from_utf8_lossy(&out.stdout);
@@ -40,18 +46,53 @@ fn traffic(before: NginxStatus, after: NginxStatus) -> NginxStatus {
     }
 }
 
-fn check(listen: &str) {
+/// A TLS version, as nginx's `ssl_protocols` and ab's `-f` name it.
+#[derive(Clone, Copy)]
+struct Tls {
+    nginx: &'static str,
+    ab: &'static str,
+}
+
+const TLS_1_2: Tls = Tls {
+    nginx: "TLSv1.2",
+    ab: "TLS1.2",
+};
+const TLS_1_3: Tls = Tls {
+    nginx: "TLSv1.3",
+    ab: "TLS1.3",
+};
+
+/// ab then wrk against nginx listening with `listen` options, over `tls` if given: the
+/// kernel's counts on both sides equal nginx's own.
+fn check(listen: &str, tls: Option<Tls>) {
     let port = free_port();
+    let (scheme, listen_tls, server_tls) = match tls {
+        Some(tls) => {
+            let (cert, key) = self_signed_certificate();
+            (
+                "https",
+                " ssl",
+                format!(
+                    "ssl_certificate {}; ssl_certificate_key {}; ssl_protocols {};",
+                    cert.display(),
+                    key.display(),
+                    tls.nginx
+                ),
+            )
+        }
+        None => ("http", "", String::new()),
+    };
     let nginx = Nginx::start(&format!(
-        "  server {{ listen {port}{listen}; keepalive_requests 100000; location / {{ return 200 \"ok\\n\"; }} }}"
+        "  server {{ listen {port}{listen}{listen_tls}; {server_tls} keepalive_requests 100000; location / {{ return 200 \"ok\\n\"; }} }}"
     ));
     let endpoint = Endpoint::from(port);
     let probe = AttachedProbe::watching(&[endpoint]);
+    let url = format!("{scheme}://{port}/");
     let before = nginx.status();
-    ab(port, 500, 10);
-    Wrk::start(port, 1, 10, 2).finish();
+    ab(&url, tls.map(|t| t.ab), 500, 10);
+    Wrk::start_url(&url, 1, 10, 2).finish();
     let truth = traffic(before, nginx.status());
-    eprintln!("{listen:?}: nginx counted {truth:?}");
+    eprintln!("{listen:?} {scheme}: nginx counted {truth:?}");
     assert!(truth.requests > 1000, "{truth:?}");
     for side in [Side::Server, Side::Client] {
         let seen = probe.wait_for(endpoint, side, SETTLE, "nginx's own counts", |s| {
@@ -67,16 +108,32 @@ fn check(listen: &str) {
         );
         assert_eq!(seen.in_flight(), 0, "{side:?}");
     }
+    assert_eq!(probe.read().probe.tls_segments_unframed, 0);
 }
 
 #[test]
 fn plain_http_turns_equal_nginx_stub_status() {
-    check("");
+    check("", None);
 }
 
 #[test]
 fn a_deferred_listener_loses_no_first_request() {
-    check(" deferred");
+    check(" deferred", None);
+}
+
+#[test]
+fn tls_1_2_turns_equal_nginx_stub_status() {
+    check("", Some(TLS_1_2));
+}
+
+#[test]
+fn tls_1_3_turns_equal_nginx_stub_status() {
+    check("", Some(TLS_1_3));
+}
+
+#[test]
+fn tls_1_3_on_a_deferred_listener_turns_equal_nginx_stub_status() {
+    check(" deferred", Some(TLS_1_3));
 }
 
 #[test]

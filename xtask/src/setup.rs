@@ -10,7 +10,8 @@
 //!   (the tests check with it that nothing stays attached), `haproxy` (the real proxy the
 //!   estimate is tested behind), `lua5.3` (checks the HAProxy integration's formula against
 //!   the agent's), and `nginx` with `apache2-utils` (ab): a real backend and one-request
-//!   connections whose own counters judge the kernel's.
+//!   connections whose own counters judge the kernel's; `openssl` makes the certificates of
+//!   the TLS tests.
 
 use std::{
     ffi::OsString,
@@ -29,13 +30,14 @@ const PYTHON_PACKAGES: [(&str, &str, &str); 1] =
     [("kubernetes-validate", "1.37.0", "kubernetes_validate")];
 
 /// Debian packages the tests and benchmarks run.
-const DEBIAN_PACKAGES: [&str; 6] = [
+const DEBIAN_PACKAGES: [&str; 7] = [
     "wrk",
     "bpftool",
     "haproxy",
     "lua5.3",
     "nginx",
     "apache2-utils",
+    "openssl",
 ];
 
 /// Install the pinned Python packages that are missing, with the machine's python3.

@@ -452,6 +452,7 @@ impl Probe {
             connections_out_of_scope: read(ProbeStat::ConnectionsOutOfScope)?,
             connections_adopted: read(ProbeStat::ConnectionsAdopted)?,
             adoptions_refused: read(ProbeStat::AdoptionsRefused)?,
+            tls_segments_unframed: read(ProbeStat::TlsSegmentsUnframed)?,
         })
     }
 

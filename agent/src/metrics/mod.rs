@@ -198,6 +198,7 @@ impl Metrics {
             ("connections_out_of_scope", p.connections_out_of_scope),
             ("connections_adopted", p.connections_adopted),
             ("adoptions_refused", p.adoptions_refused),
+            ("tls_segments_unframed", p.tls_segments_unframed),
         ] {
             self.probe_problems
                 .with_label_values(&[kind])
