@@ -22,6 +22,9 @@ pub struct BenchArgs {
     /// Data path: concurrent keep-alive connections.
     #[arg(long, default_value_t = 16)]
     connections: u64,
+    /// Data path: rounds of the in-kernel cost measurement (not watching, then watching).
+    #[arg(long, default_value_t = 5)]
+    kernel_rounds: u64,
 }
 
 /// Build and run the chosen benchmarks.
@@ -58,7 +61,15 @@ pub fn bench(root: &Path, env: &Env, args: &BenchArgs) -> Result<()> {
     }
     if matches!(which, None | Some("datapath")) {
         let mut command = bench_bin("datapath-bench");
-        command.args([args.rounds, args.seconds, args.connections].map(|n| n.to_string()));
+        command.args(
+            [
+                args.rounds,
+                args.seconds,
+                args.connections,
+                args.kernel_rounds,
+            ]
+            .map(|n| n.to_string()),
+        );
         crate::run(command)?;
     }
     Ok(())

@@ -4,7 +4,8 @@
 //! socket on the node pays); programs attached and watching the server (every segment goes
 //! through the turn state machine). Prints a markdown table and the median ratios.
 //!
-//! Usage: datapath-bench [ROUNDS] [SECONDS] [CONNECTIONS]   (defaults 10 5 16; run as root)
+//! Usage: datapath-bench [ROUNDS] [SECONDS] [CONNECTIONS] [KERNEL_ROUNDS]   (defaults 10 5 16 5;
+//! run as root; ROUNDS 0 skips the throughput table)
 
 use std::{process::Command, time::Duration};
 
@@ -22,6 +23,7 @@ fn main() {
     let rounds = args.next().unwrap_or(10);
     let seconds = args.next().unwrap_or(5);
     let connections = args.next().unwrap_or(16);
+    let kernel_rounds = args.next().unwrap_or(5);
 
     // The server (this process's threads) on CPU 0 and wrk on CPU 1: without pinning, the
     // scheduler's placement of 17 threads on 2 cores moves throughput by ±10% between runs,
@@ -83,64 +85,110 @@ fn main() {
             counted
         );
     }
-    let (idle, watch) = (median(idle_ratios), median(watch_ratios));
-    let in_kernel = in_kernel_cost(&url, endpoint, seconds, connections);
+    if rounds > 0 {
+        let (idle, watch) = (median(idle_ratios), median(watch_ratios));
+        println!();
+        println!("{rounds} rounds of {seconds} s, {connections} connections; median ratios:");
+        println!(
+            "attached, not watching / no programs: {idle:.4} ({:+.2}% throughput)",
+            (idle - 1.0) * 100.0
+        );
+        println!(
+            "attached, watching / no programs:     {watch:.4} ({:+.2}% throughput)",
+            (watch - 1.0) * 100.0
+        );
+    }
     println!();
-    println!("{rounds} rounds of {seconds} s, {connections} connections; median ratios:");
     println!(
-        "attached, not watching / no programs: {idle:.4} ({:+.2}% throughput)",
-        (idle - 1.0) * 100.0
+        "{}",
+        in_kernel_cost(&url, endpoint, kernel_rounds, seconds, connections)
     );
-    println!(
-        "attached, watching / no programs:     {watch:.4} ({:+.2}% throughput)",
-        (watch - 1.0) * 100.0
-    );
-    println!();
-    println!("{in_kernel}");
 }
 
 /// The programs' own run time per request, from the kernel's run-time statistics (enabled for
-/// this measurement only: they add two clock reads per run). The same load is run with the
-/// port not watched (the early-exit path) and watched; the difference is the cost of the turn
-/// state machine and counters, free of the statistics' own overhead.
-fn in_kernel_cost(url: &str, endpoint: Endpoint, seconds: u64, connections: u64) -> String {
+/// this measurement only: they add two clock reads per run). In each of `rounds` rounds the
+/// same load is run with the port not watched (the early-exit path: what every other socket
+/// pays) and watched, in alternating order; the difference is the cost of the turn state
+/// machine and counters, free of the statistics' own overhead. Prints each round, then the
+/// median and the spread (lowest to highest) of each figure.
+fn in_kernel_cost(
+    url: &str,
+    endpoint: Endpoint,
+    rounds: u64,
+    seconds: u64,
+    connections: u64,
+) -> String {
     let _stats =
         aya::sys::enable_stats(aya::sys::Stats::RunTime).expect("enable BPF run-time stats");
-    let mut per_request_ns = [0.0; 2];
-    let mut watching_rps = 0.0;
     let mut lines = Vec::new();
-    for (i, watching) in [false, true].into_iter().enumerate() {
-        let probe = if watching {
-            AttachedProbe::watching(&[endpoint])
-        } else {
-            AttachedProbe::attach()
-        };
-        let rps = wrk(url, seconds, connections);
-        let requests = rps * seconds as f64;
-        let stats = probe.probe.program_run_stats();
-        let (runs, nanos) = stats.iter().fold((0u64, 0u128), |(r, n), s| {
-            (r + s.run_count, n + s.run_time.as_nanos())
-        });
-        per_request_ns[i] = nanos as f64 / requests;
-        if watching {
-            watching_rps = rps;
+    let (mut idle_run, mut watch_run) = (Vec::new(), Vec::new());
+    let (mut idle_request, mut watch_request, mut marginal) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let mut per_run = [0.0; 2];
+        let mut per_request = [0.0; 2];
+        let mut rps = [0.0; 2];
+        for step in 0..2 {
+            let watching = (step + round as usize) % 2 == 1;
+            let probe = if watching {
+                AttachedProbe::watching(&[endpoint])
+            } else {
+                AttachedProbe::attach()
+            };
+            let measured = wrk(url, seconds, connections);
+            let requests = measured * seconds as f64;
+            let (runs, nanos) = probe
+                .probe
+                .program_run_stats()
+                .iter()
+                .fold((0u64, 0u128), |(r, n), s| {
+                    (r + s.run_count, n + s.run_time.as_nanos())
+                });
+            let i = watching as usize;
+            rps[i] = measured;
+            per_run[i] = nanos as f64 / runs.max(1) as f64;
+            per_request[i] = nanos as f64 / requests;
         }
         lines.push(format!(
-            "| {} | {:.0} | {:.1} | {:.0} | {:.0} |",
-            if watching { "watching" } else { "not watching" },
-            rps,
-            runs as f64 / requests,
-            nanos as f64 / runs.max(1) as f64,
-            per_request_ns[i]
+            "| {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |",
+            round + 1,
+            rps[0],
+            rps[1],
+            per_run[0],
+            per_run[1],
+            per_request[0],
+            per_request[1],
+            per_request[1] - per_request[0]
         ));
+        idle_run.push(per_run[0]);
+        watch_run.push(per_run[1]);
+        idle_request.push(per_request[0]);
+        watch_request.push(per_request[1]);
+        marginal.push(per_request[1] - per_request[0]);
     }
-    // Server and load generator keep both cores busy, so each request costs 2 s / rps of CPU.
-    let cpu_ns_per_request = 2.0e9 / watching_rps;
-    let marginal = per_request_ns[1] - per_request_ns[0];
+    let summary = |name: &str, values: &[f64]| {
+        let mut v = values.to_vec();
+        v.sort_by(f64::total_cmp);
+        format!(
+            "| {name} | {:.0} | {:.0} to {:.0} |",
+            v[v.len() / 2],
+            v[0],
+            v[v.len() - 1]
+        )
+    };
     format!(
-        "In-kernel cost (BPF run-time statistics on):\n\n| setup | req/s | program runs per request | ns per run | program ns per request |\n|---|---|---|---|---|\n{}\n\nmarginal cost of watching: {marginal:.0} ns of program time per request, {:.2}% of the {cpu_ns_per_request:.0} ns of CPU each request takes",
+        "In-kernel cost (BPF run-time statistics on), {rounds} rounds of {seconds} s:\n\n\
+         | round | req/s, not watching | req/s, watching | ns per run, not watching | ns per run, watching | program ns per request, not watching | program ns per request, watching | marginal ns per request |\n\
+         |---|---|---|---|---|---|---|---|\n{}\n\n\
+         | figure | median | spread |\n|---|---|---|\n{}\n{}\n{}\n{}\n{}",
         lines.join("\n"),
-        marginal / cpu_ns_per_request * 100.0
+        summary("ns per run, not watching", &idle_run),
+        summary("ns per run, watching", &watch_run),
+        summary("program ns per request, not watching", &idle_request),
+        summary("program ns per request, watching", &watch_request),
+        summary(
+            "marginal ns per request (watching − not watching)",
+            &marginal
+        ),
     )
 }
 
