@@ -85,13 +85,19 @@ struct HandshakePeer {
     local_port: u16,
 }
 
-/// Clients of watched listeners whose handshake-completing segment carried a TLS ClientHello
-/// (TCP_DEFER_ACCEPT, a lost third ACK). The segment passes while the listener owns it; the
-/// connection established next finds its entry here, and does not take those bytes for a
-/// request. An LRU of in-progress handshakes: an entry evicted before its connection is
-/// established leaves the turn to be withdrawn later (`Turn::on_client_hello_found`).
+/// Clients of watched listeners whose first bytes reached the listener with the handshake
+/// (TCP_DEFER_ACCEPT, TCP Fast Open, a lost third ACK), with what they were
+/// (`EARLY_CLIENT_HELLO` or `EARLY_OTHER`). The segment passes while the listener owns it; the
+/// connection established next takes its entry, and starts a turn unless the bytes were a TLS
+/// ClientHello. An LRU of handshakes in progress: without its entry, a connection falls back on
+/// the kernel's own data count (see `early_request`).
 #[map]
-static CLIENT_HELLOS: LruHashMap<HandshakePeer, u8> = LruHashMap::with_max_entries(4_096, 0);
+static EARLY_PAYLOADS: LruHashMap<HandshakePeer, u8> = LruHashMap::with_max_entries(4_096, 0);
+
+/// `EARLY_PAYLOADS`: the bytes began with a TLS handshake record.
+const EARLY_CLIENT_HELLO: u8 = 1;
+/// `EARLY_PAYLOADS`: anything else (a request).
+const EARLY_OTHER: u8 = 2;
 
 /// Probe-wide counters of things that went wrong (see `ProbeStat`).
 #[map]
@@ -242,14 +248,9 @@ fn on_established(ctx: &SockOpsContext, side: Side) {
     // here may run on behalf of any task), and only then is the connection counted.
     let mut conn = ConnState::new(&watch, side);
     let scope_cgroup = conn.scope_cgroup;
-    // A request that arrived with the handshake (TCP_DEFER_ACCEPT, TCP Fast Open, a lost third
-    // ACK): its segment passed while the listener still owned it, before this connection was
-    // tracked. The kernel has already counted that data segment: it starts the first turn,
-    // unless it was a TLS ClientHello (`CLIENT_HELLOS`).
-    let early = match side {
-        Side::Server => received_with_handshake(ctx).filter(|_| !client_hello_came(ctx)),
-        Side::Client => None,
-    };
+    // A request that came with the handshake: its bytes passed before this connection was
+    // tracked (see `early_request`).
+    let early = early_request(ctx, side);
     let early_delta = match early {
         Some((end, bytes)) => conn.turn.on_early_request(end, bytes),
         None => TurnDelta::default(),
@@ -283,61 +284,78 @@ fn on_established(ctx: &SockOpsContext, side: Side) {
     );
 }
 
-/// A request that came with the handshake, as (sequence number just past what has been
-/// received, bytes received so far). The kernel counts the data segment that completes the
-/// handshake (`data_segs_in`) before it queues its bytes, so at this callback the bytes may
-/// still be 0 while a request is already there.
-fn received_with_handshake(ctx: &SockOpsContext) -> Option<(u32, u32)> {
+/// A request that came with the handshake, as (sequence number just past it, or just past
+/// what has been received of it; bytes counted so far), or `None`.
+///
+/// * Server side (TCP_DEFER_ACCEPT, TCP Fast Open, a lost third ACK): the segment carrying the
+///   client's first bytes passed while the listener owned it. `note_early_payload` saw it and
+///   noted whether it began with a TLS ClientHello (which is not a request). Without a note
+///   (evicted), the kernel's own count tells: it counts the data segment that completes the
+///   handshake (`data_segs_in`) before it queues its bytes, so at this callback the bytes may
+///   still be 0 while a request is already there.
+/// * Client side (TCP Fast Open): the request went out in the SYN, before the connection was
+///   tracked; the kernel counted it in `data_segs_out`. If it was a ClientHello, the client's
+///   next segment shows TLS records and the turn is withdrawn (`Turn::on_client_hello_found`).
+fn early_request(ctx: &SockOpsContext, side: Side) -> Option<(u32, u32)> {
     let ops = ctx.ops;
     // SAFETY: `ops` is the sock_ops context the kernel passed in; plain integer fields.
-    let (data_segments, received, rcv_nxt) = unsafe {
+    let (data_in, received, rcv_nxt, data_out, snd_nxt) = unsafe {
         (
             read_volatile(&raw const (*ops).data_segs_in),
             read_volatile(&raw const (*ops).bytes_received),
             read_volatile(&raw const (*ops).rcv_nxt),
+            read_volatile(&raw const (*ops).data_segs_out),
+            read_volatile(&raw const (*ops).snd_nxt),
         )
     };
-    (data_segments > 0 || received > 0)
-        .then_some((rcv_nxt, received.min(u64::from(u32::MAX)) as u32))
+    let bytes = |n: u64| n.min(u64::from(u32::MAX)) as u32;
+    match side {
+        Side::Server => match take_early_payload(ctx) {
+            Some(EARLY_CLIENT_HELLO) => None,
+            Some(_) => Some((rcv_nxt, bytes(received))),
+            None => (data_in > 0 || received > 0).then_some((rcv_nxt, bytes(received))),
+        },
+        // Its bytes are not counted (as on the server side, where they are not queued yet).
+        Side::Client => (data_out > 0).then_some((snd_nxt, 0)),
+    }
 }
 
-/// True if the handshake-completing segment of this (server-side) connection carried a TLS
-/// ClientHello, as `note_client_hello` saw it; the entry is used up.
-fn client_hello_came(ctx: &SockOpsContext) -> bool {
+/// The note `note_early_payload` left for this (server-side) connection's client, if any; the
+/// note is used up.
+fn take_early_payload(ctx: &SockOpsContext) -> Option<u8> {
     let a = addresses!(ctx.ops);
-    let Some(remote) = endpoint_of(&a, Side::Client) else {
-        return false;
-    };
+    let remote = endpoint_of(&a, Side::Client)?;
     let peer = HandshakePeer {
         addr: remote.addr,
         port: remote.port,
         local_port: a.local_port as u16,
     };
-    // SAFETY: only the presence of the entry is read.
-    let came = unsafe { CLIENT_HELLOS.get(&peer) }.is_some();
-    if came {
-        let _ = CLIENT_HELLOS.remove(&peer);
-    }
-    came
+    // SAFETY: the value is copied out at once.
+    let kind = unsafe { EARLY_PAYLOADS.get(&peer) }.copied()?;
+    let _ = EARLY_PAYLOADS.remove(&peer);
+    Some(kind)
 }
 
-/// A segment with payload reached a watched listener: it completes a handshake and carries the
-/// client's first bytes. If they are a TLS ClientHello, remember the client (`CLIENT_HELLOS`).
+/// A segment with payload reached a watched listener: it completes a handshake (or is a SYN
+/// with data) and carries the client's first bytes. Note the client, and whether the bytes
+/// begin a TLS ClientHello (`EARLY_PAYLOADS`).
 #[inline(never)]
-fn note_client_hello(ctx: &SkBuffContext, segment: &packet::Segment, local_port: u16) {
-    let hello = ctx
+fn note_early_payload(ctx: &SkBuffContext, segment: &packet::Segment, local_port: u16) {
+    let kind = if ctx
         .load::<[u8; 5]>(segment.payload_offset as usize)
-        .is_ok_and(retry_after_common::tls::is_handshake_header);
-    if !hello {
-        return;
-    }
+        .is_ok_and(retry_after_common::tls::is_handshake_header)
+    {
+        EARLY_CLIENT_HELLO
+    } else {
+        EARLY_OTHER
+    };
     if let Some((addr, port)) = packet::source(ctx, segment) {
         let peer = HandshakePeer {
             addr,
             port,
             local_port,
         };
-        let _ = CLIENT_HELLOS.insert(&peer, &1, 0);
+        let _ = EARLY_PAYLOADS.insert(&peer, &kind, 0);
     }
 }
 
@@ -535,7 +553,7 @@ fn adopt(
     let state = unsafe { (*full).state };
     if state == BPF_TCP_LISTEN && ingress {
         // SAFETY: as above.
-        note_client_hello(ctx, segment, unsafe { (*full).src_port } as u16);
+        note_early_payload(ctx, segment, unsafe { (*full).src_port } as u16);
         return None;
     }
     if state != BPF_TCP_ESTABLISHED {

@@ -1,8 +1,9 @@
 //! The kernel's counts against the distribution's nginx and its own counters (stub_status),
 //! with ab (one connection per request) and wrk (keep-alive) as traffic: on a plain listener,
 //! on a `deferred` one (TCP_DEFER_ACCEPT: the request comes with the handshake), over TLS 1.2
-//! and TLS 1.3 (handshakes, session tickets and close_notify are not requests), and with the
-//! keep-alive connections opened before the probe attached.
+//! and TLS 1.3 (handshakes, session tickets and close_notify are not requests), with TCP Fast
+//! Open (the request in the SYN), and with the keep-alive connections opened before the probe
+//! attached.
 
 use std::{process::Command, thread, time::Duration};
 
@@ -167,4 +168,155 @@ fn keepalive_connections_opened_before_the_probe_are_counted_from_their_next_req
         });
         assert_eq!(seen.counters.connections_opened, 10, "{side:?}");
     }
+}
+
+/// The kernel's TCP Fast Open counters (`TcpExt` of /proc/net/netstat): passive, active.
+fn fast_open_counts() -> (u64, u64) {
+    let text = std::fs::read_to_string("/proc/net/netstat").unwrap();
+    let rows: Vec<Vec<&str>> = text
+        .lines()
+        .filter(|l| l.starts_with("TcpExt:"))
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    let value = |name: &str| -> u64 {
+        let i = rows[0].iter().position(|n| *n == name).unwrap();
+        rows[1][i].parse().unwrap()
+    };
+    (value("TCPFastOpenPassive"), value("TCPFastOpenActive"))
+}
+
+/// Sets `net.ipv4.tcp_fastopen` for the test and puts the old value back at the end.
+struct FastOpenSysctl(String);
+
+impl FastOpenSysctl {
+    const PATH: &str = "/proc/sys/net/ipv4/tcp_fastopen";
+
+    fn enable_client_and_server() -> Self {
+        let old = std::fs::read_to_string(Self::PATH).unwrap();
+        std::fs::write(Self::PATH, "3").expect("set net.ipv4.tcp_fastopen (tests run as root)");
+        Self(old)
+    }
+}
+
+impl Drop for FastOpenSysctl {
+    fn drop(&mut self) {
+        let _ = std::fs::write(Self::PATH, self.0.trim());
+    }
+}
+
+/// A client of Python's socket module that sends each request in the SYN (`MSG_FASTOPEN`), one
+/// connection per request; prints how many got a 200.
+const FAST_OPEN_CLIENT: &str = r#"
+import socket, sys
+port, n = int(sys.argv[1]), int(sys.argv[2])
+ok = 0
+for _ in range(n):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.sendto(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+             socket.MSG_FASTOPEN, ("127.0.0.1", port))
+    data = b""
+    while True:
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    s.close()
+    ok += data.startswith(b"HTTP/1.1 200")
+print(ok)
+"#;
+
+#[test]
+fn requests_in_the_syn_tcp_fast_open_equal_nginx_stub_status() {
+    let _sysctl = FastOpenSysctl::enable_client_and_server();
+    let port = free_port();
+    let nginx = Nginx::start(&format!(
+        "  server {{ listen {port} fastopen=256; location / {{ return 200 \"ok\\n\"; }} }}"
+    ));
+    let endpoint = Endpoint::from(port);
+    let probe = AttachedProbe::watching(&[endpoint]);
+    let before = nginx.status();
+    let (passive_before, _) = fast_open_counts();
+    let out = retry_after_integration_tests::run_ok(
+        Command::new("python3")
+            .args(["-c", FAST_OPEN_CLIENT])
+            .arg(port.port().to_string())
+            .arg("300"),
+    );
+    assert_eq!(out.trim(), "300", "every request answered");
+    let (passive_after, _) = fast_open_counts();
+    let truth = traffic(before, nginx.status());
+    let in_syn = passive_after - passive_before;
+    eprintln!("nginx counted {truth:?}; {in_syn} connections opened with data in the SYN");
+    // The first connection fetches the cookie; the rest carry their request in the SYN.
+    assert!(in_syn >= 290, "TCP Fast Open was not used: {in_syn}");
+    assert_eq!(truth.requests, 300);
+    for side in [Side::Server, Side::Client] {
+        let seen = probe.wait_for(endpoint, side, SETTLE, "nginx's own counts", |s| {
+            s.counters.requests_started == truth.requests
+                && s.counters.responses_completed == truth.requests
+                && s.counters.connections_closed == truth.accepts
+        });
+        assert_eq!(seen.in_flight(), 0, "{side:?}");
+    }
+}
+
+/// Python's http.client over its ssl module (OpenSSL): `POOL` keep-alive HTTPS connections,
+/// one request each, then "ready"; after a line on stdin, `ROUNDS` more requests on each, then
+/// "done".
+const TLS_POOL_CLIENT: &str = r#"
+import http.client, ssl, sys
+port, pool, rounds = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+context = ssl._create_unverified_context()
+conns = [http.client.HTTPSConnection("127.0.0.1", port, context=context) for _ in range(pool)]
+def get(c):
+    c.request("GET", "/")
+    r = c.getresponse()
+    r.read()
+    assert r.status == 200
+for c in conns:
+    get(c)
+print("ready", flush=True)
+sys.stdin.readline()
+for _ in range(rounds):
+    for c in conns:
+        get(c)
+print("done", flush=True)
+"#;
+
+#[test]
+fn tls_keepalive_connections_opened_before_the_probe_are_counted_from_their_next_request() {
+    use std::io::{BufRead, BufReader, Write};
+    let port = free_port();
+    let (cert, key) = self_signed_certificate();
+    let nginx = Nginx::start(&format!(
+        "  server {{ listen {port} ssl; ssl_certificate {}; ssl_certificate_key {}; keepalive_requests 100000; keepalive_timeout 60s; location / {{ return 200 \"ok\\n\"; }} }}",
+        cert.display(),
+        key.display()
+    ));
+    let endpoint = Endpoint::from(port);
+    let mut client = Command::new("python3")
+        .args(["-c", TLS_POOL_CLIENT])
+        .args([port.port().to_string(), "10".into(), "100".into()])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut lines = BufReader::new(client.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "ready");
+    let probe = AttachedProbe::watching(&[endpoint]);
+    thread::sleep(Duration::from_millis(100));
+    let before = nginx.status();
+    writeln!(client.stdin.as_mut().unwrap(), "go").unwrap();
+    assert_eq!(lines.next().unwrap().unwrap(), "done");
+    let requests = nginx.status().requests - before.requests - 1;
+    assert_eq!(requests, 1000);
+    for side in [Side::Server, Side::Client] {
+        let seen = probe.wait_for(endpoint, side, SETTLE, "1000 on the adopted pool", |s| {
+            s.counters.requests_started == requests && s.counters.responses_completed == requests
+        });
+        assert_eq!(seen.counters.connections_opened, 10, "{side:?}");
+    }
+    drop(client.stdin.take());
+    let _ = client.wait();
+    assert_eq!(probe.read().probe.tls_segments_unframed, 0);
 }
