@@ -35,7 +35,10 @@ use std::{
     time::{Duration, Instant},
 };
 
+mod report;
+
 use arc_swap::ArcSwapOption;
+pub use report::Reporter;
 pub use retry_after_protocol::policy::{FallbackReason, Rung};
 use retry_after_protocol::{EstimatePush, MAX_RESPONSE_LEN, QueryResponse, Request, Response};
 use tokio::{
@@ -266,7 +269,7 @@ async fn subscribe_once(
     }
 }
 
-async fn read_line(
+pub(crate) async fn read_line(
     mut reader: impl tokio::io::AsyncBufRead + Unpin,
     line: &mut Vec<u8>,
 ) -> std::io::Result<usize> {

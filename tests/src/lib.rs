@@ -4,6 +4,7 @@
 //! Nothing here stands in for the kernel, a socket or a proxy: the server and client talk over
 //! real TCP on 127.0.0.1 or ::1 and the probe is the agent's own, attached to the root cgroup.
 
+pub mod evaluation;
 pub mod http;
 pub mod proxies;
 
@@ -359,18 +360,19 @@ pub fn free_port() -> std::net::SocketAddr {
 
 /// The agent binary next to this test's own build output (`./dev test` builds it first).
 pub fn agent_binary() -> std::path::PathBuf {
+    // A test runs from target/<profile>/deps, a binary of this crate from target/<profile>.
     let exe = std::env::current_exe().unwrap();
-    let path = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .unwrap()
-        .join("retry-after-agent");
-    assert!(
-        path.exists(),
-        "{} is not built: run `cargo build -p retry-after-agent` first (./dev test does)",
-        path.display()
-    );
-    path
+    let dir = exe.parent().unwrap();
+    let path = [dir, dir.parent().unwrap()]
+        .map(|d| d.join("retry-after-agent"))
+        .into_iter()
+        .find(|p| p.exists());
+    path.unwrap_or_else(|| {
+        panic!(
+            "the agent is not built next to {}: run `cargo build -p retry-after-agent` first (./dev test does)",
+            exe.display()
+        )
+    })
 }
 
 /// How long tests wait for counters to settle after the traffic is done.

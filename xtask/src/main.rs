@@ -7,6 +7,8 @@
 //! * `test`: setup, then formatting, lints (host crates and the eBPF crate) and every test,
 //!   including the integration tests that attach the real programs (needs root).
 //! * `bench`: setup, then the data-path benchmark (see docs/evaluation.md).
+//! * `evaluate`: setup, then the end-to-end evaluation of computed against static Retry-After
+//!   (every scenario under every policy; writes docs/evaluation-run/, see docs/evaluation.md).
 
 mod bench;
 mod setup;
@@ -41,6 +43,12 @@ enum Task {
     Test,
     /// Set up, then measure the data-path cost of the attached programs.
     Bench(bench::BenchArgs),
+    /// Set up, then run the end-to-end evaluation (as root; about 35 minutes in full).
+    Evaluate {
+        /// Arguments for the evaluation, e.g. `--scenario streaming --seconds 10`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 fn main() -> Result<()> {
@@ -64,6 +72,24 @@ fn main() -> Result<()> {
         }
         Task::Test => test(&root, &env),
         Task::Bench(args) => bench::bench(&root, &env, &args),
+        Task::Evaluate { args } => {
+            // The evaluation starts the agent binary, which must be built alongside it.
+            let mut build = env.cargo(&root);
+            build.args(["build", "--release", "--package", "retry-after-agent"]);
+            run(build)?;
+            let mut command = env.cargo(&root);
+            command.args([
+                "run",
+                "--release",
+                "--package",
+                "retry-after-integration-tests",
+                "--bin",
+                "evaluate",
+                "--",
+            ]);
+            command.args(args);
+            run(command)
+        }
     }
 }
 

@@ -1,0 +1,251 @@
+//! The load generator: open-loop arrivals, and clients that come back after a rejection.
+//!
+//! New clients arrive by a Poisson process whose rate follows a schedule of phases, drawn in
+//! advance from the seed, so every policy sees the same arrivals. Each client sends its
+//! request until it succeeds or has made `max_attempts` attempts:
+//!
+//! * [`Behaviour::HonourRetryAfter`]: after a rejection with `Retry-After: N`, it waits exactly
+//!   N seconds; without the header it backs off as below;
+//! * [`Behaviour::Backoff`]: it ignores the header and backs off exponentially with full
+//!   jitter (a uniform draw up to `base × 2^(attempt−1)`, capped): the status quo.
+//!
+//! Every attempt is recorded; while a client waits to retry it is counted in
+//! [`Load::waiting`].
+
+use std::{
+    net::SocketAddr,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicI64, AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper::Request;
+use hyper_util::{
+    client::legacy::{Client, connect::HttpConnector},
+    rt::TokioExecutor,
+};
+use rand::{RngExt, SeedableRng, rngs::StdRng};
+
+/// A stretch of the schedule: new clients at `rate` per second for `seconds`.
+#[derive(Clone, Copy, Debug)]
+pub struct Phase {
+    /// Length.
+    pub seconds: f64,
+    /// New clients per second.
+    pub rate: f64,
+}
+
+/// What a client does after a rejection.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Behaviour {
+    /// Wait exactly the `Retry-After`; back off (as `Backoff`) when there is none.
+    HonourRetryAfter,
+    /// Ignore any header; back off exponentially with full jitter.
+    Backoff,
+}
+
+/// First backoff bound of a client without a header (doubles per attempt).
+pub const BACKOFF_BASE: Duration = Duration::from_millis(500);
+/// Largest backoff bound.
+pub const BACKOFF_CAP: Duration = Duration::from_secs(30);
+
+/// How one attempt ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Served (200).
+    Served,
+    /// Rejected by the proxy (its status code), with the suggested delay if a header came.
+    Rejected {
+        /// `Retry-After` in seconds, if sent.
+        retry_after_s: Option<u64>,
+    },
+    /// Anything else: a failed replica (502), a broken connection, a timeout.
+    Failed,
+}
+
+/// One attempt of one client.
+#[derive(Clone, Copy, Debug)]
+pub struct Attempt {
+    /// The client (its arrival's index).
+    pub client: usize,
+    /// 1 for the first attempt.
+    pub number: u32,
+    /// When it was sent, from the load's start.
+    pub sent: Duration,
+    /// When its answer came.
+    pub answered: Duration,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// The delay the previous attempt's rejection suggested, if it carried one (this attempt
+    /// was then sent that long after it).
+    pub after_suggested_s: Option<u64>,
+}
+
+/// A load run in progress.
+pub struct Load {
+    /// Clients waiting to retry now.
+    pub waiting: Arc<AtomicI64>,
+    attempts: Arc<Mutex<Vec<Attempt>>>,
+    done: Arc<AtomicUsize>,
+    clients: usize,
+    started: Instant,
+}
+
+/// Arrival times (from the start) of a Poisson process following `phases`.
+pub fn arrivals(phases: &[Phase], seed: u64) -> Vec<Duration> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut times = Vec::new();
+    let mut phase_start = 0.0;
+    for phase in phases {
+        let mut t = phase_start;
+        if phase.rate > 0.0 {
+            loop {
+                let u: f64 = rng.random();
+                t += -(1.0 - u).ln() / phase.rate;
+                if t >= phase_start + phase.seconds {
+                    break;
+                }
+                times.push(Duration::from_secs_f64(t));
+            }
+        }
+        phase_start += phase.seconds;
+    }
+    times
+}
+
+impl Load {
+    /// Start the clients of `arrivals` against `target`. Returns at once; each client runs
+    /// in its own task.
+    pub fn start(
+        target: SocketAddr,
+        arrivals: Vec<Duration>,
+        behaviour: Behaviour,
+        max_attempts: u32,
+        seed: u64,
+    ) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        let http: Client<HttpConnector, Empty<Bytes>> = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .build(connector);
+        let load = Self {
+            waiting: Arc::new(AtomicI64::new(0)),
+            attempts: Arc::new(Mutex::new(Vec::new())),
+            done: Arc::new(AtomicUsize::new(0)),
+            clients: arrivals.len(),
+            started: Instant::now(),
+        };
+        for (client, at) in arrivals.into_iter().enumerate() {
+            let http = http.clone();
+            let attempts = load.attempts.clone();
+            let waiting = load.waiting.clone();
+            let done = Finished(load.done.clone());
+            let started = load.started;
+            let seed = seed ^ (client as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            tokio::spawn(async move {
+                let _done = done;
+                tokio::time::sleep_until((started + at).into()).await;
+                let mut rng = StdRng::seed_from_u64(seed);
+                let url = format!("http://{target}/");
+                let mut after_suggested_s = None;
+                for number in 1..=max_attempts {
+                    let request = Request::get(&url)
+                        .header("x-retry-attempt", number.to_string())
+                        .body(Empty::new())
+                        .expect("a valid request");
+                    let sent = started.elapsed();
+                    let outcome =
+                        match tokio::time::timeout(Duration::from_secs(120), http.request(request))
+                            .await
+                        {
+                            Ok(Ok(response)) => {
+                                let status = response.status().as_u16();
+                                let retry_after_s = response
+                                    .headers()
+                                    .get("retry-after")
+                                    .and_then(|v| v.to_str().ok()?.parse().ok());
+                                let body = response.into_body().collect().await;
+                                match (status, body) {
+                                    (200, Ok(_)) => Outcome::Served,
+                                    (429 | 503, _) => Outcome::Rejected { retry_after_s },
+                                    _ => Outcome::Failed,
+                                }
+                            }
+                            _ => Outcome::Failed,
+                        };
+                    attempts
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(Attempt {
+                            client,
+                            number,
+                            sent,
+                            answered: started.elapsed(),
+                            outcome,
+                            after_suggested_s,
+                        });
+                    let Outcome::Rejected { retry_after_s } = outcome else {
+                        return;
+                    };
+                    if number == max_attempts {
+                        return;
+                    }
+                    let honoured = match (behaviour, retry_after_s) {
+                        (Behaviour::HonourRetryAfter, Some(s)) => Some(s),
+                        _ => None,
+                    };
+                    after_suggested_s = honoured;
+                    let delay = match honoured {
+                        Some(s) => Duration::from_secs(s),
+                        None => {
+                            let bound = BACKOFF_BASE
+                                .saturating_mul(1 << (number - 1).min(10))
+                                .min(BACKOFF_CAP);
+                            bound.mul_f64(rng.random::<f64>())
+                        }
+                    };
+                    waiting.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(delay).await;
+                    waiting.fetch_sub(1, Ordering::Relaxed);
+                }
+            });
+        }
+        load
+    }
+
+    /// Clients started (all arrivals, including those still to come).
+    pub fn clients(&self) -> usize {
+        self.clients
+    }
+
+    /// When the load started.
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+
+    /// Every attempt recorded so far.
+    pub fn attempts(&self) -> Vec<Attempt> {
+        self.attempts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// True once every client has finished (succeeded, given up or failed).
+    pub fn finished(&self) -> bool {
+        self.done.load(Ordering::Relaxed) == self.clients
+    }
+}
+
+/// Counts a client as finished when its task ends, however it ends.
+struct Finished(Arc<AtomicUsize>);
+
+impl Drop for Finished {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+}

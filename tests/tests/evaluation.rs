@@ -1,0 +1,95 @@
+//! A short run of the end-to-end evaluation (`./dev evaluate` runs the full one): the harness's
+//! bookkeeping is checked against the proxy's access log and what the agent was told, and the
+//! agent's judge is checked against what the clients saw.
+
+use std::collections::BTreeMap;
+
+use retry_after_integration_tests::evaluation::{
+    Policy,
+    load::Outcome,
+    report::figures,
+    run::{MAX_ATTEMPTS, run},
+    scenarios,
+};
+
+#[test]
+fn every_attempt_is_accounted_for_and_the_judge_agrees_with_the_clients() {
+    let scenario = scenarios(8.0)
+        .into_iter()
+        .find(|s| s.name == "steady-overload")
+        .unwrap();
+    let result = run(&scenario, Policy::ComputedDefaults, 7, |_| {});
+    let attempts = &result.attempts;
+    assert!(result.clients > 1000, "{} clients", result.clients);
+    assert_eq!(
+        result.unfinished, 0,
+        "every client finished within the drain limit"
+    );
+
+    // Each client's attempts are numbered 1, 2, … without a gap, and only the last may end
+    // other than in a rejection.
+    let mut by_client: BTreeMap<usize, Vec<_>> = BTreeMap::new();
+    for a in attempts {
+        by_client.entry(a.client).or_default().push(*a);
+    }
+    assert_eq!(by_client.len(), result.clients, "every client sent");
+    for (client, mut tries) in by_client {
+        tries.sort_by_key(|a| a.number);
+        for (i, a) in tries.iter().enumerate() {
+            assert_eq!(a.number as usize, i + 1, "client {client}");
+            let last = i + 1 == tries.len();
+            assert!(
+                last || matches!(a.outcome, Outcome::Rejected { .. }),
+                "client {client} went on after {:?}",
+                a.outcome
+            );
+            assert!(a.answered >= a.sent);
+        }
+        let last = tries.last().unwrap();
+        assert!(
+            !matches!(last.outcome, Outcome::Rejected { .. }) || last.number == MAX_ATTEMPTS,
+            "client {client} stopped early"
+        );
+    }
+
+    // The clients' rejections are the proxy's access log, line for line.
+    let rejected = attempts
+        .iter()
+        .filter(|a| matches!(a.outcome, Outcome::Rejected { .. }))
+        .count();
+    let served = attempts
+        .iter()
+        .filter(|a| a.outcome == Outcome::Served)
+        .count();
+    let failed = attempts.len() - rejected - served;
+    assert_eq!(result.access_log.len(), rejected);
+    // admitted + rejected + failed = sent, as the agent was told (every attempt the proxy did
+    // not reject it admitted; none failed here).
+    assert_eq!(failed, 0);
+    let f = figures(&result);
+    let (reported_admitted, reported_rejected) = f.reported.expect("the proxy reported");
+    assert_eq!(reported_admitted as usize, served);
+    assert_eq!(reported_rejected as usize, rejected);
+    assert_eq!(served + rejected + failed, attempts.len());
+    // Measured clients: each succeeded, or gave up after its last attempt.
+    assert_eq!(f.succeeded + f.gave_up, f.clients);
+    assert_eq!(f.sent, f.served + f.rejected + f.failed);
+
+    // The judge's admitted share against the clients' own: within 10 points.
+    let seen = f
+        .admitted_at_suggested()
+        .expect("retries at the suggested time");
+    let judged = f.judge_admitted.expect("the judge graded computed answers");
+    eprintln!(
+        "retries at the suggested time: {} of {} admitted ({:.1}%); judge {:.1}%",
+        f.retries_at_suggested_admitted,
+        f.retries_at_suggested,
+        seen * 100.0,
+        judged * 100.0
+    );
+    assert!(f.retries_at_suggested > 100, "{f:?}");
+    assert!(
+        (seen - judged).abs() <= 0.10,
+        "clients saw {seen:.3}, the judge {judged:.3}"
+    );
+}
