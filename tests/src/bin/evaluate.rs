@@ -1,8 +1,9 @@
 //! The end-to-end evaluation: every scenario under every policy, on loopback, with the real
 //! agent, the reference proxy and open-loop clients. Writes a markdown table and SVG charts.
 //!
-//! Usage: evaluate [--out DIR] [--seconds S] [--seed N] [--scenario NAME]...
-//! (run as root; defaults: docs/evaluation-run, 25 s measured per run, seed 1, every scenario)
+//! Usage: evaluate [--out DIR] [--seconds S] [--seed N] [--scenario NAME]... [--max-queued N]
+//! (run as root; defaults: docs/evaluation-run, 25 s measured per run, seed 1, every scenario,
+//! each scenario's own queue bound)
 
 use std::{io::Write, path::PathBuf, time::Instant};
 
@@ -26,6 +27,7 @@ struct Args {
     seconds: f64,
     seed: u64,
     only: Vec<String>,
+    max_queued: Option<usize>,
 }
 
 fn parse_args() -> Args {
@@ -34,6 +36,7 @@ fn parse_args() -> Args {
         seconds: 25.0,
         seed: 1,
         only: Vec::new(),
+        max_queued: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -56,8 +59,17 @@ fn parse_args() -> Args {
                     .unwrap_or_else(|_| fail("--seed: a whole number"))
             }
             "--scenario" => args.only.push(value()),
+            "--max-queued" => {
+                args.max_queued = Some(
+                    value()
+                        .parse()
+                        .ok()
+                        .filter(|n: &usize| (1..=100_000).contains(n))
+                        .unwrap_or_else(|| fail("--max-queued: a number from 1 to 100000")),
+                )
+            }
             other => fail(&format!(
-                "unknown argument {other:?}; usage: evaluate [--out DIR] [--seconds S] [--seed N] [--scenario NAME]..."
+                "unknown argument {other:?}; usage: evaluate [--out DIR] [--seconds S] [--seed N] [--scenario NAME]... [--max-queued N]"
             )),
         }
     }
@@ -84,6 +96,12 @@ fn main() {
     let chosen: Vec<_> = all
         .into_iter()
         .filter(|s| args.only.is_empty() || args.only.iter().any(|n| n == s.name))
+        .map(|mut s| {
+            if let Some(n) = args.max_queued {
+                s.max_queued_requests = n;
+            }
+            s
+        })
         .collect();
     std::fs::create_dir_all(&args.out)
         .unwrap_or_else(|e| fail(&format!("cannot create {}: {e}", args.out.display())));
@@ -116,11 +134,9 @@ fn main() {
             rows.push((result, f));
         }
     }
+    let passed: String = std::env::args().skip(1).map(|a| format!(" {a}")).collect();
     let mut md = format!(
-        "# Evaluation run: computed against static Retry-After\n\nMade by `./dev evaluate` (= `cargo run --release -p retry-after-integration-tests --bin evaluate -- --out {} --seconds {} --seed {}`), {} runs in {:.0} s.\n\nScenarios:\n\n",
-        args.out.display(),
-        args.seconds,
-        args.seed,
+        "# Evaluation run: computed against static Retry-After\n\nMade by `./dev evaluate{passed}` (which runs `cargo run --release -p retry-after-integration-tests --bin evaluate --{passed}`), {} runs in {:.0} s.\n\nScenarios:\n\n",
         rows.len(),
         started.elapsed().as_secs_f64()
     );
