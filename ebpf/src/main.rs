@@ -43,7 +43,7 @@ use aya_log_ebpf::{debug, warn};
 use retry_after_common::{
     ConnState, DEFAULT_MAX_CONNECTIONS, EndpointCounters, EndpointKey, MAX_WATCHED_ENDPOINTS,
     PROBE_STATS_LEN, ProbeStat, Side, WATCHED_PORT_WORDS, WatchValue, counter_index,
-    tls::Sender,
+    tls::{RecordStream, Sender, Walked},
     turn::{PHASE_REQUEST, TurnDelta},
 };
 
@@ -472,16 +472,13 @@ fn on_segment(ctx: &SkBuffContext, ingress: bool) {
     let payload = packet::SegmentPayload::new(ctx, segment.payload_offset);
     let delta = if from_client {
         let peer = conn.server_records.flags;
-        let walked = conn.client_records.walk(
-            segment.seq,
-            segment.payload_len,
+        let walked = walk_records(
+            &mut conn.client_records,
+            &segment,
             &payload,
             Sender::Client,
             peer,
         );
-        if walked.unframed {
-            counters::probe_stat(&PROBE_STATS, ProbeStat::TlsSegmentsUnframed);
-        }
         if walked.found_tls {
             let withdrawn = conn.turn.on_client_hello_found();
             // SAFETY: `c` points into this CPU's copy of a live map value.
@@ -496,16 +493,13 @@ fn on_segment(ctx: &SkBuffContext, ingress: bool) {
         conn.turn.on_client_segment(segment.seq, len, ack)
     } else {
         let peer = conn.client_records.flags;
-        let walked = conn.server_records.walk(
-            segment.seq,
-            segment.payload_len,
+        let walked = walk_records(
+            &mut conn.server_records,
+            &segment,
             &payload,
             Sender::Server,
             peer,
         );
-        if walked.unframed {
-            counters::probe_stat(&PROBE_STATS, ProbeStat::TlsSegmentsUnframed);
-        }
         if walked.plaintext || walked.message {
             // Only a plaintext segment that could begin this request's response is looked
             // into for an interim (1xx) response.
@@ -521,6 +515,29 @@ fn on_segment(ctx: &SkBuffContext, ingress: bool) {
     };
     // SAFETY: `c` points into this CPU's copy of a live map value.
     unsafe { counters::apply(c, &delta) };
+}
+
+/// Walk the TLS records of one segment sent by `sender` (`peer_flags`: the other direction's
+/// framing flags), counting a segment whose framing is lost.
+#[inline(always)]
+fn walk_records(
+    records: &mut RecordStream,
+    segment: &packet::Segment,
+    payload: &packet::SegmentPayload,
+    sender: Sender,
+    peer_flags: u8,
+) -> Walked {
+    let walked = records.walk(
+        segment.seq,
+        segment.payload_len,
+        payload,
+        sender,
+        peer_flags,
+    );
+    if walked.unframed {
+        counters::probe_stat(&PROBE_STATS, ProbeStat::TlsSegmentsUnframed);
+    }
+    walked
 }
 
 /// Start tracking a connection that was established before it was watched (a proxy's
