@@ -1,7 +1,7 @@
 //! The end-to-end evaluation: every scenario under every policy, on loopback, with the real
 //! agent, the reference proxy and open-loop clients. Writes a markdown table and SVG charts.
 //!
-//! Usage: evaluate [--out DIR] [--seconds S] [--seed N] [--scenario NAME]... [--max-queued N]
+//! Usage: evaluate [--out DIR] [--seconds S] [--seed N] [--scenario NAME]... [--policy NAME]... [--max-queued N]
 //! (run as root; defaults: docs/evaluation-run, 25 s measured per run, seed 1, every scenario,
 //! each scenario's own queue bound)
 
@@ -27,6 +27,7 @@ struct Args {
     seconds: f64,
     seed: u64,
     only: Vec<String>,
+    policies: Vec<Policy>,
     max_queued: Option<usize>,
 }
 
@@ -36,6 +37,7 @@ fn parse_args() -> Args {
         seconds: 25.0,
         seed: 1,
         only: Vec::new(),
+        policies: Vec::new(),
         max_queued: None,
     };
     let mut it = std::env::args().skip(1);
@@ -59,6 +61,20 @@ fn parse_args() -> Args {
                     .unwrap_or_else(|_| fail("--seed: a whole number"))
             }
             "--scenario" => args.only.push(value()),
+            "--policy" => {
+                let name = value();
+                let policy = Policy::EVERY
+                    .into_iter()
+                    .find(|p| p.name() == name)
+                    .unwrap_or_else(|| {
+                        let names: Vec<String> = Policy::EVERY.iter().map(|p| p.name()).collect();
+                        fail(&format!(
+                            "no policy {name:?}; there are {}",
+                            names.join(", ")
+                        ))
+                    });
+                args.policies.push(policy);
+            }
             "--max-queued" => {
                 args.max_queued = Some(
                     value()
@@ -69,7 +85,7 @@ fn parse_args() -> Args {
                 )
             }
             other => fail(&format!(
-                "unknown argument {other:?}; usage: evaluate [--out DIR] [--seconds S] [--seed N] [--scenario NAME]... [--max-queued N]"
+                "unknown argument {other:?}; usage: evaluate [--out DIR] [--seconds S] [--seed N] [--scenario NAME]... [--policy NAME]... [--max-queued N]"
             )),
         }
     }
@@ -107,11 +123,16 @@ fn main() {
         .unwrap_or_else(|e| fail(&format!("cannot create {}: {e}", args.out.display())));
     let logs = std::env::temp_dir().join("retry-after-evaluation-access-logs");
     std::fs::create_dir_all(&logs).unwrap_or_else(|e| fail(&format!("{}: {e}", logs.display())));
-    let total = chosen.len() * Policy::ALL.len();
+    let policies = if args.policies.is_empty() {
+        Policy::ALL.to_vec()
+    } else {
+        args.policies.clone()
+    };
+    let total = chosen.len() * policies.len();
     let started = Instant::now();
     let mut rows: Vec<(RunResult, Figures)> = Vec::new();
     for scenario in &chosen {
-        for policy in Policy::ALL {
+        for &policy in &policies {
             let n = rows.len() + 1;
             let label = format!("[{n}/{total}] {} × {}", scenario.name, policy.name());
             let result = run(scenario, policy, args.seed, |done| {

@@ -29,9 +29,23 @@ pub enum Policy {
     ComputedSimple,
     /// Computed with the proposal's default constants.
     ComputedDefaults,
+    /// Computed with the defaults, the proxy counting the clients it has told to come back and
+    /// that are not due yet as part of its queue (a candidate change, not the proposal's).
+    ComputedRetryBacklog,
 }
 
 impl Policy {
+    /// Every policy, by name (`--policy`).
+    pub const EVERY: [Policy; 7] = [
+        Policy::NoHeader,
+        Policy::Static(1),
+        Policy::Static(5),
+        Policy::Static(30),
+        Policy::ComputedSimple,
+        Policy::ComputedDefaults,
+        Policy::ComputedRetryBacklog,
+    ];
+
     /// The six policies of the evaluation, in table order.
     pub const ALL: [Policy; 6] = [
         Policy::NoHeader,
@@ -49,6 +63,7 @@ impl Policy {
             Policy::Static(s) => format!("static {s} s"),
             Policy::ComputedSimple => "computed, w1=w2=0".to_owned(),
             Policy::ComputedDefaults => "computed, defaults".to_owned(),
+            Policy::ComputedRetryBacklog => "computed + retry backlog".to_owned(),
         }
     }
 
@@ -56,6 +71,7 @@ impl Policy {
     pub fn header(&self) -> HeaderPolicy {
         match self {
             Policy::NoHeader => HeaderPolicy::None,
+            Policy::ComputedRetryBacklog => HeaderPolicy::FromAgentWithRetryBacklog,
             _ => HeaderPolicy::FromAgent,
         }
     }
@@ -80,7 +96,7 @@ impl Policy {
             Policy::ComputedSimple => format!(
                 "{common}retry_after_policy = \"router_queue_drain_rate\"\nretry_after_s = 5\noccupancy_weight = 0.0\nbackoff_weight = 0.0\n"
             ),
-            Policy::ComputedDefaults => format!(
+            Policy::ComputedDefaults | Policy::ComputedRetryBacklog => format!(
                 "{common}retry_after_policy = \"router_queue_drain_rate\"\nretry_after_s = 5\n"
             ),
         }

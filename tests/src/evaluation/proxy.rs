@@ -48,6 +48,9 @@ pub enum HeaderPolicy {
     None,
     /// `Retry-After` from the agent's estimate, through the client library.
     FromAgent,
+    /// The same, with the depth passed to it counting, besides the queue, the clients this
+    /// proxy has told to come back whose time has not come yet (the retry backlog).
+    FromAgentWithRetryBacklog,
 }
 
 /// How the proxy is set up.
@@ -117,6 +120,8 @@ struct State {
     reporter: Reporter,
     rng: Mutex<StdRng>,
     rejections: Mutex<Vec<Rejection>>,
+    /// When the clients told to come back are due (earliest first), for the retry backlog.
+    due: Mutex<std::collections::BinaryHeap<std::cmp::Reverse<Instant>>>,
     client: Client<HttpConnector, Empty<Bytes>>,
 }
 
@@ -160,6 +165,7 @@ impl Proxy {
             reporter: Reporter::spawn(agent_socket, &config.service, Duration::from_millis(200)),
             rng: Mutex::new(StdRng::seed_from_u64(config.seed)),
             rejections: Mutex::new(Vec::new()),
+            due: Mutex::new(std::collections::BinaryHeap::new()),
             client: Client::builder(TokioExecutor::new())
                 .pool_idle_timeout(Duration::from_secs(60))
                 .build(connector),
@@ -299,16 +305,33 @@ async fn handle(
 /// The rejection of a request that found the queue at `depth`.
 fn reject(state: &State, depth: usize) -> Response<Body> {
     let streak = state.streak.load(Ordering::Relaxed);
+    let with_backlog = state.config.header == HeaderPolicy::FromAgentWithRetryBacklog;
+    let mut due = state.due.lock().unwrap_or_else(|p| p.into_inner());
+    let now = Instant::now();
+    while due.peek().is_some_and(|d| d.0 <= now) {
+        due.pop();
+    }
+    let counted = if with_backlog {
+        depth + due.len()
+    } else {
+        depth
+    };
     let decision = {
         let mut rng = state.rng.lock().unwrap_or_else(|p| p.into_inner());
         state
             .subscription
-            .retry_after_with(Some(depth as u64), Some(streak), &mut *rng)
+            .retry_after_with(Some(counted as u64), Some(streak), &mut *rng)
     };
     let (seconds, rung) = match state.config.header {
-        HeaderPolicy::FromAgent => (decision.seconds, decision.rung),
+        HeaderPolicy::FromAgent | HeaderPolicy::FromAgentWithRetryBacklog => {
+            (decision.seconds, decision.rung)
+        }
         HeaderPolicy::None => (None, Rung::None),
     };
+    if with_backlog && let Some(s) = seconds {
+        due.push(std::cmp::Reverse(now + Duration::from_secs(s)));
+    }
+    drop(due);
     state
         .rejections
         .lock()

@@ -226,10 +226,15 @@ pub fn table(rows: &[(RunResult, Figures)]) -> String {
     out
 }
 
-/// Colours of the policies, in `Policy::ALL` order.
-const COLOURS: [&str; 6] = [
-    "#7f7f7f", "#c6dbef", "#6baed6", "#08519c", "#fdae6b", "#d94801",
+/// Colours of the policies, in `Policy::EVERY` order.
+const COLOURS: [&str; 7] = [
+    "#7f7f7f", "#c6dbef", "#6baed6", "#08519c", "#fdae6b", "#d94801", "#31a354",
 ];
+
+fn colour(policy: Policy) -> &'static str {
+    let i = Policy::EVERY.iter().position(|p| *p == policy).unwrap_or(0);
+    COLOURS[i]
+}
 
 /// A grouped bar chart: one group per scenario, one bar per policy, of `value` (None: no
 /// bar). `unit` labels the axis.
@@ -240,9 +245,13 @@ pub fn bar_chart(
     value: impl Fn(&Figures) -> Option<f64>,
 ) -> String {
     let mut scenarios: Vec<&str> = Vec::new();
+    let mut policies: Vec<Policy> = Vec::new();
     for (run, _) in rows {
         if !scenarios.contains(&run.scenario) {
             scenarios.push(run.scenario);
+        }
+        if !policies.contains(&run.policy) {
+            policies.push(run.policy);
         }
     }
     let (width, height) = (960.0, 380.0);
@@ -277,10 +286,10 @@ pub fn bar_chart(
         escape(unit)
     );
     let group_w = plot_w / scenarios.len().max(1) as f64;
-    let bar_w = group_w * 0.8 / Policy::ALL.len() as f64;
+    let bar_w = group_w * 0.8 / policies.len().max(1) as f64;
     for (g, scenario) in scenarios.iter().enumerate() {
         let x0 = left + g as f64 * group_w + group_w * 0.1;
-        for (p, policy) in Policy::ALL.iter().enumerate() {
+        for (p, policy) in policies.iter().enumerate() {
             let figure = rows
                 .iter()
                 .find(|(run, _)| run.scenario == *scenario && run.policy == *policy)
@@ -298,7 +307,7 @@ pub fn bar_chart(
                         "<rect x=\"{x:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{h:.1}\" fill=\"{}\"><title>{} · {}: {}</title></rect>",
                         top + plot_h - h,
                         bar_w - 1.0,
-                        COLOURS[p],
+                        colour(*policy),
                         scenario,
                         policy.name(),
                         trim(v)
@@ -322,14 +331,14 @@ pub fn bar_chart(
             escape(scenario)
         );
     }
-    for (p, policy) in Policy::ALL.iter().enumerate() {
+    for (p, policy) in policies.iter().enumerate() {
         let x = left + (p % 3) as f64 * 260.0;
         let y = height - 42.0 + (p / 3) as f64 * 18.0;
         let _ = writeln!(
             svg,
             "<rect x=\"{x:.1}\" y=\"{:.1}\" width=\"12\" height=\"12\" fill=\"{}\"/><text x=\"{:.1}\" y=\"{y:.1}\">{}</text>",
             y - 10.0,
-            COLOURS[p],
+            colour(*policy),
             x + 18.0,
             escape(&policy.name())
         );
