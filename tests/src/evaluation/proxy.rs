@@ -216,15 +216,6 @@ impl Proxy {
             .sum()
     }
 
-    /// Requests waiting in the queue now.
-    pub fn queue_depth(&self) -> usize {
-        self.state
-            .queue
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .len()
-    }
-
     /// Every rejection so far, in order.
     pub fn rejections(&self) -> Vec<Rejection> {
         self.state
