@@ -289,16 +289,23 @@ impl Turn {
     /// before that segment is fed to [`Turn::on_client_segment`]).
     #[inline(always)]
     pub fn on_client_hello_found(&mut self) -> TurnDelta {
-        let mut delta = TurnDelta::default();
-        let (mut c, s) = self.load();
+        let (c, s) = self.load();
         if c.flags & EARLY_REQUEST == 0 || phase_of(c, s) != PHASE_REQUEST {
-            return delta;
+            return TurnDelta::default();
         }
+        self.withdraw_early_request(c)
+    }
+
+    /// Take back the request that `on_early_request` started (`c`: the client word now).
+    #[inline(always)]
+    fn withdraw_early_request(&mut self, mut c: ClientWord) -> TurnDelta {
         c.requests = c.requests.wrapping_sub(1);
         c.flags &= !EARLY_REQUEST;
         self.store_client(c);
-        delta.withdrawn = 1;
-        delta
+        TurnDelta {
+            withdrawn: 1,
+            ..TurnDelta::default()
+        }
     }
 
     /// The connection closed (the socket reached TCP_CLOSE). `server_tls`: the server's bytes
@@ -310,10 +317,7 @@ impl Turn {
         let (mut c, s) = self.load();
         match phase_of(c, s) {
             PHASE_REQUEST if server_tls && c.flags & EARLY_REQUEST != 0 => {
-                c.requests = c.requests.wrapping_sub(1);
-                self.store_client(c);
-                delta.withdrawn = 1;
-                return delta;
+                return self.withdraw_early_request(c);
             }
             PHASE_REQUEST => delta.abandoned = 1,
             PHASE_RESPONSE => delta.completed = 1,

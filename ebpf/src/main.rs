@@ -236,7 +236,8 @@ fn matching_watch(endpoint: &EndpointKey) -> Option<WatchValue> {
 }
 
 fn on_established(ctx: &SockOpsContext, side: Side) {
-    let Some(endpoint) = endpoint_of(&addresses!(ctx.ops), side) else {
+    let a = addresses!(ctx.ops);
+    let Some(endpoint) = endpoint_of(&a, side) else {
         return;
     };
     let Some(watch) = matching_watch(&endpoint) else {
@@ -250,7 +251,7 @@ fn on_established(ctx: &SockOpsContext, side: Side) {
     let scope_cgroup = conn.scope_cgroup;
     // A request that came with the handshake: its bytes passed before this connection was
     // tracked (see `early_request`).
-    let early = early_request(ctx, side);
+    let early = early_request(ctx, &a, side);
     let early_delta = match early {
         Some((end, bytes)) => conn.turn.on_early_request(end, bytes),
         None => TurnDelta::default(),
@@ -296,7 +297,7 @@ fn on_established(ctx: &SockOpsContext, side: Side) {
 /// * Client side (TCP Fast Open): the request went out in the SYN, before the connection was
 ///   tracked; the kernel counted it in `data_segs_out`. If it was a ClientHello, the client's
 ///   next segment shows TLS records and the turn is withdrawn (`Turn::on_client_hello_found`).
-fn early_request(ctx: &SockOpsContext, side: Side) -> Option<(u32, u32)> {
+fn early_request(ctx: &SockOpsContext, a: &Addresses, side: Side) -> Option<(u32, u32)> {
     let ops = ctx.ops;
     // SAFETY: `ops` is the sock_ops context the kernel passed in; plain integer fields.
     let (data_in, received, rcv_nxt, data_out, snd_nxt) = unsafe {
@@ -310,7 +311,7 @@ fn early_request(ctx: &SockOpsContext, side: Side) -> Option<(u32, u32)> {
     };
     let bytes = |n: u64| n.min(u64::from(u32::MAX)) as u32;
     match side {
-        Side::Server => match take_early_payload(ctx) {
+        Side::Server => match take_early_payload(a) {
             Some(EARLY_CLIENT_HELLO) => None,
             Some(_) => Some((rcv_nxt, bytes(received))),
             None => (data_in > 0 || received > 0).then_some((rcv_nxt, bytes(received))),
@@ -322,9 +323,8 @@ fn early_request(ctx: &SockOpsContext, side: Side) -> Option<(u32, u32)> {
 
 /// The note `note_early_payload` left for this (server-side) connection's client, if any; the
 /// note is used up.
-fn take_early_payload(ctx: &SockOpsContext) -> Option<u8> {
-    let a = addresses!(ctx.ops);
-    let remote = endpoint_of(&a, Side::Client)?;
+fn take_early_payload(a: &Addresses) -> Option<u8> {
+    let remote = endpoint_of(a, Side::Client)?;
     let peer = HandshakePeer {
         addr: remote.addr,
         port: remote.port,

@@ -166,13 +166,11 @@ fn in_kernel_cost(
         marginal.push(per_request[1] - per_request[0]);
     }
     let summary = |name: &str, values: &[f64]| {
-        let mut v = values.to_vec();
-        v.sort_by(f64::total_cmp);
+        let low = values.iter().copied().fold(f64::INFINITY, f64::min);
+        let high = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         format!(
-            "| {name} | {:.0} | {:.0} to {:.0} |",
-            v[v.len() / 2],
-            v[0],
-            v[v.len() - 1]
+            "| {name} | {:.0} | {low:.0} to {high:.0} |",
+            median(values.to_vec())
         )
     };
     format!(

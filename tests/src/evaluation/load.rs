@@ -235,9 +235,14 @@ impl Load {
             .clone()
     }
 
+    /// Clients not finished yet (still to arrive, waiting, or in an attempt).
+    pub fn unfinished(&self) -> usize {
+        self.clients - self.done.load(Ordering::Relaxed)
+    }
+
     /// True once every client has finished (succeeded, given up or failed).
     pub fn finished(&self) -> bool {
-        self.done.load(Ordering::Relaxed) == self.clients
+        self.unfinished() == 0
     }
 }
 

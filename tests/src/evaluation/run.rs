@@ -147,17 +147,6 @@ pub fn run(
     // are read.
     std::thread::sleep(Duration::from_millis(600));
     let attempts = load.attempts();
-    let finished_clients = {
-        let mut finished = std::collections::HashSet::new();
-        for a in &attempts {
-            if !matches!(a.outcome, super::load::Outcome::Rejected { .. })
-                || a.number == MAX_ATTEMPTS
-            {
-                finished.insert(a.client);
-            }
-        }
-        finished.len()
-    };
     let result = RunResult {
         scenario: scenario.name,
         policy,
@@ -166,7 +155,7 @@ pub fn run(
         warm_up,
         measured_s: (scenario.length() - warm_up).as_secs_f64(),
         idle_replica_s_while_waiting: idle,
-        unfinished: load.clients() - finished_clients,
+        unfinished: load.unfinished(),
         agent_metrics: agent.metrics(),
         access_log: proxy.rejections(),
         attempts,
