@@ -98,7 +98,6 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     raise_open_files(agent.max_clients)?;
     let options = ProbeOptions {
         cgroup: agent.cgroup.clone(),
-        max_connections: Some(agent.max_connections),
         debug_log: tracing::enabled!(tracing::Level::DEBUG),
     };
     let mut probe = Probe::attach(&options)?;

@@ -32,7 +32,8 @@ impl EndpointSnapshot {
 /// Probe-wide counters of data the programs could not handle.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProbeStats {
-    /// Watched connections that could not be tracked (connection map full or failing).
+    /// Watched connections that could not be tracked (the kernel could not allocate their
+    /// state).
     pub connections_untracked: u64,
     /// Watched connections whose close is not reported (state callback refused).
     pub state_callback_refused: u64,
@@ -44,7 +45,8 @@ pub struct ProbeStats {
     pub connections_out_of_scope: u64,
     /// Connections established before they were watched, tracked from their next request.
     pub connections_adopted: u64,
-    /// Requests on untracked connections that could not be adopted (connection map full).
+    /// Requests on untracked connections that could not be adopted (no memory for their
+    /// state).
     pub adoptions_refused: u64,
     /// Segments of TLS connections whose record framing was lost (their turns are not seen).
     pub tls_segments_unframed: u64,

@@ -41,7 +41,6 @@ fn value() -> impl Strategy<Value = String> {
 
 const AGENT_KEYS: &[&str] = &[
     "tick_interval_ms",
-    "max_connections",
     "socket_path",
     "socket_mode",
     "allowed_uids",

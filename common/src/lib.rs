@@ -16,8 +16,6 @@ pub const WATCHED_ENDPOINTS_MAP: &str = "WATCHED_ENDPOINTS";
 pub const ENDPOINT_COUNTERS_MAP: &str = "ENDPOINT_COUNTERS";
 /// Name of the array of current watch generations, indexed by watch slot (0 = slot free).
 pub const SLOT_GENERATIONS_MAP: &str = "SLOT_GENERATIONS";
-/// Name of the per-connection state map: socket cookie (`u64`) → [`ConnState`].
-pub const CONNECTIONS_MAP: &str = "CONNECTIONS";
 /// Name of the bitmap of watched ports: [`WATCHED_PORT_WORDS`] `u64` words, bit `port % 64` of
 /// word `port / 64` set while some watched endpoint has that port.
 pub const WATCHED_PORTS_MAP: &str = "WATCHED_PORTS";
@@ -26,8 +24,6 @@ pub const WATCHED_PORT_WORDS: u32 = 1024;
 /// Name of the per-CPU array of probe-wide counters, indexed by [`ProbeStat`].
 pub const PROBE_STATS_MAP: &str = "PROBE_STATS";
 
-/// How many connections the kernel tracks at once (the size of [`CONNECTIONS_MAP`]).
-pub const DEFAULT_MAX_CONNECTIONS: u32 = 65_536;
 /// How many endpoints can be watched at once.
 pub const MAX_WATCHED_ENDPOINTS: u32 = 1_024;
 
@@ -184,8 +180,8 @@ impl EndpointCounters {
     }
 }
 
-/// Per-connection state, keyed by socket cookie (unique for the life of the boot, so a socket
-/// whose memory is reused after close never inherits another connection's state).
+/// Per-connection state, held in the socket's own local storage (so it is freed with the
+/// socket, and a socket whose memory is reused starts without it).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConnState {
@@ -250,7 +246,7 @@ impl ConnState {
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ProbeStat {
-    /// A watched connection could not be tracked (connection map insert failed).
+    /// A watched connection could not be tracked (the kernel could not allocate its state).
     ConnectionsUntracked = 0,
     /// A watched connection did not accept the state callback flag; its close is then seen
     /// by the `inet_sock_set_state` tracepoint only.
@@ -266,7 +262,7 @@ pub enum ProbeStat {
     /// Connections established before they were watched, tracked from their next request.
     ConnectionsAdopted = 5,
     /// Requests on untracked established connections that could not be adopted because the
-    /// connection map was full (counted per attempt: once per such request).
+    /// kernel could not allocate their state (counted per attempt: once per such request).
     AdoptionsRefused = 6,
     /// Segments of TLS connections whose record framing was lost (a gap in the sequence, or
     /// more records in one segment than are read): their requests or responses are not seen

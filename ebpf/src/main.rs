@@ -4,8 +4,8 @@
 //! TCP socket on the node without touching any application:
 //!
 //! * `ra_sockops` (sock_ops): a connection to or from a watched endpoint is established →
-//!   count it, start tracking it by socket cookie, and ask for state callbacks; it reaches
-//!   TCP_CLOSE → close its open turn, count the close, forget it.
+//!   count it, start tracking it in its socket's own storage, and ask for state callbacks; it
+//!   reaches TCP_CLOSE → close its open turn, count the close, forget it.
 //! * `ra_ingress` / `ra_egress` (cgroup_skb): every TCP segment a tracked socket receives or
 //!   sends → feed the turn state machine of `retry_after_common::turn`, through the TLS record
 //!   framing of `retry_after_common::tls` on an encrypted connection. Segments are seen as
@@ -23,26 +23,31 @@
 mod counters;
 mod packet;
 
-use core::ptr::read_volatile;
+use core::{
+    ffi::c_void,
+    ptr::{null_mut, read_volatile},
+};
 
 use aya_ebpf::{
     EbpfContext,
     bindings::{
-        __sk_buff, BPF_NOEXIST, BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB,
+        __sk_buff, BPF_SK_STORAGE_GET_F_CREATE, BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB,
         BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB, BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG,
         BPF_TCP_CLOSE, BPF_TCP_ESTABLISHED, BPF_TCP_LISTEN,
     },
+    btf_maps::SkStorage,
     helpers::{
-        bpf_get_socket_cookie, bpf_sk_fullsock, bpf_skb_ancestor_cgroup_id, bpf_skb_cgroup_id,
+        bpf_sk_fullsock, bpf_sk_storage_delete, bpf_sk_storage_get, bpf_skb_ancestor_cgroup_id,
+        bpf_skb_cgroup_id,
     },
-    macros::{btf_tracepoint, cgroup_skb, map, sock_ops},
+    macros::{btf_map, btf_tracepoint, cgroup_skb, map, sock_ops},
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
     programs::{BtfTracePointContext, SkBuffContext, SockOpsContext},
 };
 use aya_log_ebpf::{debug, warn};
 use retry_after_common::{
-    ConnState, DEFAULT_MAX_CONNECTIONS, EndpointCounters, EndpointKey, MAX_WATCHED_ENDPOINTS,
-    PROBE_STATS_LEN, ProbeStat, Side, WATCHED_PORT_WORDS, WatchValue, counter_index,
+    ConnState, EndpointCounters, EndpointKey, MAX_WATCHED_ENDPOINTS, PROBE_STATS_LEN, ProbeStat,
+    Side, WATCHED_PORT_WORDS, WatchValue, counter_index,
     tls::{RecordStream, Sender, Walked},
     turn::{PHASE_REQUEST, TurnDelta},
 };
@@ -68,12 +73,51 @@ static SLOT_GENERATIONS: Array<u32> = Array::with_max_entries(MAX_WATCHED_ENDPOI
 #[map]
 static WATCHED_PORTS: Array<u64> = Array::with_max_entries(WATCHED_PORT_WORDS, 0);
 
-/// Tracked connections by socket cookie, removed on close. A plain hash map, not an LRU: an
-/// evicted connection would be lost silently (and its open request counted in flight for
-/// ever). When it is full a new connection is not tracked, and that is counted
-/// (`ProbeStat::ConnectionsUntracked`).
-#[map]
-static CONNECTIONS: HashMap<u64, ConnState> = HashMap::with_max_entries(DEFAULT_MAX_CONNECTIONS, 0);
+/// Tracked connections: each in its own socket's local storage, found from the socket itself
+/// (no key, no shared table) and freed by the kernel with the socket. No bound, so nothing is
+/// evicted or refused for want of room; only a failed allocation leaves a connection untracked,
+/// and that is counted (`ProbeStat::ConnectionsUntracked`).
+#[btf_map]
+static CONNECTIONS: SkStorage<ConnState> = SkStorage::new();
+
+/// The state of the connection of socket `sk` (any socket pointer the program was handed), if
+/// it is tracked.
+#[inline(always)]
+fn tracked<S>(sk: *mut S) -> Option<*mut ConnState> {
+    // SAFETY: the helper checks the socket; no value is passed, nothing is created.
+    let state = unsafe { bpf_sk_storage_get(connections(), sk.cast(), null_mut(), 0) };
+    (!state.is_null()).then_some(state.cast())
+}
+
+/// Start tracking the connection of socket `sk` (not tracked yet) as a connection of `watch`
+/// seen from `side`: its new state, or `None` if the kernel could not allocate it. The state is
+/// written in place, not copied from the stack, which the segment path has little of.
+#[inline(always)]
+fn track<S>(sk: *mut S, watch: &WatchValue, side: Side) -> Option<*mut ConnState> {
+    let create = u64::from(BPF_SK_STORAGE_GET_F_CREATE);
+    // SAFETY: the helper checks the socket; without a value it allocates zeroed state.
+    let state = unsafe { bpf_sk_storage_get(connections(), sk.cast(), null_mut(), create) };
+    let state = state.cast::<ConnState>();
+    if state.is_null() {
+        return None;
+    }
+    // SAFETY: `state` points at the socket's new state, a value of the map's type.
+    unsafe { state.write(ConnState::new(watch, side)) };
+    Some(state)
+}
+
+/// Stop tracking the connection of socket `sk`.
+#[inline(always)]
+fn forget<S>(sk: *mut S) {
+    // SAFETY: the helper checks the socket; a socket without state is left as it is.
+    let _ = unsafe { bpf_sk_storage_delete(connections(), sk.cast()) };
+}
+
+/// The map argument the storage helpers take.
+#[inline(always)]
+fn connections() -> *mut c_void {
+    core::ptr::from_ref(&CONNECTIONS).cast_mut().cast()
+}
 
 /// A client of a watched listener, as the segment that completes its handshake and as the
 /// connection then established both name it: its address and port, and the listener's port.
@@ -126,9 +170,8 @@ fn ra_sockops(ctx: SockOpsContext) -> u32 {
 fn ra_state(ctx: BtfTracePointContext) -> i32 {
     let new_state: i32 = ctx.arg(2);
     if new_state == BPF_TCP_CLOSE as i32 {
-        let sk: *mut core::ffi::c_void = ctx.arg(0);
-        // SAFETY: `sk` is the tracepoint's own socket argument.
-        close_tracked(unsafe { bpf_get_socket_cookie(sk) });
+        let sk: *mut c_void = ctx.arg(0);
+        close_tracked(sk);
     }
     0
 }
@@ -243,35 +286,34 @@ fn on_established(ctx: &SockOpsContext, side: Side) {
     let Some(watch) = matching_watch(&endpoint) else {
         return;
     };
-    // SAFETY: the helper only reads the context it is given.
-    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    // A scoped client side: the socket's cgroup is read from its first segment (the callback
-    // here may run on behalf of any task), and only then is the connection counted.
-    let mut conn = ConnState::new(&watch, side);
-    let scope_cgroup = conn.scope_cgroup;
-    // A request that came with the handshake: its bytes passed before this connection was
-    // tracked (see `early_request`).
-    let early = early_request(ctx, &a, side);
-    let early_delta = match early {
-        Some((end, bytes)) => conn.turn.on_early_request(end, bytes),
-        None => TurnDelta::default(),
-    };
-    if CONNECTIONS
-        .insert(&cookie, &conn, u64::from(BPF_NOEXIST))
-        .is_err()
-    {
+    // SAFETY: the context's socket field, a plain load.
+    let sk = unsafe { (*ctx.ops).__bindgen_anon_2.sk };
+    if sk.is_null() {
+        return;
+    }
+    let Some(conn) = track(sk, &watch, side) else {
         counters::probe_stat(&PROBE_STATS, ProbeStat::ConnectionsUntracked);
         warn!(ctx, "cannot track connection on port {}", endpoint.port);
         return;
-    }
+    };
+    // SAFETY: `conn` points at the socket's live state.
+    let conn = unsafe { &mut *conn };
+    // A request that came with the handshake: its bytes passed before this connection was
+    // tracked (see `early_request`).
+    let early_delta = match early_request(ctx, &a, side) {
+        Some((end, bytes)) => conn.turn.on_early_request(end, bytes),
+        None => TurnDelta::default(),
+    };
     if ctx
         .set_cb_flags((ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG) as i32)
         .is_err()
     {
         counters::probe_stat(&PROBE_STATS, ProbeStat::StateCallbackRefused);
     }
-    if scope_cgroup == 0
-        && let Some(c) = live_counters(&conn)
+    // A scoped client side: the socket's cgroup is read from its first segment (the callback
+    // here may run on behalf of any task), and only then is the connection counted.
+    if conn.scope_cgroup == 0
+        && let Some(c) = live_counters(conn)
     {
         // SAFETY: `c` points into this CPU's copy of a live map value.
         unsafe {
@@ -360,18 +402,22 @@ fn note_early_payload(ctx: &SkBuffContext, segment: &packet::Segment, local_port
 }
 
 fn on_close(ctx: &SockOpsContext) {
-    // SAFETY: the helper only reads the context it is given.
-    close_tracked(unsafe { bpf_get_socket_cookie(ctx.as_ptr()) });
+    // SAFETY: the context's socket field, a plain load.
+    let sk = unsafe { (*ctx.ops).__bindgen_anon_2.sk };
+    if !sk.is_null() {
+        close_tracked(sk);
+    }
 }
 
 /// A tracked connection closed: close its open turn, count the close, forget it. Reached from
 /// the sock_ops state callback and from the `inet_sock_set_state` tracepoint, whichever runs
 /// first (the second finds nothing).
-fn close_tracked(cookie: u64) {
-    let Some(conn) = CONNECTIONS.get_ptr_mut(&cookie) else {
+#[inline(always)]
+fn close_tracked<S>(sk: *mut S) {
+    let Some(conn) = tracked(sk) else {
         return;
     };
-    // SAFETY: `conn` points at a live value of CONNECTIONS; it is removed only below.
+    // SAFETY: `conn` points at the socket's live state; it is deleted only below.
     let conn = unsafe { &mut *conn };
     // A scoped connection that never sent a segment was never counted.
     if conn.scope_cgroup == 0
@@ -384,7 +430,7 @@ fn close_tracked(cookie: u64) {
             counters::add(&mut (*c).connections_closed, 1);
         }
     }
-    let _ = CONNECTIONS.remove(&cookie);
+    forget(sk);
 }
 
 /// The counters a tracked connection feeds, or `None` if its watch was removed or replaced
@@ -420,36 +466,39 @@ fn on_segment(ctx: &SkBuffContext, ingress: bool) {
     if !port_watched(local_port) && !port_watched(remote_port) {
         return;
     }
-    // SAFETY: the helper only reads the context it is given.
-    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    let tracked = CONNECTIONS.get_ptr_mut(&cookie);
+    let skb = ctx.as_ptr().cast::<__sk_buff>();
+    // SAFETY: the context's socket field, a plain load.
+    let sk = unsafe { (*skb).__bindgen_anon_2.sk };
+    if sk.is_null() {
+        return;
+    }
+    let state = tracked(sk);
     let Some(segment) = packet::parse_tcp(ctx) else {
-        if tracked.is_some() {
+        if state.is_some() {
             counters::probe_stat(&PROBE_STATS, ProbeStat::PacketsUnparsed);
         }
         return;
     };
     // State from an earlier watch of the endpoint (removed, or removed and added again) is
     // dropped: the connection is then as untracked, and may be adopted by this very segment.
-    // SAFETY: `conn` points at a live value of CONNECTIONS.
-    let tracked = tracked.filter(|conn| {
+    // SAFETY: `conn` points at the socket's live state.
+    let state = state.filter(|conn| {
         let live = live_counters(unsafe { &**conn }).is_some();
         if !live {
-            let _ = CONNECTIONS.remove(&cookie);
+            forget(sk);
         }
         live
     });
-    let Some(conn) = tracked.or_else(|| adopt(ctx, cookie, ingress, &segment)) else {
+    let Some(conn) = state.or_else(|| adopt(ctx, ingress, &segment)) else {
         return;
     };
-    // SAFETY: `conn` points at a live value of CONNECTIONS.
+    // SAFETY: `conn` points at the socket's live state.
     let conn = unsafe { &mut *conn };
     let Some(c) = live_counters(conn) else {
-        let _ = CONNECTIONS.remove(&cookie);
+        forget(sk);
         return;
     };
     if conn.scope_cgroup != 0 {
-        let skb = ctx.as_ptr().cast::<__sk_buff>();
         // SAFETY: the helpers only read the packet's socket.
         let ancestor = unsafe { bpf_skb_ancestor_cgroup_id(skb, conn.scope_level as i32) };
         // 0 from both: no full socket on this segment, decide on the next one. 0 only from
@@ -459,7 +508,7 @@ fn on_segment(ctx: &SkBuffContext, ingress: bool) {
         }
         if ancestor != conn.scope_cgroup {
             counters::probe_stat(&PROBE_STATS, ProbeStat::ConnectionsOutOfScope);
-            let _ = CONNECTIONS.remove(&cookie);
+            forget(sk);
             return;
         }
         conn.scope_cgroup = 0;
@@ -545,12 +594,7 @@ fn walk_records(
 /// is, at a client→server segment with payload on an established socket of a watched
 /// endpoint. Its close is seen by `ra_state`. `None` if it is not to be tracked.
 #[inline(never)]
-fn adopt(
-    ctx: &SkBuffContext,
-    cookie: u64,
-    ingress: bool,
-    segment: &packet::Segment,
-) -> Option<*mut ConnState> {
+fn adopt(ctx: &SkBuffContext, ingress: bool, segment: &packet::Segment) -> Option<*mut ConnState> {
     if segment.payload_len == 0 {
         return None;
     }
@@ -588,24 +632,21 @@ fn adopt(
     if (side == Side::Server) != ingress {
         return None;
     }
-    let conn = ConnState::new(&watch, side);
-    let scope_cgroup = conn.scope_cgroup;
-    if CONNECTIONS
-        .insert(&cookie, &conn, u64::from(BPF_NOEXIST))
-        .is_err()
-    {
-        // The map is full: tried again at the connection's next request.
+    let Some(state) = track(full, &watch, side) else {
+        // No memory for the state: tried again at the connection's next request.
         counters::probe_stat(&PROBE_STATS, ProbeStat::AdoptionsRefused);
         return None;
-    }
+    };
+    // SAFETY: `state` points at the socket's live state.
+    let conn = unsafe { &*state };
     counters::probe_stat(&PROBE_STATS, ProbeStat::ConnectionsAdopted);
-    if scope_cgroup == 0
-        && let Some(c) = live_counters(&conn)
+    if conn.scope_cgroup == 0
+        && let Some(c) = live_counters(conn)
     {
         // SAFETY: `c` points into this CPU's copy of a live map value.
         unsafe { counters::add(&mut (*c).connections_opened, 1) };
     }
-    CONNECTIONS.get_ptr_mut(&cookie)
+    Some(state)
 }
 
 #[cfg(not(test))]

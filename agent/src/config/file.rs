@@ -19,7 +19,6 @@ pub struct ConfigFile {
 #[serde(deny_unknown_fields, default)]
 pub struct AgentFile {
     pub tick_interval_ms: u64,
-    pub max_connections: u32,
     pub cgroup: Option<String>,
     pub socket_path: String,
     pub socket_mode: String,
@@ -36,7 +35,6 @@ impl Default for AgentFile {
         Self {
             // The proposal's 1 s interval.
             tick_interval_ms: 1000,
-            max_connections: retry_after_common::DEFAULT_MAX_CONNECTIONS,
             // The root of the mounted cgroup v2 hierarchy.
             cgroup: None,
             socket_path: "/run/retry-after-agent/agent.sock".into(),

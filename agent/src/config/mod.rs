@@ -31,9 +31,6 @@ use crate::{
 /// address, computes Retry-After with the proposal's policy and falls back to 5 s until warm.
 pub const DEFAULT_CONFIG: &str = include_str!("../default-config.toml");
 
-/// Most connections tracked in the kernel at once (the connection map's size).
-pub const MAX_CONNECTIONS_LIMIT: u32 = 4_194_304;
-
 /// A whole, valid configuration.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
@@ -48,8 +45,6 @@ pub struct Config {
 pub struct AgentConfig {
     /// How often the counters are read (1 s: the proposal's interval).
     pub tick_interval: Duration,
-    /// Connections tracked in the kernel at once (65,536).
-    pub max_connections: u32,
     /// cgroup v2 directory to attach to (the root of the mounted hierarchy).
     pub cgroup: Option<PathBuf>,
     /// The Unix socket proxies connect to.
@@ -266,11 +261,6 @@ fn agent(a: AgentFile) -> Result<AgentConfig, ConfigError> {
         bounded(&format!("agent.{field}"), value, range).map(Duration::from_millis)
     };
     let tick_interval = ms("tick_interval_ms", a.tick_interval_ms, 10..=60_000)?;
-    let max_connections = bounded(
-        "agent.max_connections",
-        a.max_connections,
-        64..=MAX_CONNECTIONS_LIMIT,
-    )?;
     if !a.socket_path.starts_with('/') {
         return Err(invalid(
             "agent.socket_path",
@@ -320,7 +310,6 @@ fn agent(a: AgentFile) -> Result<AgentConfig, ConfigError> {
     }
     Ok(AgentConfig {
         tick_interval,
-        max_connections,
         cgroup: a.cgroup.map(PathBuf::from),
         socket_path: PathBuf::from(a.socket_path),
         socket_mode,
@@ -639,10 +628,7 @@ mod tests {
     #[test]
     fn numbers_that_would_fail_later_are_refused_now() {
         for (text, field) in [
-            (
-                "[agent]\nmax_connections = 100000000\n",
-                "agent.max_connections",
-            ),
+            ("[agent]\nmax_clients = 100000\n", "agent.max_clients"),
             (
                 "[agent]\nclient_write_timeout_ms = 0\n",
                 "agent.client_write_timeout_ms",

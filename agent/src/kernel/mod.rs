@@ -17,9 +17,9 @@ use aya::{
     util::nr_cpus,
 };
 use retry_after_common::{
-    CONNECTIONS_MAP, ENDPOINT_COUNTERS_MAP, EndpointCounters, EndpointKey, MAX_WATCHED_ENDPOINTS,
-    PROBE_STATS_MAP, ProbeStat, SLOT_GENERATIONS_MAP, Side, WATCHED_ENDPOINTS_MAP,
-    WATCHED_PORTS_MAP, WatchValue, counter_index,
+    ENDPOINT_COUNTERS_MAP, EndpointCounters, EndpointKey, MAX_WATCHED_ENDPOINTS, PROBE_STATS_MAP,
+    ProbeStat, SLOT_GENERATIONS_MAP, Side, WATCHED_ENDPOINTS_MAP, WATCHED_PORTS_MAP, WatchValue,
+    counter_index,
 };
 
 use crate::{
@@ -42,9 +42,6 @@ pub const PROGRAM_NAMES: [&str; 4] = ["ra_sockops", "ra_ingress", "ra_egress", "
 pub struct ProbeOptions {
     /// The cgroup v2 directory to attach to; `None` finds the root of the mounted hierarchy.
     pub cgroup: Option<PathBuf>,
-    /// Bound on tracked connections (the connection map's size); `None` keeps the built-in
-    /// default.
-    pub max_connections: Option<u32>,
     /// Let the programs' debug-level log lines through to the agent's log.
     pub debug_log: bool,
 }
@@ -176,9 +173,6 @@ impl Probe {
         let log_level: u8 = if options.debug_log { 4 } else { 2 };
         let mut loader = EbpfLoader::new();
         loader.override_global("AYA_LOG_LEVEL", &log_level, false);
-        if let Some(max) = options.max_connections {
-            loader.map_max_entries(CONNECTIONS_MAP, max);
-        }
         let mut ebpf = loader.load(EBPF_OBJECT).map_err(ProbeError::Load)?;
 
         let [sockops, ingress, egress, state] = PROGRAM_NAMES;
