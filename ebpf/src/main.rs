@@ -33,12 +33,12 @@ use aya_ebpf::{
     bindings::{
         __sk_buff, BPF_SK_STORAGE_GET_F_CREATE, BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB,
         BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB, BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG,
-        BPF_TCP_CLOSE, BPF_TCP_ESTABLISHED, BPF_TCP_LISTEN,
+        BPF_TCP_CLOSE, BPF_TCP_ESTABLISHED, BPF_TCP_LISTEN, BPF_TCP_SYN_SENT,
     },
     btf_maps::SkStorage,
     helpers::{
         bpf_sk_fullsock, bpf_sk_storage_delete, bpf_sk_storage_get, bpf_skb_ancestor_cgroup_id,
-        bpf_skb_cgroup_id,
+        bpf_skb_cgroup_id, bpf_tcp_sock,
     },
     macros::{btf_map, btf_tracepoint, cgroup_skb, map, sock_ops},
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
@@ -89,21 +89,48 @@ fn tracked<S>(sk: *mut S) -> Option<*mut ConnState> {
     (!state.is_null()).then_some(state.cast())
 }
 
-/// Start tracking the connection of socket `sk` (not tracked yet) as a connection of `watch`
-/// seen from `side`: its new state, or `None` if the kernel could not allocate it. The state is
-/// written in place, not copied from the stack, which the segment path has little of.
+/// Start tracking the connection of socket `sk` (not tracked) as `conn`: the kernel copies it
+/// into new storage before the socket shows it. `None` if it could not allocate it.
 #[inline(always)]
-fn track<S>(sk: *mut S, watch: &WatchValue, side: Side) -> Option<*mut ConnState> {
+fn store<S>(sk: *mut S, conn: &mut ConnState) -> Option<*mut ConnState> {
+    let init = core::ptr::from_mut(conn).cast();
+    let create = u64::from(BPF_SK_STORAGE_GET_F_CREATE);
+    // SAFETY: the helper checks the socket and copies `init`, a value of the map's type.
+    let state = unsafe { bpf_sk_storage_get(connections(), sk.cast(), init, create) };
+    (!state.is_null()).then_some(state.cast())
+}
+
+/// The state [`track`] found or made.
+enum Tracked {
+    /// Made now, as a connection between turns.
+    New(*mut ConnState),
+    /// Made meanwhile from another CPU (see `adopt`), and left as it is.
+    Already(*mut ConnState),
+}
+
+/// Start tracking the connection of socket `sk` as a connection of `watch` seen from `side`,
+/// between turns, unless it is tracked already; `None` if the kernel could not allocate its
+/// state. The state is written in place, not copied from the stack (as [`store`] does), which
+/// the segment path has too little of; a zeroed state seen meanwhile counts as tracked.
+#[inline(always)]
+fn track<S>(sk: *mut S, watch: &WatchValue, side: Side) -> Option<Tracked> {
     let create = u64::from(BPF_SK_STORAGE_GET_F_CREATE);
     // SAFETY: the helper checks the socket; without a value it allocates zeroed state.
     let state = unsafe { bpf_sk_storage_get(connections(), sk.cast(), null_mut(), create) };
     let state = state.cast::<ConnState>();
     if state.is_null() {
-        return None;
+        // Made from another CPU between the helper's lookup and its insert (which it then
+        // refuses), or no memory.
+        return tracked(sk).map(Tracked::Already);
     }
-    // SAFETY: `state` points at the socket's new state, a value of the map's type.
+    // A written state has a generation (never 0); fresh storage is zeroed.
+    // SAFETY: `state` points at the socket's state, a value of the map's type.
+    if unsafe { (*state).generation } != 0 {
+        return Some(Tracked::Already(state));
+    }
+    // SAFETY: as above.
     unsafe { state.write(ConnState::new(watch, side)) };
-    Some(state)
+    Some(Tracked::New(state))
 }
 
 /// Stop tracking the connection of socket `sk`.
@@ -291,29 +318,31 @@ fn on_established(ctx: &SockOpsContext, side: Side) {
     if sk.is_null() {
         return;
     }
-    let Some(conn) = track(sk, &watch, side) else {
-        counters::probe_stat(&PROBE_STATS, ProbeStat::ConnectionsUntracked);
-        warn!(ctx, "cannot track connection on port {}", endpoint.port);
+    enable_state_callback(ctx);
+    // Tracked already: its first response arrived before this callback (see `adopt`).
+    if tracked(sk).is_some() {
         return;
-    };
-    // SAFETY: `conn` points at the socket's live state.
-    let conn = unsafe { &mut *conn };
+    }
+    let mut conn = ConnState::new(&watch, side);
     // A request that came with the handshake: its bytes passed before this connection was
-    // tracked (see `early_request`).
+    // tracked (see `early_request`). The state is complete before it is stored, so a segment
+    // on another CPU never finds it without its request.
     let early_delta = match early_request(ctx, &a, side) {
         Some((end, bytes)) => conn.turn.on_early_request(end, bytes),
         None => TurnDelta::default(),
     };
-    if ctx
-        .set_cb_flags((ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG) as i32)
-        .is_err()
-    {
-        counters::probe_stat(&PROBE_STATS, ProbeStat::StateCallbackRefused);
+    if store(sk, &mut conn).is_none() {
+        // Made meanwhile from another CPU (the kernel refuses a second state), or no memory.
+        if tracked(sk).is_none() {
+            counters::probe_stat(&PROBE_STATS, ProbeStat::ConnectionsUntracked);
+            warn!(ctx, "cannot track connection on port {}", endpoint.port);
+        }
+        return;
     }
     // A scoped client side: the socket's cgroup is read from its first segment (the callback
     // here may run on behalf of any task), and only then is the connection counted.
     if conn.scope_cgroup == 0
-        && let Some(c) = live_counters(conn)
+        && let Some(c) = live_counters(&conn)
     {
         // SAFETY: `c` points into this CPU's copy of a live map value.
         unsafe {
@@ -325,6 +354,16 @@ fn on_established(ctx: &SockOpsContext, side: Side) {
         ctx,
         "tracking {} connection on port {}", side as u32, endpoint.port
     );
+}
+
+/// Ask for this socket's state changes (its close), counting a refusal.
+fn enable_state_callback(ctx: &SockOpsContext) {
+    if ctx
+        .set_cb_flags((ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG) as i32)
+        .is_err()
+    {
+        counters::probe_stat(&PROBE_STATS, ProbeStat::StateCallbackRefused);
+    }
 }
 
 /// A request that came with the handshake, as (sequence number just past it, or just past
@@ -479,6 +518,11 @@ fn on_segment(ctx: &SkBuffContext, ingress: bool) {
         }
         return;
     };
+    // SAFETY: `state` points at the socket's live state.
+    if state.is_some_and(|state| unsafe { (*state).generation } == 0) {
+        // Being written on another CPU (see `track`): nothing to add to yet.
+        return;
+    }
     // State from an earlier watch of the endpoint (removed, or removed and added again) is
     // dropped: the connection is then as untracked, and may be adopted by this very segment.
     // SAFETY: `conn` points at the socket's live state.
@@ -593,6 +637,13 @@ fn walk_records(
 /// connection pool, open before the agent started): at the first request it carries, that
 /// is, at a client→server segment with payload on an established socket of a watched
 /// endpoint. Its close is seen by `ra_state`. `None` if it is not to be tracked.
+///
+/// Also a client-side connection whose first response arrives before the established callback
+/// has run: TCP Fast Open, the request in the SYN. While the connecting socket is busy in the
+/// sender's own call, the SYN-ACK and the response wait in its backlog, and this program sees
+/// the response on a socket still in SYN_SENT; or the SYN-ACK is being processed on another
+/// CPU, the socket already ESTABLISHED but the callback not run yet. Either way the request is
+/// started here and the response counted; the callback finds the connection tracked.
 #[inline(never)]
 fn adopt(ctx: &SkBuffContext, ingress: bool, segment: &packet::Segment) -> Option<*mut ConnState> {
     if segment.payload_len == 0 {
@@ -617,7 +668,7 @@ fn adopt(ctx: &SkBuffContext, ingress: bool, segment: &packet::Segment) -> Optio
         note_early_payload(ctx, segment, unsafe { (*full).src_port } as u16);
         return None;
     }
-    if state != BPF_TCP_ESTABLISHED {
+    if state != BPF_TCP_ESTABLISHED && state != BPF_TCP_SYN_SENT {
         return None;
     }
     let a = addresses!(skb);
@@ -628,23 +679,58 @@ fn adopt(ctx: &SkBuffContext, ingress: bool, segment: &packet::Segment) -> Optio
             matching_watch(&endpoint_of(&a, Side::Client)?)?,
         ),
     };
-    // A request begins with client data; anything else waits for the next one.
-    if (side == Side::Server) != ingress {
-        return None;
-    }
-    let Some(state) = track(full, &watch, side) else {
-        // No memory for the state: tried again at the connection's next request.
-        counters::probe_stat(&PROBE_STATS, ProbeStat::AdoptionsRefused);
+    // A request begins with client data: an established connection is adopted there. Server
+    // data is taken only on the client side, as the first response of a connection whose
+    // request went in the SYN: nothing received yet, something sent.
+    let request_end = if (side == Side::Server) == ingress {
+        if state != BPF_TCP_ESTABLISHED {
+            return None;
+        }
+        None
+    } else if side == Side::Client {
+        // SAFETY: the helper checks the full socket it is given.
+        let tcp = unsafe { bpf_tcp_sock(full) };
+        if tcp.is_null() {
+            return None;
+        }
+        // SAFETY: checked not null above; plain fields of the TCP socket.
+        let (received, data_sent, snd_nxt) =
+            unsafe { ((*tcp).bytes_received, (*tcp).data_segs_out, (*tcp).snd_nxt) };
+        if received != 0 || data_sent == 0 {
+            return None;
+        }
+        Some(snd_nxt)
+    } else {
         return None;
     };
+    let state = match track(full, &watch, side) {
+        Some(Tracked::New(state)) => state,
+        // The established callback made it meanwhile, with the request started.
+        Some(Tracked::Already(state)) => return Some(state),
+        None => {
+            // No memory for the state: tried again at the connection's next request.
+            counters::probe_stat(&PROBE_STATS, ProbeStat::AdoptionsRefused);
+            return None;
+        }
+    };
     // SAFETY: `state` points at the socket's live state.
-    let conn = unsafe { &*state };
-    counters::probe_stat(&PROBE_STATS, ProbeStat::ConnectionsAdopted);
+    let conn = unsafe { &mut *state };
+    let early_delta = match request_end {
+        // The request went in the SYN: it ends where the sent bytes end.
+        Some(end) => conn.turn.on_early_request(end, 0),
+        None => {
+            counters::probe_stat(&PROBE_STATS, ProbeStat::ConnectionsAdopted);
+            TurnDelta::default()
+        }
+    };
     if conn.scope_cgroup == 0
         && let Some(c) = live_counters(conn)
     {
         // SAFETY: `c` points into this CPU's copy of a live map value.
-        unsafe { counters::add(&mut (*c).connections_opened, 1) };
+        unsafe {
+            counters::add(&mut (*c).connections_opened, 1);
+            counters::apply(c, &early_delta);
+        }
     }
     Some(state)
 }
