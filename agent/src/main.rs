@@ -249,7 +249,7 @@ fn check(config: Option<&PathBuf>) -> ExitCode {
         cgroup.is_some(),
         "cgroup v2",
         match &cgroup {
-            Some(path) => format!("attaching to {}", path.display()),
+            Some(path) => format!("hierarchy at {}", path.display()),
             None => "no cgroup2 hierarchy is mounted: mount -t cgroup2 none /sys/fs/cgroup/unified"
                 .into(),
         },
@@ -273,6 +273,10 @@ fn check(config: Option<&PathBuf>) -> ExitCode {
         // The real thing: load, verify and attach the programs, then detach at once.
         let options = ProbeOptions {
             cgroup,
+            attach_to: config
+                .as_ref()
+                .map(|c| c.agent.attach_cgroups.clone())
+                .unwrap_or_default(),
             ..ProbeOptions::default()
         };
         match Probe::attach(&options) {
@@ -280,8 +284,14 @@ fn check(config: Option<&PathBuf>) -> ExitCode {
                 true,
                 "eBPF programs",
                 format!(
-                    "sock_ops and cgroup_skb programs load and attach ({} programs)",
-                    probe.program_ids().len()
+                    "sock_ops and cgroup_skb programs load and attach ({} programs) to {}",
+                    probe.program_ids().len(),
+                    probe
+                        .attached_cgroups()
+                        .iter()
+                        .map(|p| p.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 ),
             ),
             Err(error) => report(

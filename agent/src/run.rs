@@ -98,6 +98,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     raise_open_files(agent.max_clients)?;
     let options = ProbeOptions {
         cgroup: agent.cgroup.clone(),
+        attach_to: agent.attach_cgroups.clone(),
         debug_log: tracing::enabled!(tracing::Level::DEBUG),
     };
     let mut probe = Probe::attach(&options)?;
@@ -166,7 +167,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         ))
         .map_err(|e| RunError::Instance(InstanceError::Io(e)))?;
     info!(
-        cgroup = %probe.cgroup().display(),
+        cgroups = ?probe.attached_cgroups(),
         socket = %socket_path.display(),
         metrics = %metrics_addr,
         endpoints = ?probe.watched().map(ToString::to_string).collect::<Vec<_>>(),

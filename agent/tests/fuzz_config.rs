@@ -41,6 +41,7 @@ fn value() -> impl Strategy<Value = String> {
 
 const AGENT_KEYS: &[&str] = &[
     "tick_interval_ms",
+    "attach_cgroups",
     "socket_path",
     "socket_mode",
     "allowed_uids",

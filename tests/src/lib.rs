@@ -9,6 +9,7 @@ pub mod http;
 pub mod proxies;
 
 use std::{
+    path::{Path, PathBuf},
     sync::{Mutex, MutexGuard},
     time::{Duration, Instant},
 };
@@ -20,6 +21,38 @@ use retry_after_agent::{
     snapshot::{EndpointSnapshot, Snapshot},
 };
 use retry_after_common::Side;
+
+/// A cgroup v2 directory of the test's own, under the hierarchy's root; removed when dropped
+/// (after its processes, which the test stops first).
+pub struct TestCgroup(PathBuf);
+
+impl TestCgroup {
+    /// Create `NAME-PID` under the root of the mounted hierarchy.
+    pub fn create(name: &str) -> Self {
+        let root = retry_after_agent::kernel::find_cgroup2_root()
+            .expect("a cgroup v2 hierarchy is mounted (the agent attaches to it)");
+        let path = root.join(format!("{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&path)
+            .unwrap_or_else(|e| panic!("create cgroup {}: {e}", path.display()));
+        Self(path)
+    }
+
+    /// Its directory.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.0).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
 
 /// Only one probe can be attached to the root cgroup at a time; tests in one binary take
 /// turns through this lock (and `./dev test` runs them single-threaded anyway).

@@ -1,5 +1,6 @@
 //! Software no one here wrote, run for real on loopback: the distribution's HAProxy (with its
-//! own stats socket as the truth) and wrk as traffic. Each process is stopped when dropped.
+//! own stats socket as the truth), nginx (with stub_status), and wrk as traffic. Each process
+//! is stopped when dropped.
 
 use std::{
     io::{BufRead, BufReader, Read, Write},
@@ -43,28 +44,15 @@ impl Haproxy {
         );
         let path = dir.join("haproxy.cfg");
         std::fs::write(&path, config).unwrap();
-        let mut command = match cgroup {
-            // Join the cgroup, then become haproxy: the shell's pid is haproxy's.
-            Some(cgroup) => {
-                let mut c = Command::new("sh");
-                c.arg("-c")
-                    .arg("echo $$ > \"$1/cgroup.procs\" && exec haproxy -db -f \"$2\"")
-                    .arg("sh")
-                    .arg(cgroup)
-                    .arg(&path);
-                c
-            }
-            None => {
-                let mut c = Command::new("haproxy");
-                c.arg("-db").arg("-f").arg(&path);
-                c
-            }
-        };
-        let child = command
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("haproxy is installed (./dev setup installs it)");
+        let child = command_in(
+            cgroup,
+            "haproxy",
+            [Path::new("-db"), Path::new("-f"), &path],
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("haproxy is installed (./dev setup installs it)");
         let haproxy = Self { child, stats, dir };
         let deadline = Instant::now() + Duration::from_secs(10);
         while haproxy.command("show info").is_err() {
@@ -209,6 +197,12 @@ pub struct NginxStatus {
 impl Nginx {
     /// Start nginx in the foreground with `servers`; waits until stub_status answers.
     pub fn start(servers: &str) -> Self {
+        Self::start_in(servers, None)
+    }
+
+    /// [`Nginx::start`], in `cgroup` if given (a cgroup v2 directory the process joins before
+    /// it starts, so every socket it opens belongs to it).
+    pub fn start_in(servers: &str, cgroup: Option<&Path>) -> Self {
         let dir = std::env::temp_dir().join(format!(
             "retry-after-nginx-{}-{}",
             std::process::id(),
@@ -226,15 +220,15 @@ impl Nginx {
         );
         let path = dir.join("nginx.conf");
         std::fs::write(&path, config).unwrap();
-        let child = Command::new("nginx")
-            .arg("-c")
-            .arg(&path)
-            .arg("-p")
-            .arg(&dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("nginx is installed (./dev setup installs it)");
+        let child = command_in(
+            cgroup,
+            "nginx",
+            [Path::new("-c"), &path, Path::new("-p"), &dir],
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("nginx is installed (./dev setup installs it)");
         let nginx = Self { child, status, dir };
         let deadline = Instant::now() + Duration::from_secs(10);
         while nginx.try_status().is_none() {
@@ -279,6 +273,32 @@ impl Drop for Nginx {
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// `program` with `args`, run in `cgroup` if given: a shell joins the cgroup, then becomes the
+/// program (the shell's pid is the program's), so the program opens no socket outside it.
+fn command_in<'a>(
+    cgroup: Option<&Path>,
+    program: &str,
+    args: impl IntoIterator<Item = &'a Path>,
+) -> Command {
+    match cgroup {
+        Some(cgroup) => {
+            let mut c = Command::new("sh");
+            c.arg("-c")
+                .arg("echo $$ > \"$1/cgroup.procs\" && shift && exec \"$@\"")
+                .arg("sh")
+                .arg(cgroup)
+                .arg(program)
+                .args(args);
+            c
+        }
+        None => {
+            let mut c = Command::new(program);
+            c.args(args);
+            c
+        }
     }
 }
 

@@ -14,7 +14,7 @@ use std::{
 };
 
 use retry_after_integration_tests::{
-    AgentProcess, free_port,
+    AgentProcess, TestCgroup, free_port,
     http::{HttpServer, ServerOptions},
     proxies::{Haproxy, Wrk},
 };
@@ -167,32 +167,6 @@ fn with_the_frontend_the_answer_is_the_proxys_queue_over_its_drain_and_without_i
     );
 }
 
-/// A cgroup v2 directory of the test's own, removed (after its processes) when dropped.
-struct TestCgroup(std::path::PathBuf);
-
-impl TestCgroup {
-    fn create(name: &str) -> Self {
-        let root = retry_after_agent::kernel::find_cgroup2_root()
-            .expect("a cgroup v2 hierarchy is mounted (the agent attaches to it)");
-        let path = root.join(format!("{name}-{}", std::process::id()));
-        std::fs::create_dir_all(&path)
-            .unwrap_or_else(|e| panic!("create cgroup {}: {e}", path.display()));
-        Self(path)
-    }
-}
-
-impl Drop for TestCgroup {
-    fn drop(&mut self) {
-        // Its processes were stopped first (fields drop before this guard in the test).
-        for _ in 0..50 {
-            if std::fs::remove_dir(&self.0).is_ok() {
-                return;
-            }
-            thread::sleep(Duration::from_millis(100));
-        }
-    }
-}
-
 #[test]
 fn the_drain_is_this_proxys_own_throughput_when_another_caller_shares_the_replicas() {
     let cgroup = TestCgroup::create("retry-after-test-proxy");
@@ -200,10 +174,16 @@ fn the_drain_is_this_proxys_own_throughput_when_another_caller_shares_the_replic
     let frontend = free_port();
     let scoped = service("api", &[&r1, &r2], Some(frontend)).replace(
         "[[service]]\n",
-        &format!("[[service]]\nproxy_cgroup = \"{}\"\n", cgroup.0.display()),
+        &format!(
+            "[[service]]\nproxy_cgroup = \"{}\"\n",
+            cgroup.path().display()
+        ),
     );
     let agent = AgentProcess::start("", &scoped);
-    let haproxy = Haproxy::start(&haproxy_sections(frontend, &[&r1, &r2]), Some(&cgroup.0));
+    let haproxy = Haproxy::start(
+        &haproxy_sections(frontend, &[&r1, &r2]),
+        Some(cgroup.path()),
+    );
     // The proxy's clients, and a second caller on this node that goes to a replica directly
     // (another process, in another cgroup): 10 connections × 4/s = 40 more completions a
     // second at the replicas, none of them this proxy's.

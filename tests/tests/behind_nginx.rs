@@ -2,15 +2,16 @@
 //! with ab (one connection per request) and wrk (keep-alive) as traffic: on a plain listener,
 //! on a `deferred` one (TCP_DEFER_ACCEPT: the request comes with the handshake), over TLS 1.2
 //! and TLS 1.3 (handshakes, session tickets and close_notify are not requests), with TCP Fast
-//! Open (the request in the SYN), and with the keep-alive connections opened before the probe
-//! attached.
+//! Open (the request in the SYN), with the keep-alive connections opened before the probe
+//! attached, and with the programs attached to nginx's cgroup only.
 
 use std::{process::Command, thread, time::Duration};
 
-use retry_after_agent::endpoint::Endpoint;
+use retry_after_agent::{endpoint::Endpoint, kernel::ProbeOptions};
 use retry_after_common::Side;
 use retry_after_integration_tests::{
-    AttachedProbe, SETTLE, free_port,
+    AttachedProbe, SETTLE, TestCgroup, free_port,
+    http::{HttpServer, ServerOptions},
     proxies::{Nginx, NginxStatus, Wrk, self_signed_certificate},
 };
 
@@ -168,6 +169,90 @@ fn keepalive_connections_opened_before_the_probe_are_counted_from_their_next_req
         });
         assert_eq!(seen.counters.connections_opened, 10, "{side:?}");
     }
+}
+
+#[test]
+fn attached_to_nginxs_cgroup_only_its_sockets_are_seen_and_other_traffic_runs_no_program() {
+    let cgroup = TestCgroup::create("retry-after-test-replica");
+    let port = free_port();
+    let nginx = Nginx::start_in(
+        &format!(
+            "  server {{ listen {port}; keepalive_requests 100000; location / {{ return 200 \"ok\\n\"; }} }}"
+        ),
+        Some(cgroup.path()),
+    );
+    // A second server, in this test's own cgroup (outside the attachment), watched as well.
+    let outside = HttpServer::start("127.0.0.1:0", ServerOptions::default());
+    let (inside_endpoint, outside_endpoint) =
+        (Endpoint::from(port), Endpoint::from(outside.addr()));
+    let mut probe = AttachedProbe::attach_with(&ProbeOptions {
+        attach_to: vec![cgroup.path().to_path_buf()],
+        ..ProbeOptions::default()
+    });
+    probe.watch(inside_endpoint);
+    probe.watch(outside_endpoint);
+    let stats =
+        aya::sys::enable_stats(aya::sys::Stats::RunTime).expect("enable BPF run-time stats");
+    let socket_program_runs = |probe: &AttachedProbe| -> u64 {
+        probe
+            .probe
+            .program_run_stats()
+            .iter()
+            .filter(|s| s.name != "ra_state")
+            .map(|s| s.run_count)
+            .sum()
+    };
+
+    // Traffic outside the attached cgroup: the socket programs never run.
+    let before = socket_program_runs(&probe);
+    let outside_requests = Wrk::start(outside.addr(), 1, 10, 2).finish().requests;
+    assert!(outside_requests > 1000, "{outside_requests}");
+    assert_eq!(
+        socket_program_runs(&probe) - before,
+        0,
+        "runs for traffic outside"
+    );
+
+    // Traffic to nginx, inside: its server side is counted exactly; the clients (ab, wrk) are
+    // outside, so no client side is seen.
+    let url = format!("http://{port}/");
+    let truth_before = nginx.status();
+    ab(&url, None, 300, 10);
+    Wrk::start_url(&url, 1, 10, 2).finish();
+    let truth = traffic(truth_before, nginx.status());
+    assert!(truth.requests > 1000, "{truth:?}");
+    assert!(
+        socket_program_runs(&probe) - before > truth.requests,
+        "runs for nginx's sockets"
+    );
+    let seen = probe.wait_for(
+        inside_endpoint,
+        Side::Server,
+        SETTLE,
+        "nginx's own counts",
+        |s| {
+            s.counters.requests_started == truth.requests
+                && s.counters.responses_completed == truth.requests
+                && s.counters.connections_closed == truth.accepts
+        },
+    );
+    assert_eq!(seen.counters.connections_opened, truth.accepts);
+    assert_eq!(seen.in_flight(), 0);
+    for (endpoint, side) in [
+        (inside_endpoint, Side::Client),
+        (outside_endpoint, Side::Server),
+        (outside_endpoint, Side::Client),
+    ] {
+        let c = probe.counters(endpoint, side).counters;
+        assert_eq!(
+            (c.connections_opened, c.requests_started),
+            (0, 0),
+            "{endpoint} {side:?}"
+        );
+    }
+    drop(stats);
+    drop(nginx);
+    drop(cgroup);
 }
 
 /// Connections the kernel accepted with data in the SYN (`TcpExt: TCPFastOpenPassive` of

@@ -20,6 +20,7 @@ pub struct ConfigFile {
 pub struct AgentFile {
     pub tick_interval_ms: u64,
     pub cgroup: Option<String>,
+    pub attach_cgroups: Option<Vec<String>>,
     pub socket_path: String,
     pub socket_mode: String,
     pub allowed_uids: Option<Vec<u32>>,
@@ -37,6 +38,8 @@ impl Default for AgentFile {
             tick_interval_ms: 1000,
             // The root of the mounted cgroup v2 hierarchy.
             cgroup: None,
+            // The root: every socket of the node.
+            attach_cgroups: None,
             socket_path: "/run/retry-after-agent/agent.sock".into(),
             // Owner and group: proxies join the socket's group.
             socket_mode: "0660".into(),

@@ -45,8 +45,11 @@ pub struct Config {
 pub struct AgentConfig {
     /// How often the counters are read (1 s: the proposal's interval).
     pub tick_interval: Duration,
-    /// cgroup v2 directory to attach to (the root of the mounted hierarchy).
+    /// The root of the cgroup v2 hierarchy (found from the mount table).
     pub cgroup: Option<PathBuf>,
+    /// The cgroups whose sockets the programs see, absolute or relative to `cgroup`; empty:
+    /// the root, every socket of the node.
+    pub attach_cgroups: Vec<PathBuf>,
     /// The Unix socket proxies connect to.
     pub socket_path: PathBuf,
     /// Its permissions (0660).
@@ -261,6 +264,26 @@ fn agent(a: AgentFile) -> Result<AgentConfig, ConfigError> {
         bounded(&format!("agent.{field}"), value, range).map(Duration::from_millis)
     };
     let tick_interval = ms("tick_interval_ms", a.tick_interval_ms, 10..=60_000)?;
+    let attach_cgroups = match a.attach_cgroups {
+        None => Vec::new(),
+        Some(paths) if paths.is_empty() => {
+            return Err(invalid(
+                "agent.attach_cgroups",
+                "[] would attach nowhere and see nothing; omit it to attach at the hierarchy's root",
+            ));
+        }
+        Some(paths) => {
+            for (i, path) in paths.iter().enumerate() {
+                if path.is_empty() || paths[..i].contains(path) {
+                    return Err(invalid(
+                        "agent.attach_cgroups",
+                        format!("{path:?} is empty or given twice"),
+                    ));
+                }
+            }
+            paths.into_iter().map(PathBuf::from).collect()
+        }
+    };
     if !a.socket_path.starts_with('/') {
         return Err(invalid(
             "agent.socket_path",
@@ -311,6 +334,7 @@ fn agent(a: AgentFile) -> Result<AgentConfig, ConfigError> {
     Ok(AgentConfig {
         tick_interval,
         cgroup: a.cgroup.map(PathBuf::from),
+        attach_cgroups,
         socket_path: PathBuf::from(a.socket_path),
         socket_mode,
         allowed_uids: a.allowed_uids,
@@ -634,6 +658,11 @@ mod tests {
                 "agent.client_write_timeout_ms",
             ),
             ("[agent]\nallowed_uids = []\n", "agent.allowed_uids"),
+            ("[agent]\nattach_cgroups = []\n", "agent.attach_cgroups"),
+            (
+                "[agent]\nattach_cgroups = [\"a\", \"a\"]\n",
+                "agent.attach_cgroups",
+            ),
             ("[agent]\nmax_clients = 2\n", "agent.max_clients"),
         ] {
             let e = error_of(text);

@@ -1,4 +1,5 @@
-//! Finding the cgroup v2 hierarchy to attach to, and the cgroups that scope a client side.
+//! Finding the cgroup v2 hierarchy, the cgroups the programs attach to, and the cgroups that
+//! scope a client side.
 //!
 //! Where it is mounted differs between machines: `/sys/fs/cgroup` on a pure cgroup v2 system,
 //! `/sys/fs/cgroup/unified` on a hybrid one. The mount table says which.
@@ -25,7 +26,49 @@ pub struct CgroupScope {
 /// The directory does not exist, is not under `root`, or is the root itself (which would scope
 /// nothing).
 pub fn cgroup_scope(root: &Path, path: &Path) -> std::io::Result<CgroupScope> {
-    let invalid = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, why);
+    let (full, level) = resolve(root, path)?;
+    if level == 0 {
+        return Err(invalid(
+            "the root cgroup holds every process: it scopes nothing".to_owned(),
+        ));
+    }
+    Ok(CgroupScope {
+        id: std::fs::metadata(&full)?.ino(),
+        level,
+    })
+}
+
+/// The cgroup directories to attach the programs to: `paths` (each absolute, under the mount
+/// point `root`, or relative to it), or `root` itself when there are none.
+///
+/// # Errors
+/// A path is not a cgroup directory under `root`, or is inside another of `paths` (or is
+/// the same).
+pub fn attach_dirs(root: &Path, paths: &[PathBuf]) -> std::io::Result<Vec<PathBuf>> {
+    if paths.is_empty() {
+        return Ok(vec![root.to_path_buf()]);
+    }
+    let mut dirs = Vec::with_capacity(paths.len());
+    for path in paths {
+        let (dir, _) = resolve(root, path)?;
+        if let Some(outer) = dirs
+            .iter()
+            .find(|d: &&PathBuf| dir.starts_with(d) || d.starts_with(&dir))
+        {
+            return Err(invalid(format!(
+                "{} and {} are nested: name the outer one only (it holds the inner one's sockets)",
+                outer.display(),
+                dir.display()
+            )));
+        }
+        dirs.push(dir);
+    }
+    Ok(dirs)
+}
+
+/// The directory of cgroup `path` (absolute, under the mount point `root`, or relative to it)
+/// and its level below `root`.
+fn resolve(root: &Path, path: &Path) -> std::io::Result<(PathBuf, u32)> {
     let full = if path.is_absolute() {
         path.to_path_buf()
     } else {
@@ -50,22 +93,19 @@ pub fn cgroup_scope(root: &Path, path: &Path) -> std::io::Result<CgroupScope> {
             }
         }
     }
-    if level == 0 {
-        return Err(invalid(
-            "the root cgroup holds every process: it scopes nothing".to_owned(),
-        ));
-    }
-    let meta = std::fs::metadata(&full)?;
+    let meta = std::fs::metadata(&full)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", full.display())))?;
     if !meta.is_dir() {
         return Err(invalid(format!(
             "{} is not a cgroup directory",
             full.display()
         )));
     }
-    Ok(CgroupScope {
-        id: meta.ino(),
-        level,
-    })
+    Ok((full, level))
+}
+
+fn invalid(why: String) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidInput, why)
 }
 
 /// The mount point of the cgroup v2 hierarchy, from /proc/self/mounts.
@@ -110,6 +150,28 @@ mod tests {
         assert!(cgroup_scope(&root, Path::new("/elsewhere")).is_err());
         assert!(cgroup_scope(&root, Path::new("a/../a")).is_err());
         assert!(cgroup_scope(&root, Path::new("missing")).is_err());
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn attach_dirs_are_the_root_or_cgroups_none_inside_another() {
+        let root = std::env::temp_dir().join(format!("retry-after-attach-{}", std::process::id()));
+        std::fs::create_dir_all(root.join("a/b")).unwrap();
+        std::fs::create_dir_all(root.join("c")).unwrap();
+        let dirs = |paths: &[&str]| {
+            let paths: Vec<PathBuf> = paths.iter().map(PathBuf::from).collect();
+            attach_dirs(&root, &paths)
+        };
+        assert_eq!(dirs(&[]).unwrap(), vec![root.clone()]);
+        assert_eq!(
+            dirs(&["a/b", "c"]).unwrap(),
+            vec![root.join("a/b"), root.join("c")]
+        );
+        let nested = dirs(&["a", "c", "a/b"]).unwrap_err().to_string();
+        assert!(nested.contains("nested"), "{nested}");
+        assert!(dirs(&["c", "c"]).is_err());
+        let missing = dirs(&["missing"]).unwrap_err().to_string();
+        assert!(missing.contains("missing"), "{missing}");
         std::fs::remove_dir_all(&root).unwrap();
     }
 

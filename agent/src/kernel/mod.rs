@@ -27,7 +27,7 @@ use crate::{
     snapshot::{EndpointSnapshot, ProbeStats, Snapshot},
 };
 
-pub use cgroup::{CgroupScope, cgroup_scope, find_cgroup2_root};
+pub use cgroup::{CgroupScope, attach_dirs, cgroup_scope, find_cgroup2_root};
 pub use listeners::{ListenerBacklog, listener_backlogs};
 
 /// The compiled eBPF object, built by agent/build.rs.
@@ -40,8 +40,11 @@ pub const PROGRAM_NAMES: [&str; 4] = ["ra_sockops", "ra_ingress", "ra_egress", "
 /// How the probe is loaded.
 #[derive(Clone, Debug, Default)]
 pub struct ProbeOptions {
-    /// The cgroup v2 directory to attach to; `None` finds the root of the mounted hierarchy.
+    /// The root of the cgroup v2 hierarchy; `None` finds it from the mount table.
     pub cgroup: Option<PathBuf>,
+    /// The cgroups whose sockets the programs see, absolute or relative to the root (see
+    /// [`attach_dirs`]); none: the root itself, every socket of the node.
+    pub attach_to: Vec<PathBuf>,
     /// Let the programs' debug-level log lines through to the agent's log.
     pub debug_log: bool,
 }
@@ -54,6 +57,9 @@ pub enum ProbeError {
         "no cgroup v2 hierarchy is mounted; mount one (mount -t cgroup2 none /sys/fs/cgroup/unified) or pass its path"
     )]
     NoCgroup2,
+    /// The cgroups to attach to cannot be used (missing, outside the hierarchy, nested).
+    #[error("cannot attach to the cgroups given")]
+    AttachCgroups(#[source] std::io::Error),
     /// The cgroup directory could not be opened.
     #[error("cannot open cgroup {path}")]
     OpenCgroup {
@@ -146,7 +152,10 @@ pub struct ProgramRunStats {
 /// The loaded, attached eBPF programs and their maps.
 pub struct Probe {
     ebpf: Ebpf,
+    /// The root of the cgroup v2 hierarchy.
     cgroup: PathBuf,
+    /// The cgroups the programs are attached to.
+    attached: Vec<PathBuf>,
     /// Each watched endpoint's slot and generation.
     watched: BTreeMap<Endpoint, WatchValue>,
     /// Slots not in use, lowest last.
@@ -156,7 +165,8 @@ pub struct Probe {
 }
 
 impl Probe {
-    /// Load the programs and attach them to the cgroup v2 root (or `options.cgroup`).
+    /// Load the programs and attach them to the cgroup v2 root (or the cgroups of
+    /// `options.attach_to`).
     ///
     /// # Errors
     /// Any [`ProbeError`] but `Map` and `TooManyEndpoints`.
@@ -165,10 +175,19 @@ impl Probe {
             Some(path) => path.clone(),
             None => find_cgroup2_root().ok_or(ProbeError::NoCgroup2)?,
         };
-        let cgroup_dir = std::fs::File::open(&cgroup).map_err(|source| ProbeError::OpenCgroup {
-            path: cgroup.clone(),
-            source,
-        })?;
+        let attached =
+            attach_dirs(&cgroup, &options.attach_to).map_err(ProbeError::AttachCgroups)?;
+        let dirs = attached
+            .iter()
+            .map(|path| {
+                std::fs::File::open(path)
+                    .map(|dir| (path, dir))
+                    .map_err(|source| ProbeError::OpenCgroup {
+                        path: path.clone(),
+                        source,
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         // aya-log levels: 2 = warn, 4 = debug.
         let log_level: u8 = if options.debug_log { 4 } else { 2 };
         let mut loader = EbpfLoader::new();
@@ -176,19 +195,26 @@ impl Probe {
         let mut ebpf = loader.load(EBPF_OBJECT).map_err(ProbeError::Load)?;
 
         let [sockops, ingress, egress, state] = PROGRAM_NAMES;
+        let attach_error = |name, path: &PathBuf| {
+            let cgroup = path.clone();
+            move |source| ProbeError::Attach {
+                name,
+                cgroup,
+                source,
+            }
+        };
         let program: &mut SockOps = program_mut(&mut ebpf, sockops)?;
         program.load().map_err(|source| ProbeError::Verify {
             name: sockops,
             source,
         })?;
-        // A single attachment: the kernel here refuses AllowMultiple for sock_ops on the root.
-        program
-            .attach(&cgroup_dir, CgroupAttachMode::Single)
-            .map_err(|source| ProbeError::Attach {
-                name: sockops,
-                cgroup: cgroup.clone(),
-                source,
-            })?;
+        for (path, dir) in &dirs {
+            // A single attachment: the kernel here refuses AllowMultiple for sock_ops on the
+            // root.
+            program
+                .attach(dir, CgroupAttachMode::Single)
+                .map_err(attach_error(sockops, path))?;
+        }
         for (name, attach_type) in [
             (ingress, CgroupSkbAttachType::Ingress),
             (egress, CgroupSkbAttachType::Egress),
@@ -197,13 +223,11 @@ impl Probe {
             program
                 .load()
                 .map_err(|source| ProbeError::Verify { name, source })?;
-            program
-                .attach(&cgroup_dir, attach_type, CgroupAttachMode::Single)
-                .map_err(|source| ProbeError::Attach {
-                    name,
-                    cgroup: cgroup.clone(),
-                    source,
-                })?;
+            for (path, dir) in &dirs {
+                program
+                    .attach(dir, attach_type, CgroupAttachMode::Single)
+                    .map_err(attach_error(name, path))?;
+            }
         }
         // Closes of connections adopted after they opened (their state callback was never
         // enabled) come from the `inet_sock_set_state` tracepoint.
@@ -215,17 +239,14 @@ impl Probe {
                 name: state,
                 source,
             })?;
-        program.attach().map_err(|source| ProbeError::Attach {
-            name: state,
-            cgroup: cgroup.clone(),
-            source,
-        })?;
+        program.attach().map_err(attach_error(state, &cgroup))?;
         let cpus = nr_cpus()
             .map_err(|(_, source)| ProbeError::Cpus(source))?
             .get() as usize;
         Ok(Self {
             ebpf,
             cgroup,
+            attached,
             watched: BTreeMap::new(),
             free_slots: (0..MAX_WATCHED_ENDPOINTS).rev().collect(),
             next_generation: 1,
@@ -244,9 +265,14 @@ impl Probe {
         aya_log::EbpfLogger::init(&mut self.ebpf)
     }
 
-    /// The cgroup the programs are attached to.
+    /// The root of the cgroup v2 hierarchy (scopes resolve against it).
     pub fn cgroup(&self) -> &std::path::Path {
         &self.cgroup
+    }
+
+    /// The cgroups the programs are attached to: the root, or those the options named.
+    pub fn attached_cgroups(&self) -> &[PathBuf] {
+        &self.attached
     }
 
     /// Kernel ids of our loaded programs.

@@ -2,17 +2,20 @@
 //! server on loopback, driven by wrk, in three setups measured in rotating order within one
 //! run: no programs; programs attached but the server's port not watched (the cost every other
 //! socket on the node pays); programs attached and watching the server (every segment goes
-//! through the turn state machine). Prints a markdown table and the median ratios.
+//! through the turn state machine). Prints a markdown table and the median ratios. Then the
+//! programs' own run time, from the kernel's statistics, in those two attached setups and
+//! attached to another cgroup (`agent.attach_cgroups`), the traffic outside it: keep-alive, and
+//! a new connection per request (whose state changes run the node-wide close tracepoint).
 //!
 //! Usage: datapath-bench [ROUNDS] [SECONDS] [CONNECTIONS] [KERNEL_ROUNDS]   (defaults 10 5 16 5;
 //! run as root; ROUNDS 0 skips the throughput table)
 
 use std::{process::Command, time::Duration};
 
-use retry_after_agent::endpoint::Endpoint;
+use retry_after_agent::{endpoint::Endpoint, kernel::ProbeOptions};
 use retry_after_common::Side;
 use retry_after_integration_tests::{
-    AttachedProbe,
+    AttachedProbe, TestCgroup,
     http::{HttpServer, ServerOptions},
 };
 
@@ -109,7 +112,10 @@ fn main() {
 /// this measurement only: they add two clock reads per run). In each of `rounds` rounds the
 /// same load is run with the port not watched (the early-exit path: what every other socket
 /// pays) and watched, in alternating order; the difference is the cost of the turn state
-/// machine and counters, free of the statistics' own overhead. Prints each round, then the
+/// machine and counters, free of the statistics' own overhead. Two more setups attach the
+/// programs to an empty cgroup and watch the port: the traffic, outside that cgroup, runs none
+/// of the socket programs; with a new connection per request it still runs the close
+/// tracepoint, which sees every TCP state change of the node. Prints each round, then the
 /// median and the spread (lowest to highest) of each figure.
 fn in_kernel_cost(
     url: &str,
@@ -120,21 +126,38 @@ fn in_kernel_cost(
 ) -> String {
     let _stats =
         aya::sys::enable_stats(aya::sys::Stats::RunTime).expect("enable BPF run-time stats");
+    let elsewhere = TestCgroup::create("retry-after-bench-elsewhere");
     let mut lines = Vec::new();
     let (mut idle_run, mut watch_run) = (Vec::new(), Vec::new());
     let (mut idle_request, mut watch_request, mut marginal) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut elsewhere_runs, mut elsewhere_request) = (Vec::new(), Vec::new());
+    let (mut churn_runs, mut churn_request) = (Vec::new(), Vec::new());
     for round in 0..rounds {
-        let mut per_run = [0.0; 2];
-        let mut per_request = [0.0; 2];
-        let mut rps = [0.0; 2];
-        for step in 0..2 {
-            let watching = (step + round as usize) % 2 == 1;
-            let probe = if watching {
-                AttachedProbe::watching(&[endpoint])
-            } else {
-                AttachedProbe::attach()
+        // Not watching, watching, attached elsewhere (keep-alive), attached elsewhere (a new
+        // connection per request).
+        let mut per_run = [0.0; 4];
+        let mut per_request = [0.0; 4];
+        let mut runs_per_request = [0.0; 4];
+        let mut rps = [0.0; 4];
+        for step in 0..4 {
+            let setup = (step + round as usize) % 4;
+            let probe = match setup {
+                0 => AttachedProbe::attach(),
+                1 => AttachedProbe::watching(&[endpoint]),
+                _ => {
+                    let mut probe = AttachedProbe::attach_with(&ProbeOptions {
+                        attach_to: vec![elsewhere.path().to_path_buf()],
+                        ..ProbeOptions::default()
+                    });
+                    probe.watch(endpoint);
+                    probe
+                }
             };
-            let measured = wrk(url, seconds, connections);
+            let measured = if setup == 3 {
+                wrk_closing(url, seconds, connections)
+            } else {
+                wrk(url, seconds, connections)
+            };
             let requests = measured * seconds as f64;
             let (runs, nanos) = probe
                 .probe
@@ -143,41 +166,54 @@ fn in_kernel_cost(
                 .fold((0u64, 0u128), |(r, n), s| {
                     (r + s.run_count, n + s.run_time.as_nanos())
                 });
-            let i = watching as usize;
-            rps[i] = measured;
-            per_run[i] = nanos as f64 / runs.max(1) as f64;
-            per_request[i] = nanos as f64 / requests;
+            rps[setup] = measured;
+            per_run[setup] = nanos as f64 / runs.max(1) as f64;
+            per_request[setup] = nanos as f64 / requests;
+            runs_per_request[setup] = runs as f64 / requests;
         }
         lines.push(format!(
-            "| {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |",
+            "| {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1} | {:.2} | {:.0} | {:.0} | {:.2} | {:.0} |",
             round + 1,
             rps[0],
             rps[1],
+            rps[2],
             per_run[0],
             per_run[1],
             per_request[0],
             per_request[1],
-            per_request[1] - per_request[0]
+            per_request[1] - per_request[0],
+            runs_per_request[1],
+            runs_per_request[2],
+            per_request[2],
+            rps[3],
+            runs_per_request[3],
+            per_request[3]
         ));
+        elsewhere_runs.push(runs_per_request[2]);
+        elsewhere_request.push(per_request[2]);
+        churn_runs.push(runs_per_request[3]);
+        churn_request.push(per_request[3]);
         idle_run.push(per_run[0]);
         watch_run.push(per_run[1]);
         idle_request.push(per_request[0]);
         watch_request.push(per_request[1]);
         marginal.push(per_request[1] - per_request[0]);
     }
-    let summary = |name: &str, values: &[f64]| {
+    // Each figure's median and spread, with `digits` decimals.
+    let summary_to = |digits: usize, name: &str, values: &[f64]| {
         let low = values.iter().copied().fold(f64::INFINITY, f64::min);
         let high = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         format!(
-            "| {name} | {:.0} | {low:.0} to {high:.0} |",
+            "| {name} | {:.digits$} | {low:.digits$} to {high:.digits$} |",
             median(values.to_vec())
         )
     };
+    let summary = |name: &str, values: &[f64]| summary_to(0, name, values);
     format!(
         "In-kernel cost (BPF run-time statistics on), {rounds} rounds of {seconds} s:\n\n\
-         | round | req/s, not watching | req/s, watching | ns per run, not watching | ns per run, watching | program ns per request, not watching | program ns per request, watching | marginal ns per request |\n\
-         |---|---|---|---|---|---|---|---|\n{}\n\n\
-         | figure | median | spread |\n|---|---|---|\n{}\n{}\n{}\n{}\n{}",
+         | round | req/s, not watching | req/s, watching | req/s, attached elsewhere | ns per run, not watching | ns per run, watching | program ns per request, not watching | program ns per request, watching | marginal ns per request | runs per request, watching | runs per request, attached elsewhere | program ns per request, attached elsewhere | req/s, attached elsewhere, new connections | runs per request, attached elsewhere, new connections | program ns per request, attached elsewhere, new connections |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n{}\n\n\
+         | figure | median | spread |\n|---|---|---|\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}",
         lines.join("\n"),
         summary("ns per run, not watching", &idle_run),
         summary("ns per run, watching", &watch_run),
@@ -186,6 +222,24 @@ fn in_kernel_cost(
         summary(
             "marginal ns per request (watching − not watching)",
             &marginal
+        ),
+        summary_to(
+            2,
+            "program runs per request, attached elsewhere",
+            &elsewhere_runs
+        ),
+        summary(
+            "program ns per request, attached elsewhere",
+            &elsewhere_request
+        ),
+        summary_to(
+            2,
+            "program runs per request, attached elsewhere, new connections",
+            &churn_runs
+        ),
+        summary(
+            "program ns per request, attached elsewhere, new connections",
+            &churn_request
         ),
     )
 }
@@ -210,6 +264,15 @@ fn pin_to_cpu(cpu: usize) {
 
 /// Requests per second that wrk reports for one run (wrk runs on CPU 1).
 fn wrk(url: &str, seconds: u64, connections: u64) -> f64 {
+    wrk_with(url, seconds, connections, &[])
+}
+
+/// [`wrk`] with `Connection: close` on every request: a new connection per request.
+fn wrk_closing(url: &str, seconds: u64, connections: u64) -> f64 {
+    wrk_with(url, seconds, connections, &["-H", "Connection: close"])
+}
+
+fn wrk_with(url: &str, seconds: u64, connections: u64, extra: &[&str]) -> f64 {
     let out = Command::new("taskset")
         .args([
             "-c",
@@ -218,8 +281,9 @@ fn wrk(url: &str, seconds: u64, connections: u64) -> f64 {
             "-t1",
             &format!("-c{connections}"),
             &format!("-d{seconds}s"),
-            url,
         ])
+        .args(extra)
+        .arg(url)
         .output()
         .expect("run wrk (./dev setup installs it)");
     assert!(
