@@ -249,7 +249,7 @@ pub enum ProbeStat {
     /// A watched connection could not be tracked (the kernel could not allocate its state).
     ConnectionsUntracked = 0,
     /// A watched connection did not accept the state callback flag; its close is then seen
-    /// by the `inet_sock_set_state` tracepoint only.
+    /// by the `tcp_destroy_sock` tracepoint only.
     StateCallbackRefused = 1,
     /// Packets of tracked connections whose headers could not be read.
     PacketsUnparsed = 2,

@@ -190,16 +190,13 @@ fn ra_sockops(ctx: SockOpsContext) -> u32 {
     1
 }
 
-/// Any TCP socket changes state. A tracked connection that reaches TCP_CLOSE is closed here
-/// even if its sock_ops state callback was never enabled: connections adopted after they
-/// opened (see `adopt`).
-#[btf_tracepoint(function = "inet_sock_set_state")]
-fn ra_state(ctx: BtfTracePointContext) -> i32 {
-    let new_state: i32 = ctx.arg(2);
-    if new_state == BPF_TCP_CLOSE as i32 {
-        let sk: *mut c_void = ctx.arg(0);
-        close_tracked(sk);
-    }
+/// A full TCP socket is destroyed (once, after TCP_CLOSE, when no process holds it any more).
+/// A tracked connection is closed here if its sock_ops state callback was never enabled:
+/// connections adopted after they opened (see `adopt`). Every other close was seen already.
+#[btf_tracepoint(function = "tcp_destroy_sock")]
+fn ra_destroy(ctx: BtfTracePointContext) -> i32 {
+    let sk: *mut c_void = ctx.arg(0);
+    close_tracked(sk);
     0
 }
 
@@ -449,7 +446,7 @@ fn on_close(ctx: &SockOpsContext) {
 }
 
 /// A tracked connection closed: close its open turn, count the close, forget it. Reached from
-/// the sock_ops state callback and from the `inet_sock_set_state` tracepoint, whichever runs
+/// the sock_ops state callback and from the `tcp_destroy_sock` tracepoint, whichever runs
 /// first (the second finds nothing).
 #[inline(always)]
 fn close_tracked<S>(sk: *mut S) {
@@ -636,7 +633,7 @@ fn walk_records(
 /// Start tracking a connection that was established before it was watched (a proxy's
 /// connection pool, open before the agent started): at the first request it carries, that
 /// is, at a client→server segment with payload on an established socket of a watched
-/// endpoint. Its close is seen by `ra_state`. `None` if it is not to be tracked.
+/// endpoint. Its close is seen by `ra_destroy`. `None` if it is not to be tracked.
 ///
 /// Also a client-side connection whose first response arrives before the established callback
 /// has run: TCP Fast Open, the request in the SYN. While the connecting socket is busy in the

@@ -198,7 +198,7 @@ fn attached_to_nginxs_cgroup_only_its_sockets_are_seen_and_other_traffic_runs_no
             .probe
             .program_run_stats()
             .iter()
-            .filter(|s| s.name != "ra_state")
+            .filter(|s| s.name != "ra_destroy")
             .map(|s| s.run_count)
             .sum()
     };

@@ -35,7 +35,7 @@ static EBPF_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/retry-after-ebpf"));
 
 /// Names of our programs, as the kernel lists them (`bpftool prog`).
-pub const PROGRAM_NAMES: [&str; 4] = ["ra_sockops", "ra_ingress", "ra_egress", "ra_state"];
+pub const PROGRAM_NAMES: [&str; 4] = ["ra_sockops", "ra_ingress", "ra_egress", "ra_destroy"];
 
 /// How the probe is loaded.
 #[derive(Clone, Debug, Default)]
@@ -194,7 +194,7 @@ impl Probe {
         loader.override_global("AYA_LOG_LEVEL", &log_level, false);
         let mut ebpf = loader.load(EBPF_OBJECT).map_err(ProbeError::Load)?;
 
-        let [sockops, ingress, egress, state] = PROGRAM_NAMES;
+        let [sockops, ingress, egress, destroy] = PROGRAM_NAMES;
         let attach_error = |name, path: &PathBuf| {
             let cgroup = path.clone();
             move |source| ProbeError::Attach {
@@ -230,16 +230,16 @@ impl Probe {
             }
         }
         // Closes of connections adopted after they opened (their state callback was never
-        // enabled) come from the `inet_sock_set_state` tracepoint.
+        // enabled) come from the `tcp_destroy_sock` tracepoint.
         let btf = Btf::from_sys_fs().map_err(ProbeError::Btf)?;
-        let program: &mut BtfTracePoint = program_mut(&mut ebpf, state)?;
+        let program: &mut BtfTracePoint = program_mut(&mut ebpf, destroy)?;
         program
-            .load("inet_sock_set_state", &btf)
+            .load("tcp_destroy_sock", &btf)
             .map_err(|source| ProbeError::Verify {
-                name: state,
+                name: destroy,
                 source,
             })?;
-        program.attach().map_err(attach_error(state, &cgroup))?;
+        program.attach().map_err(attach_error(destroy, &cgroup))?;
         let cpus = nr_cpus()
             .map_err(|(_, source)| ProbeError::Cpus(source))?
             .get() as usize;
