@@ -553,8 +553,14 @@ fn on_segment(ctx: &SkBuffContext, ingress: bool) {
             return;
         }
         conn.scope_cgroup = 0;
+        // No segment was fed to the turn before this one, so an open request is one that came
+        // with the handshake (TCP Fast Open), started but not counted while the scope was open.
+        let early = u64::from(conn.turn.phase() == PHASE_REQUEST);
         // SAFETY: `c` points into this CPU's copy of a live map value.
-        unsafe { counters::add(&mut (*c).connections_opened, 1) };
+        unsafe {
+            counters::add(&mut (*c).connections_opened, 1);
+            counters::add(&mut (*c).requests_started, early);
+        }
     }
     // Which way the segment travels between client and server. On a TLS connection only the
     // segments that carry request or response records take part in turns (`tls`).

@@ -3,6 +3,7 @@
 //! is stopped when dropped.
 
 use std::{
+    ffi::OsStr,
     io::{BufRead, BufReader, Read, Write},
     net::SocketAddr,
     os::unix::net::UnixStream,
@@ -47,7 +48,7 @@ impl Haproxy {
         let child = command_in(
             cgroup,
             "haproxy",
-            [Path::new("-db"), Path::new("-f"), &path],
+            [OsStr::new("-db"), OsStr::new("-f"), path.as_os_str()],
         )
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
@@ -223,7 +224,12 @@ impl Nginx {
         let child = command_in(
             cgroup,
             "nginx",
-            [Path::new("-c"), &path, Path::new("-p"), &dir],
+            [
+                OsStr::new("-c"),
+                path.as_os_str(),
+                OsStr::new("-p"),
+                dir.as_os_str(),
+            ],
         )
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
@@ -278,10 +284,10 @@ impl Drop for Nginx {
 
 /// `program` with `args`, run in `cgroup` if given: a shell joins the cgroup, then becomes the
 /// program (the shell's pid is the program's), so the program opens no socket outside it.
-fn command_in<'a>(
+pub fn command_in<S: AsRef<OsStr>>(
     cgroup: Option<&Path>,
     program: &str,
-    args: impl IntoIterator<Item = &'a Path>,
+    args: impl IntoIterator<Item = S>,
 ) -> Command {
     match cgroup {
         Some(cgroup) => {

@@ -7,12 +7,15 @@
 
 use std::{process::Command, thread, time::Duration};
 
-use retry_after_agent::{endpoint::Endpoint, kernel::ProbeOptions};
+use retry_after_agent::{
+    endpoint::Endpoint,
+    kernel::{ProbeOptions, cgroup_scope},
+};
 use retry_after_common::Side;
 use retry_after_integration_tests::{
     AttachedProbe, SETTLE, TestCgroup, free_port,
     http::{HttpServer, ServerOptions},
-    proxies::{Nginx, NginxStatus, Wrk, self_signed_certificate},
+    proxies::{Nginx, NginxStatus, Wrk, command_in, self_signed_certificate},
 };
 
 /// `ab -n requests -c concurrency url`, with `-f protocol` for TLS; every request must succeed.
@@ -311,23 +314,33 @@ for _ in range(n):
 print(ok)
 "#;
 
-#[test]
-fn requests_in_the_syn_tcp_fast_open_equal_nginx_stub_status() {
+/// nginx with `listen … fastopen=256`, and `FAST_OPEN_CLIENT` sending 300 requests each in the
+/// SYN of its own connection, from `client_cgroup` if given, to which the client side is then
+/// scoped: the kernel's counts on both sides equal nginx's own.
+fn check_fast_open(client_cgroup: Option<&TestCgroup>) {
     let _sysctl = FastOpenSysctl::enable_client_and_server();
     let port = free_port();
     let nginx = Nginx::start(&format!(
         "  server {{ listen {port} fastopen=256; location / {{ return 200 \"ok\\n\"; }} }}"
     ));
     let endpoint = Endpoint::from(port);
-    let probe = AttachedProbe::watching(&[endpoint]);
+    let mut probe = AttachedProbe::attach();
+    let scope = client_cgroup.map(|cgroup| {
+        let root = retry_after_agent::kernel::find_cgroup2_root().unwrap();
+        cgroup_scope(&root, cgroup.path()).unwrap()
+    });
+    probe
+        .probe
+        .watch_scoped(endpoint, scope)
+        .expect("watch the endpoint");
     let before = nginx.status();
     let passive_before = fast_open_passive();
-    let out = retry_after_integration_tests::run_ok(
-        Command::new("python3")
-            .args(["-c", FAST_OPEN_CLIENT])
-            .arg(port.port().to_string())
-            .arg("300"),
-    );
+    let port_arg = port.port().to_string();
+    let out = retry_after_integration_tests::run_ok(&mut command_in(
+        client_cgroup.map(TestCgroup::path),
+        "python3",
+        ["-c", FAST_OPEN_CLIENT, &port_arg, "300"],
+    ));
     assert_eq!(out.trim(), "300", "every request answered");
     let passive_after = fast_open_passive();
     let truth = traffic(before, nginx.status());
@@ -344,6 +357,17 @@ fn requests_in_the_syn_tcp_fast_open_equal_nginx_stub_status() {
         });
         assert_eq!(seen.in_flight(), 0, "{side:?}");
     }
+}
+
+#[test]
+fn requests_in_the_syn_tcp_fast_open_equal_nginx_stub_status() {
+    check_fast_open(None);
+}
+
+#[test]
+fn requests_in_the_syn_from_a_scoped_client_equal_nginx_stub_status() {
+    let cgroup = TestCgroup::create("retry-after-test-fastopen-client");
+    check_fast_open(Some(&cgroup));
 }
 
 /// Python's http.client over its ssl module (OpenSSL): `POOL` keep-alive HTTPS connections,
