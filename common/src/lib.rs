@@ -189,8 +189,12 @@ pub struct ConnState {
     pub slot: u32,
     /// The watch generation the connection was opened under.
     pub generation: u32,
-    /// The vantage point: `Side as u32`.
-    pub side: u32,
+    /// The vantage point: `Side as u16`.
+    pub side: u16,
+    /// Who stored this state (a program path on one CPU; 0 until stored), so that a program
+    /// that asks the kernel to store a state, and is handed one, knows whether it is its own
+    /// or one stored from another CPU a moment before.
+    pub maker: u16,
     /// The level `scope_cgroup` is compared at.
     pub scope_level: u32,
     /// The request/response turn of this connection.
@@ -214,7 +218,8 @@ impl ConnState {
         Self {
             slot: watch.slot,
             generation: watch.generation,
-            side: side as u32,
+            side: side as u16,
+            maker: 0,
             scope_level: watch.client_cgroup_level,
             turn: turn::Turn {
                 client: 0,

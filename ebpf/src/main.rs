@@ -33,12 +33,12 @@ use aya_ebpf::{
     bindings::{
         __sk_buff, BPF_SK_STORAGE_GET_F_CREATE, BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB,
         BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB, BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG,
-        BPF_TCP_CLOSE, BPF_TCP_ESTABLISHED, BPF_TCP_LISTEN, BPF_TCP_SYN_SENT,
+        BPF_TCP_CLOSE, BPF_TCP_ESTABLISHED, BPF_TCP_LISTEN, BPF_TCP_SYN_SENT, bpf_sock,
     },
     btf_maps::SkStorage,
     helpers::{
-        bpf_sk_fullsock, bpf_sk_storage_delete, bpf_sk_storage_get, bpf_skb_ancestor_cgroup_id,
-        bpf_skb_cgroup_id, bpf_tcp_sock,
+        bpf_get_smp_processor_id, bpf_sk_fullsock, bpf_sk_storage_delete, bpf_sk_storage_get,
+        bpf_skb_ancestor_cgroup_id, bpf_skb_cgroup_id, bpf_tcp_sock,
     },
     macros::{btf_map, btf_tracepoint, cgroup_skb, map, sock_ops},
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
@@ -89,48 +89,47 @@ fn tracked<S>(sk: *mut S) -> Option<*mut ConnState> {
     (!state.is_null()).then_some(state.cast())
 }
 
-/// Start tracking the connection of socket `sk` (not tracked) as `conn`: the kernel copies it
-/// into new storage before the socket shows it. `None` if it could not allocate it.
+/// A state [`store`] was handed.
+enum Stored {
+    /// The one it stored.
+    Mine(*mut ConnState),
+    /// One stored for the socket from another CPU a moment before (the kernel keeps the first).
+    Theirs(*mut ConnState),
+}
+
+/// [`store`] called from the established callback.
+const MADE_AT_ESTABLISHED: u16 = 0;
+/// [`store`] called from the segment path (`adopt`).
+const MADE_AT_SEGMENT: u16 = 1;
+
+/// Start tracking the connection of socket `sk` as `conn`, stored from program path `path`
+/// (`MADE_AT_*`): the kernel copies it into new storage before the socket shows it, so no
+/// program finds it half made. If a state was stored for the socket first, from another CPU
+/// (or from a segment that interrupted the callback on this one), that one is returned.
+/// `None` if the kernel could not allocate it.
 #[inline(always)]
-fn store<S>(sk: *mut S, conn: &mut ConnState) -> Option<*mut ConnState> {
+fn store<S>(sk: *mut S, conn: &mut ConnState, path: u16) -> Option<Stored> {
+    // Unique among the programs that can store a state at the same moment: one per CPU and
+    // path. Not zero, which is what a state not stored yet holds.
+    // SAFETY: the helper takes no argument.
+    let cpu = unsafe { bpf_get_smp_processor_id() } as u16;
+    conn.maker = (cpu << 1 | path).wrapping_add(1);
     let init = core::ptr::from_mut(conn).cast();
     let create = u64::from(BPF_SK_STORAGE_GET_F_CREATE);
     // SAFETY: the helper checks the socket and copies `init`, a value of the map's type.
     let state = unsafe { bpf_sk_storage_get(connections(), sk.cast(), init, create) };
-    (!state.is_null()).then_some(state.cast())
-}
-
-/// The state [`track`] found or made.
-enum Tracked {
-    /// Made now, as a connection between turns.
-    New(*mut ConnState),
-    /// Made meanwhile from another CPU (see `adopt`), and left as it is.
-    Already(*mut ConnState),
-}
-
-/// Start tracking the connection of socket `sk` as a connection of `watch` seen from `side`,
-/// between turns, unless it is tracked already; `None` if the kernel could not allocate its
-/// state. The state is written in place, not copied from the stack (as [`store`] does), which
-/// the segment path has too little of; a zeroed state seen meanwhile counts as tracked.
-#[inline(always)]
-fn track<S>(sk: *mut S, watch: &WatchValue, side: Side) -> Option<Tracked> {
-    let create = u64::from(BPF_SK_STORAGE_GET_F_CREATE);
-    // SAFETY: the helper checks the socket; without a value it allocates zeroed state.
-    let state = unsafe { bpf_sk_storage_get(connections(), sk.cast(), null_mut(), create) };
     let state = state.cast::<ConnState>();
     if state.is_null() {
-        // Made from another CPU between the helper's lookup and its insert (which it then
-        // refuses), or no memory.
-        return tracked(sk).map(Tracked::Already);
+        // Stored from another CPU between the helper's lookup and its insert, which it then
+        // refuses; or no memory.
+        return tracked(sk).map(Stored::Theirs);
     }
-    // A written state has a generation (never 0); fresh storage is zeroed.
     // SAFETY: `state` points at the socket's state, a value of the map's type.
-    if unsafe { (*state).generation } != 0 {
-        return Some(Tracked::Already(state));
+    if unsafe { (*state).maker } == conn.maker {
+        Some(Stored::Mine(state))
+    } else {
+        Some(Stored::Theirs(state))
     }
-    // SAFETY: as above.
-    unsafe { state.write(ConnState::new(watch, side)) };
-    Some(Tracked::New(state))
 }
 
 /// Stop tracking the connection of socket `sk`.
@@ -316,10 +315,6 @@ fn on_established(ctx: &SockOpsContext, side: Side) {
         return;
     }
     enable_state_callback(ctx);
-    // Tracked already: its first response arrived before this callback (see `adopt`).
-    if tracked(sk).is_some() {
-        return;
-    }
     let mut conn = ConnState::new(&watch, side);
     // A request that came with the handshake: its bytes passed before this connection was
     // tracked (see `early_request`). The state is complete before it is stored, so a segment
@@ -328,13 +323,15 @@ fn on_established(ctx: &SockOpsContext, side: Side) {
         Some((end, bytes)) => conn.turn.on_early_request(end, bytes),
         None => TurnDelta::default(),
     };
-    if store(sk, &mut conn).is_none() {
-        // Made meanwhile from another CPU (the kernel refuses a second state), or no memory.
-        if tracked(sk).is_none() {
+    match store(sk, &mut conn, MADE_AT_ESTABLISHED) {
+        Some(Stored::Mine(_)) => {}
+        // Its first response arrived before this callback, and started it (see `adopt`).
+        Some(Stored::Theirs(_)) => return,
+        None => {
             counters::probe_stat(&PROBE_STATS, ProbeStat::ConnectionsUntracked);
             warn!(ctx, "cannot track connection on port {}", endpoint.port);
+            return;
         }
-        return;
     }
     // A scoped client side: the socket's cgroup is read from its first segment (the callback
     // here may run on behalf of any task), and only then is the connection counted.
@@ -477,7 +474,7 @@ fn live_counters(conn: &ConnState) -> Option<*mut EndpointCounters> {
     if *generation != conn.generation {
         return None;
     }
-    let side = if conn.side == Side::Client as u32 {
+    let side = if conn.side == Side::Client as u16 {
         Side::Client
     } else {
         Side::Server
@@ -515,11 +512,6 @@ fn on_segment(ctx: &SkBuffContext, ingress: bool) {
         }
         return;
     };
-    // SAFETY: `state` points at the socket's live state.
-    if state.is_some_and(|state| unsafe { (*state).generation } == 0) {
-        // Being written on another CPU (see `track`): nothing to add to yet.
-        return;
-    }
     // State from an earlier watch of the endpoint (removed, or removed and added again) is
     // dropped: the connection is then as untracked, and may be adopted by this very segment.
     // SAFETY: `conn` points at the socket's live state.
@@ -564,7 +556,7 @@ fn on_segment(ctx: &SkBuffContext, ingress: bool) {
     }
     // Which way the segment travels between client and server. On a TLS connection only the
     // segments that carry request or response records take part in turns (`tls`).
-    let from_client = (conn.side == Side::Server as u32) == ingress;
+    let from_client = (conn.side == Side::Server as u16) == ingress;
     let payload = packet::SegmentPayload::new(ctx, segment.payload_offset);
     let delta = if from_client {
         let peer = conn.server_records.flags;
@@ -647,7 +639,7 @@ fn walk_records(
 /// the response on a socket still in SYN_SENT; or the SYN-ACK is being processed on another
 /// CPU, the socket already ESTABLISHED but the callback not run yet. Either way the request is
 /// started here and the response counted; the callback finds the connection tracked.
-#[inline(never)]
+#[inline(always)]
 fn adopt(ctx: &SkBuffContext, ingress: bool, segment: &packet::Segment) -> Option<*mut ConnState> {
     if segment.payload_len == 0 {
         return None;
@@ -674,6 +666,19 @@ fn adopt(ctx: &SkBuffContext, ingress: bool, segment: &packet::Segment) -> Optio
     if state != BPF_TCP_ESTABLISHED && state != BPF_TCP_SYN_SENT {
         return None;
     }
+    adopt_socket(ctx, full, state, ingress)
+}
+
+/// `adopt` for a full socket `full` in `state` (ESTABLISHED or SYN_SENT). A function of its
+/// own, so that its stack (the state it stores) is not added to `note_early_payload`'s.
+#[inline(never)]
+fn adopt_socket(
+    ctx: &SkBuffContext,
+    full: *mut bpf_sock,
+    state: u32,
+    ingress: bool,
+) -> Option<*mut ConnState> {
+    let skb = ctx.as_ptr().cast::<__sk_buff>();
     let a = addresses!(skb);
     let (side, watch) = match endpoint_of(&a, Side::Server).and_then(|e| matching_watch(&e)) {
         Some(watch) => (Side::Server, watch),
@@ -706,28 +711,27 @@ fn adopt(ctx: &SkBuffContext, ingress: bool, segment: &packet::Segment) -> Optio
     } else {
         return None;
     };
-    let state = match track(full, &watch, side) {
-        Some(Tracked::New(state)) => state,
-        // The established callback made it meanwhile, with the request started.
-        Some(Tracked::Already(state)) => return Some(state),
+    let mut conn = ConnState::new(&watch, side);
+    let early_delta = match request_end {
+        // The request went in the SYN: it ends where the sent bytes end.
+        Some(end) => conn.turn.on_early_request(end, 0),
+        None => TurnDelta::default(),
+    };
+    let state = match store(full, &mut conn, MADE_AT_SEGMENT) {
+        Some(Stored::Mine(state)) => state,
+        // Stored meanwhile by the established callback, with the request started.
+        Some(Stored::Theirs(state)) => return Some(state),
         None => {
             // No memory for the state: tried again at the connection's next request.
             counters::probe_stat(&PROBE_STATS, ProbeStat::AdoptionsRefused);
             return None;
         }
     };
-    // SAFETY: `state` points at the socket's live state.
-    let conn = unsafe { &mut *state };
-    let early_delta = match request_end {
-        // The request went in the SYN: it ends where the sent bytes end.
-        Some(end) => conn.turn.on_early_request(end, 0),
-        None => {
-            counters::probe_stat(&PROBE_STATS, ProbeStat::ConnectionsAdopted);
-            TurnDelta::default()
-        }
-    };
+    if request_end.is_none() {
+        counters::probe_stat(&PROBE_STATS, ProbeStat::ConnectionsAdopted);
+    }
     if conn.scope_cgroup == 0
-        && let Some(c) = live_counters(conn)
+        && let Some(c) = live_counters(&conn)
     {
         // SAFETY: `c` points into this CPU's copy of a live map value.
         unsafe {
