@@ -333,17 +333,7 @@ fn on_established(ctx: &SockOpsContext, side: Side) {
             return;
         }
     }
-    // A scoped client side: the socket's cgroup is read from its first segment (the callback
-    // here may run on behalf of any task), and only then is the connection counted.
-    if conn.scope_cgroup == 0
-        && let Some(c) = live_counters(&conn)
-    {
-        // SAFETY: `c` points into this CPU's copy of a live map value.
-        unsafe {
-            counters::add(&mut (*c).connections_opened, 1);
-            counters::apply(c, &early_delta);
-        }
-    }
+    count_opened(&conn, &early_delta);
     debug!(
         ctx,
         "tracking {} connection on port {}", side as u32, endpoint.port
@@ -466,6 +456,22 @@ fn close_tracked<S>(sk: *mut S) {
     forget(sk);
 }
 
+/// Count a tracked connection as opened, with `early`, what came with its handshake. Not yet
+/// for a scoped client side: its socket's cgroup is read from its first segment (a callback
+/// may run on behalf of any task), and only then is it counted (by `on_segment`).
+#[inline(always)]
+fn count_opened(conn: &ConnState, early: &TurnDelta) {
+    if conn.scope_cgroup == 0
+        && let Some(c) = live_counters(conn)
+    {
+        // SAFETY: `c` points into this CPU's copy of a live map value.
+        unsafe {
+            counters::add(&mut (*c).connections_opened, 1);
+            counters::apply(c, early);
+        }
+    }
+}
+
 /// The counters a tracked connection feeds, or `None` if its watch was removed or replaced
 /// since it was opened. Two array lookups, which the verifier inlines.
 #[inline(always)]
@@ -547,12 +553,11 @@ fn on_segment(ctx: &SkBuffContext, ingress: bool) {
         conn.scope_cgroup = 0;
         // No segment was fed to the turn before this one, so an open request is one that came
         // with the handshake (TCP Fast Open), started but not counted while the scope was open.
-        let early = u64::from(conn.turn.phase() == PHASE_REQUEST);
-        // SAFETY: `c` points into this CPU's copy of a live map value.
-        unsafe {
-            counters::add(&mut (*c).connections_opened, 1);
-            counters::add(&mut (*c).requests_started, early);
-        }
+        let early = TurnDelta {
+            started: u8::from(conn.turn.phase() == PHASE_REQUEST),
+            ..TurnDelta::default()
+        };
+        count_opened(conn, &early);
     }
     // Which way the segment travels between client and server. On a TLS connection only the
     // segments that carry request or response records take part in turns (`tls`).
@@ -645,7 +650,8 @@ fn adopt(ctx: &SkBuffContext, ingress: bool, segment: &packet::Segment) -> Optio
         return None;
     }
     let skb = ctx.as_ptr().cast::<__sk_buff>();
-    // Only an established full socket: not a listener whose handshake is completing.
+    // Only a full socket, established or connecting: a listener's segment completes a
+    // handshake, and is only noted.
     // SAFETY: `sk` is read from the program's own context.
     let sk = unsafe { (*skb).__bindgen_anon_2.sk };
     if sk.is_null() {
@@ -730,15 +736,7 @@ fn adopt_socket(
     if request_end.is_none() {
         counters::probe_stat(&PROBE_STATS, ProbeStat::ConnectionsAdopted);
     }
-    if conn.scope_cgroup == 0
-        && let Some(c) = live_counters(&conn)
-    {
-        // SAFETY: `c` points into this CPU's copy of a live map value.
-        unsafe {
-            counters::add(&mut (*c).connections_opened, 1);
-            counters::apply(c, &early_delta);
-        }
-    }
+    count_opened(&conn, &early_delta);
     Some(state)
 }
 
