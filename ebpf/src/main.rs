@@ -518,25 +518,25 @@ fn on_segment(ctx: &SkBuffContext, ingress: bool) {
         }
         return;
     };
-    // State from an earlier watch of the endpoint (removed, or removed and added again) is
-    // dropped: the connection is then as untracked, and may be adopted by this very segment.
-    // SAFETY: `conn` points at the socket's live state.
-    let state = state.filter(|conn| {
-        let live = live_counters(unsafe { &**conn }).is_some();
-        if !live {
+    // The connection's state and the counters it feeds. State from an earlier watch of the
+    // endpoint (removed, or removed and added again) is dropped: the connection is then as
+    // untracked, and may be adopted by this very segment.
+    let with_counters = |conn: *mut ConnState| {
+        // SAFETY: `conn` points at the socket's live state.
+        let c = live_counters(unsafe { &*conn });
+        if c.is_none() {
             forget(sk);
         }
-        live
-    });
-    let Some(conn) = state.or_else(|| adopt(ctx, ingress, &segment)) else {
+        c.map(|c| (conn, c))
+    };
+    let Some((conn, c)) = state
+        .and_then(with_counters)
+        .or_else(|| adopt(ctx, ingress, &segment).and_then(with_counters))
+    else {
         return;
     };
     // SAFETY: `conn` points at the socket's live state.
     let conn = unsafe { &mut *conn };
-    let Some(c) = live_counters(conn) else {
-        forget(sk);
-        return;
-    };
     if conn.scope_cgroup != 0 {
         // SAFETY: the helpers only read the packet's socket.
         let ancestor = unsafe { bpf_skb_ancestor_cgroup_id(skb, conn.scope_level as i32) };
