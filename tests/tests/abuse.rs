@@ -10,8 +10,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use retry_after_integration_tests::{AgentProcess, Launch, sample};
 use retry_after_protocol::{Request, Response};
+use retry_after_testkit::{AgentProcess, Launch, sample};
 
 const SERVICE: &str = "[[service]]\nname = \"api\"\nbackends = [{ address = \"127.0.0.1:1\" }]\n[service.backpressure]\nretry_after_s = 2\n";
 

@@ -12,13 +12,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use retry_after_integration_tests::{
-    AgentProcess,
-    http::{HttpClient, HttpServer, ServerOptions, Workers},
-};
 use retry_after_protocol::{
     ErrorCode, HealthResponse, QueryResponse, Request, Response,
     policy::{FallbackReason, QueueDepthSource, Rung},
+};
+use retry_after_testkit::{
+    AgentProcess,
+    http::{HttpClient, HttpServer, ServerOptions, Workers},
 };
 
 /// A `RETRY-AFTER` answer, parsed.
@@ -39,7 +39,7 @@ fn health(line: &str) -> HealthResponse {
 
 /// A metric sample's value from a text exposition; panics if it is missing.
 fn sample(metrics: &str, name_and_labels: &str) -> f64 {
-    retry_after_integration_tests::sample(metrics, name_and_labels)
+    retry_after_testkit::sample(metrics, name_and_labels)
         .unwrap_or_else(|| panic!("no sample {name_and_labels}"))
 }
 
@@ -524,7 +524,7 @@ fn the_query_command_asks_like_a_proxy() {
         "",
         &computed_service("api", "127.0.0.1:1", "retry_after_s = 6"),
     );
-    let out = std::process::Command::new(retry_after_integration_tests::agent_binary())
+    let out = std::process::Command::new(retry_after_testkit::agent_binary())
         .args(["query", "api", "--queue-depth", "3", "--socket"])
         .arg(&agent.socket)
         .output()
@@ -537,7 +537,7 @@ fn the_query_command_asks_like_a_proxy() {
     let line = String::from_utf8(out.stdout).unwrap();
     let a = answer(line.trim_end());
     assert_eq!((a.seconds, a.queue_depth), (Some(6), Some(3)), "{line}");
-    let out = std::process::Command::new(retry_after_integration_tests::agent_binary())
+    let out = std::process::Command::new(retry_after_testkit::agent_binary())
         .args(["query", "nosuch", "--socket"])
         .arg(&agent.socket)
         .env("RUST_BACKTRACE", "0")
@@ -549,7 +549,7 @@ fn the_query_command_asks_like_a_proxy() {
 
 /// `retry-after-agent check --config FILE`: success and standard output.
 fn check(config: &std::path::Path) -> (bool, String) {
-    let out = std::process::Command::new(retry_after_integration_tests::agent_binary())
+    let out = std::process::Command::new(retry_after_testkit::agent_binary())
         .args(["check", "--config"])
         .arg(config)
         .output()
@@ -579,7 +579,7 @@ fn check_names_the_bad_field_and_value() {
         "{text}"
     );
     // `run` refuses the same file before attaching anything.
-    let out = std::process::Command::new(retry_after_integration_tests::agent_binary())
+    let out = std::process::Command::new(retry_after_testkit::agent_binary())
         .args(["run", "--config"])
         .arg(&config)
         .env("RUST_BACKTRACE", "0")

@@ -13,14 +13,14 @@ use std::{
     time::{Duration, Instant},
 };
 
-use retry_after_integration_tests::{
-    AgentProcess, TestCgroup, free_port,
-    http::{HttpServer, ServerOptions},
-    proxies::{Haproxy, Wrk},
-};
 use retry_after_protocol::{
     QueryResponse, Request, Response,
     policy::{FallbackReason, QueueDepthSource, Rung},
+};
+use retry_after_testkit::{
+    AgentProcess, TestCgroup, free_port,
+    http::{HttpServer, ServerOptions},
+    proxies::{Haproxy, Wrk},
 };
 
 /// Each replica takes 250 ms per request; HAProxy lets 2 at a time into each.
@@ -215,7 +215,7 @@ fn the_drain_is_this_proxys_own_throughput_when_another_caller_shares_the_replic
          ({:.2}/s): {drain:.2}/s",
         proxy_rate + other_rate
     );
-    let out_of_scope = retry_after_integration_tests::sample(
+    let out_of_scope = retry_after_testkit::sample(
         &metrics,
         "retry_after_probe_problems{kind=\"connections_out_of_scope\"}",
     )

@@ -12,7 +12,7 @@ use retry_after_agent::{
     kernel::{ProbeOptions, cgroup_scope},
 };
 use retry_after_common::Side;
-use retry_after_integration_tests::{
+use retry_after_testkit::{
     AttachedProbe, SETTLE, TestCgroup, free_port,
     http::{HttpServer, ServerOptions},
     proxies::{Nginx, NginxStatus, Wrk, command_in, self_signed_certificate},
@@ -150,7 +150,7 @@ fn keepalive_connections_opened_before_the_probe_are_counted_from_their_next_req
     let endpoint = Endpoint::from(port);
     // A client pool of ten connections, used before anything watches.
     let mut pool: Vec<_> = (0..10)
-        .map(|_| retry_after_integration_tests::http::HttpClient::connect(port))
+        .map(|_| retry_after_testkit::http::HttpClient::connect(port))
         .collect();
     for client in &mut pool {
         client.exchange(0);
@@ -336,7 +336,7 @@ fn check_fast_open(client_cgroup: Option<&TestCgroup>) {
     let before = nginx.status();
     let passive_before = fast_open_passive();
     let port_arg = port.port().to_string();
-    let out = retry_after_integration_tests::run_ok(&mut command_in(
+    let out = retry_after_testkit::run_ok(&mut command_in(
         client_cgroup.map(TestCgroup::path),
         "python3",
         ["-c", FAST_OPEN_CLIENT, &port_arg, "300"],

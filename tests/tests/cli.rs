@@ -5,7 +5,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use retry_after_integration_tests::{AgentProcess, agent_binary, free_port};
+use retry_after_testkit::{AgentProcess, agent_binary, free_port};
 
 const SERVICE: &str = "[[service]]\nname = \"api\"\nbackends = [{ address = \"127.0.0.1:1\" }]\n";
 

@@ -6,7 +6,7 @@
 use std::{path::PathBuf, process::Command};
 
 use retry_after_agent::{config::Config, privileges::REQUIRED};
-use retry_after_integration_tests::run_ok;
+use retry_after_testkit::run_ok;
 
 fn deploy() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -72,9 +72,7 @@ fn the_systemd_unit_passes_systemds_verifier_and_grants_only_the_verified_capabi
         &copy,
         unit.replace(
             "/usr/local/bin/retry-after-agent",
-            &retry_after_integration_tests::agent_binary()
-                .display()
-                .to_string(),
+            &retry_after_testkit::agent_binary().display().to_string(),
         ),
     )
     .unwrap();

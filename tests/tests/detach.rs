@@ -7,7 +7,7 @@ use std::{
 };
 
 use retry_after_agent::kernel::PROGRAM_NAMES;
-use retry_after_integration_tests::agent_binary;
+use retry_after_testkit::agent_binary;
 
 fn bpftool(args: &[&str]) -> serde_json::Value {
     let out = Command::new("bpftool")

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use retry_after_integration_tests::evaluation::{
+use retry_after_eval::{
     Policy,
     load::Outcome,
     report::figures,

@@ -17,13 +17,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use retry_after_integration_tests::{
+use retry_after_protocol::{Response, policy::Rung};
+use retry_after_testkit::{
     AgentProcess, free_port,
     http::{HttpServer, ServerOptions},
     proxies::{Haproxy, Wrk},
     sample,
 };
-use retry_after_protocol::{Response, policy::Rung};
 
 /// HAProxy's own fallback: the computed values here stay far below it (31 s would take a drain
 /// under 2/s against a queue of 50).

@@ -5,7 +5,7 @@ use std::{net::TcpListener, sync::Arc, time::Duration};
 
 use retry_after_agent::endpoint::Endpoint;
 use retry_after_common::Side;
-use retry_after_integration_tests::{
+use retry_after_testkit::{
     AttachedProbe, SETTLE,
     http::{Gate, HttpClient, HttpServer, ServerOptions},
 };

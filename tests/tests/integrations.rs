@@ -6,11 +6,11 @@
 use std::{io::Write, path::PathBuf, process::Command};
 
 use rand::{Rng, RngExt, SeedableRng, rngs::SmallRng};
-use retry_after_integration_tests::{AgentProcess, run_ok};
 use retry_after_protocol::{
     EstimatePush,
     policy::{PolicyConstants, QueueDepth, QueueDepthSource, RetryAfterPolicy},
 };
+use retry_after_testkit::{AgentProcess, run_ok};
 
 fn integrations() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../integrations")

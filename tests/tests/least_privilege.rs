@@ -4,7 +4,7 @@
 use std::{thread, time::Duration};
 
 use retry_after_agent::privileges::REQUIRED;
-use retry_after_integration_tests::{
+use retry_after_testkit::{
     AgentProcess, Launch,
     http::{HttpClient, HttpServer, ServerOptions},
 };
@@ -74,7 +74,7 @@ fn the_agent_as_nobody_with_three_capabilities_counts_exactly_then_holds_none() 
     let mut last = String::new();
     for _ in 0..50 {
         last = agent.metrics();
-        let count = |side| retry_after_integration_tests::sample(&last, &series(side));
+        let count = |side| retry_after_testkit::sample(&last, &series(side));
         if count("server") == Some(200.0) && count("client") == Some(200.0) {
             return;
         }
@@ -93,7 +93,7 @@ fn the_agent_as_nobody_with_three_capabilities_counts_exactly_then_holds_none() 
 fn without_cap_perfmon_the_agent_refuses_to_start_and_says_why() {
     let out = std::process::Command::new("setpriv")
         .args(&as_nobody_with(&["CAP_BPF", "CAP_NET_ADMIN"])[1..])
-        .arg(retry_after_integration_tests::agent_binary())
+        .arg(retry_after_testkit::agent_binary())
         .args(["check"])
         .output()
         .unwrap();

@@ -12,7 +12,7 @@ use std::{
 
 use retry_after_agent::endpoint::Endpoint;
 use retry_after_common::Side;
-use retry_after_integration_tests::{
+use retry_after_testkit::{
     AttachedProbe, SETTLE,
     http::{Gate, HttpClient, HttpServer, ServerOptions, exchange_once},
 };

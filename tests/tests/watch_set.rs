@@ -2,7 +2,7 @@
 
 use retry_after_agent::endpoint::Endpoint;
 use retry_after_common::{EndpointCounters, Side};
-use retry_after_integration_tests::{
+use retry_after_testkit::{
     AttachedProbe, SETTLE,
     http::{HttpClient, HttpServer, ServerOptions, exchange_once},
 };

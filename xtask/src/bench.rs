@@ -44,15 +44,10 @@ pub fn bench(root: &Path, env: &Env, args: &BenchArgs) -> Result<()> {
         ]);
         crate::run(command)?;
     }
-    // The other two are binaries of the integration-test crate.
+    // The other two are binaries of the evaluation crate.
     let bench_bin = |bin: &str| {
         let mut command = env.cargo(root);
-        command.args([
-            "run",
-            "--release",
-            "--package",
-            "retry-after-integration-tests",
-        ]);
+        command.args(["run", "--release", "--package", "retry-after-eval"]);
         command.args(["--bin", bin, "--"]);
         command
     };

@@ -82,9 +82,9 @@ fn main() -> Result<()> {
                 "run",
                 "--release",
                 "--package",
-                "retry-after-integration-tests",
+                "retry-after-eval",
                 "--bin",
-                "evaluate",
+                "retry-after-eval",
                 "--",
             ]);
             command.args(args);

@@ -7,7 +7,7 @@
 
 use std::{io::Write, path::PathBuf, time::Instant};
 
-use retry_after_integration_tests::evaluation::{
+use retry_after_eval::{
     Policy,
     report::{Figures, bar_chart, figures, table},
     run::{RunResult, run},

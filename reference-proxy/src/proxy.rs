@@ -1,28 +1,20 @@
-//! The reference rejecting proxy: the proposal's router in front of the replicas.
+//! The reference rejecting proxy on tokio and hyper, around the [`Router`].
 //!
-//! * One queue per proxy, bounded by `max_queued_requests`: a request that finds it full is
-//!   rejected at once with the configured status and, by the proxy's header policy, a
-//!   `Retry-After` from the client library's subscription (computed with the proxy's own
-//!   queue depth and backoff streak), and one access-log line.
-//! * A dispatcher places the request at the head of the queue by power of two choices: two
-//!   replicas drawn at random, the one with fewer requests ongoing, if it has fewer than its
-//!   `max_ongoing_requests`. When neither has room, placement is retried after a backoff of
-//!   25 ms doubling to 500 ms, and the backoff streak (consecutive failed placements) grows;
-//!   a placement ends it.
+//! * A request that finds the queue full is rejected at once with the configured status and,
+//!   by the proxy's header policy, a `Retry-After` from the client library's subscription
+//!   (computed with the proxy's own queue depth and backoff streak), and one access-log line.
+//! * A dispatcher task polls the router: it places queued requests on replicas, and sleeps
+//!   until the next arrival or completion, or through a placement backoff.
 //! * Every admission and rejection is counted for the agent ([`Reporter`]); a request marked
 //!   as a retry (`x-retry-attempt` > 1) is counted as one.
 //!
 //! A replica whose connection fails is taken out of placement and the request fails (502).
 
 use std::{
-    collections::VecDeque,
     convert::Infallible,
     net::SocketAddr,
     path::Path,
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering},
-    },
+    sync::{Arc, Mutex, MutexGuard},
     time::{Duration, Instant},
 };
 
@@ -33,13 +25,15 @@ use hyper_util::{
     client::legacy::{Client, connect::HttpConnector},
     rt::{TokioExecutor, TokioIo},
 };
-use rand::{RngExt, SeedableRng, rngs::StdRng};
+use rand::{SeedableRng, rngs::StdRng};
 use retry_after_client::{ClientOptions, Reporter, Rung, Subscription};
 use tokio::{
     net::TcpListener,
     sync::{Notify, oneshot},
     task::JoinHandle,
 };
+
+use crate::router::{Arrival, Fleet, RetryBacklog, Router, Wake};
 
 /// Whether rejections carry a header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,6 +62,9 @@ pub struct ProxyConfig {
     pub header: HeaderPolicy,
     /// Seed of the placement draws and the jitter draws.
     pub seed: u64,
+    /// Keep every rejection for [`Proxy::rejections`] (an evaluation's access log; memory
+    /// grows with the rejections, so a long-running proxy leaves it off).
+    pub record_rejections: bool,
 }
 
 /// One rejection, as the access log records it.
@@ -102,27 +99,30 @@ impl Rejection {
     }
 }
 
-struct Backend {
-    addr: SocketAddr,
-    max_ongoing: usize,
-    ongoing: AtomicUsize,
-    up: AtomicBool,
+/// What the handlers and the dispatcher share, under one lock.
+struct Routing {
+    fleet: Fleet,
+    router: Router<oneshot::Sender<usize>>,
+    backlog: RetryBacklog,
+    /// The jitter draws.
+    rng: StdRng,
 }
 
 struct State {
     config: ProxyConfig,
     started: Instant,
-    backends: Vec<Backend>,
-    queue: Mutex<VecDeque<oneshot::Sender<usize>>>,
+    routing: Mutex<Routing>,
     queued: Notify,
-    streak: AtomicU32,
     subscription: Subscription,
     reporter: Reporter,
-    rng: Mutex<StdRng>,
     rejections: Mutex<Vec<Rejection>>,
-    /// When the clients told to come back are due (earliest first), for the retry backlog.
-    due: Mutex<std::collections::BinaryHeap<std::cmp::Reverse<Instant>>>,
     client: Client<HttpConnector, Empty<Bytes>>,
+}
+
+impl State {
+    fn routing(&self) -> MutexGuard<'_, Routing> {
+        self.routing.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 /// A running proxy.
@@ -139,6 +139,16 @@ impl Proxy {
     /// `agent_socket`.
     pub async fn start(config: ProxyConfig, agent_socket: &Path) -> std::io::Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
+        Self::serve(listener, config, agent_socket)
+    }
+
+    /// Serve on `listener`, subscribed and reporting to the agent at `agent_socket`, until
+    /// dropped. Must be called within a tokio runtime.
+    pub fn serve(
+        listener: TcpListener,
+        config: ProxyConfig,
+        agent_socket: &Path,
+    ) -> std::io::Result<Self> {
         let addr = listener.local_addr()?;
         let options = ClientOptions {
             status_code: config.status_code,
@@ -146,26 +156,19 @@ impl Proxy {
         };
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
+        let routing = Routing {
+            fleet: Fleet::new(config.replicas.iter().map(|r| r.1)),
+            router: Router::new(config.max_queued_requests, config.seed),
+            backlog: RetryBacklog::default(),
+            rng: StdRng::seed_from_u64(config.seed ^ 0x6a17_7e75),
+        };
         let state = Arc::new(State {
-            backends: config
-                .replicas
-                .iter()
-                .map(|&(addr, max_ongoing)| Backend {
-                    addr,
-                    max_ongoing,
-                    ongoing: AtomicUsize::new(0),
-                    up: AtomicBool::new(true),
-                })
-                .collect(),
             started: Instant::now(),
-            queue: Mutex::new(VecDeque::new()),
+            routing: Mutex::new(routing),
             queued: Notify::new(),
-            streak: AtomicU32::new(0),
             subscription: Subscription::spawn(agent_socket, &config.service, options),
             reporter: Reporter::spawn(agent_socket, &config.service, Duration::from_millis(200)),
-            rng: Mutex::new(StdRng::seed_from_u64(config.seed)),
             rejections: Mutex::new(Vec::new()),
-            due: Mutex::new(std::collections::BinaryHeap::new()),
             client: Client::builder(TokioExecutor::new())
                 .pool_idle_timeout(Duration::from_secs(60))
                 .build(connector),
@@ -205,18 +208,10 @@ impl Proxy {
     /// Idle capacity now: the sum over live replicas of their free share of
     /// `max_ongoing_requests` (2.0: two replicas' worth idle).
     pub fn idle_replicas(&self) -> f64 {
-        self.state
-            .backends
-            .iter()
-            .filter(|b| b.up.load(Ordering::Relaxed))
-            .map(|b| {
-                let ongoing = b.ongoing.load(Ordering::Relaxed).min(b.max_ongoing);
-                (b.max_ongoing - ongoing) as f64 / b.max_ongoing as f64
-            })
-            .sum()
+        self.state.routing().fleet.idle_replicas()
     }
 
-    /// Every rejection so far, in order.
+    /// Every rejection so far, in order (empty unless `record_rejections`).
     pub fn rejections(&self) -> Vec<Rejection> {
         self.state
             .rejections
@@ -250,26 +245,21 @@ async fn handle(
         .and_then(|v| v.to_str().ok()?.parse::<u32>().ok())
         .is_some_and(|n| n > 1);
     let (tx, rx) = oneshot::channel();
-    let full = {
-        let mut queue = state.queue.lock().unwrap_or_else(|p| p.into_inner());
-        if queue.len() >= state.config.max_queued_requests {
-            Some(queue.len())
-        } else {
-            queue.push_back(tx);
-            None
-        }
-    };
-    if let Some(depth) = full {
+    let arrival = state.routing().router.arrive(tx);
+    if let Arrival::Rejected {
+        queue_depth,
+        backoff_streak,
+    } = arrival
+    {
         state.reporter.rejected(retry);
-        return Ok(reject(&state, depth));
+        return Ok(reject(&state, queue_depth, backoff_streak));
     }
     state.reporter.admitted(retry);
     state.queued.notify_one();
     let Ok(index) = rx.await else {
         return Ok(reply(StatusCode::SERVICE_UNAVAILABLE, b"proxy stopping\n"));
     };
-    let backend = &state.backends[index];
-    let uri = format!("http://{}/", backend.addr);
+    let uri = format!("http://{}/", state.config.replicas[index].0);
     let forwarded = Request::get(uri)
         .body(Empty::new())
         .expect("a valid request");
@@ -282,58 +272,62 @@ async fn handle(
             .ok(),
         Err(_) => None,
     };
-    backend.ongoing.fetch_sub(1, Ordering::Relaxed);
+    {
+        let mut routing = state.routing();
+        routing.fleet.complete(index);
+        if result.is_none() {
+            routing.fleet.set_up(index, false);
+        }
+    }
     state.queued.notify_one();
     Ok(match result {
         Some(body) => Response::new(Full::new(body).boxed()),
-        None => {
-            backend.up.store(false, Ordering::Relaxed);
-            reply(StatusCode::BAD_GATEWAY, b"replica failed\n")
-        }
+        None => reply(StatusCode::BAD_GATEWAY, b"replica failed\n"),
     })
 }
 
-/// The rejection of a request that found the queue at `depth`.
-fn reject(state: &State, depth: usize) -> Response<Body> {
-    let streak = state.streak.load(Ordering::Relaxed);
+/// The rejection of a request that found the queue at `depth` with placement at `streak`.
+fn reject(state: &State, depth: usize, streak: u32) -> Response<Body> {
     let with_backlog = state.config.header == HeaderPolicy::FromAgentWithRetryBacklog;
-    let mut due = state.due.lock().unwrap_or_else(|p| p.into_inner());
-    let now = Instant::now();
-    while due.peek().is_some_and(|d| d.0 <= now) {
-        due.pop();
-    }
-    let counted = if with_backlog {
-        depth + due.len()
-    } else {
-        depth
-    };
-    let decision = {
-        let mut rng = state.rng.lock().unwrap_or_else(|p| p.into_inner());
-        state
-            .subscription
-            .retry_after_with(Some(counted as u64), Some(streak), &mut *rng)
-    };
-    let (seconds, rung) = match state.config.header {
-        HeaderPolicy::FromAgent | HeaderPolicy::FromAgentWithRetryBacklog => {
-            (decision.seconds, decision.rung)
+    let (seconds, rung) = {
+        let mut routing = state.routing();
+        let now = Instant::now();
+        let counted = if with_backlog {
+            depth + routing.backlog.outstanding(now)
+        } else {
+            depth
+        };
+        let decision = state.subscription.retry_after_with(
+            Some(counted as u64),
+            Some(streak),
+            &mut routing.rng,
+        );
+        let (seconds, rung) = match state.config.header {
+            HeaderPolicy::FromAgent | HeaderPolicy::FromAgentWithRetryBacklog => {
+                (decision.seconds, decision.rung)
+            }
+            HeaderPolicy::None => (None, Rung::None),
+        };
+        if with_backlog && let Some(s) = seconds {
+            routing.backlog.promise(now + Duration::from_secs(s));
         }
-        HeaderPolicy::None => (None, Rung::None),
+        (seconds, rung)
     };
-    if with_backlog && let Some(s) = seconds {
-        due.push(std::cmp::Reverse(now + Duration::from_secs(s)));
+    let rejection = Rejection {
+        at: state.started.elapsed(),
+        queue_depth: depth,
+        backoff_streak: streak,
+        retry_after_s: seconds,
+        rung,
+    };
+    tracing::debug!(line = %rejection.log_line(), "rejected");
+    if state.config.record_rejections {
+        state
+            .rejections
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(rejection);
     }
-    drop(due);
-    state
-        .rejections
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .push(Rejection {
-            at: state.started.elapsed(),
-            queue_depth: depth,
-            backoff_streak: streak,
-            retry_after_s: seconds,
-            rung,
-        });
     let status =
         StatusCode::from_u16(state.config.status_code).unwrap_or(StatusCode::TOO_MANY_REQUESTS);
     let mut response = reply(status, b"overloaded\n");
@@ -345,66 +339,27 @@ fn reject(state: &State, depth: usize) -> Response<Body> {
     response
 }
 
-/// Place queued requests on replicas, in order, by power of two choices; back off while
-/// neither choice has room.
+/// Poll the router: hand placed requests to their handlers, then sleep until an arrival or a
+/// completion, or through a placement backoff.
 async fn dispatch(state: Arc<State>) {
-    const BACKOFF_START: Duration = Duration::from_millis(25);
-    const BACKOFF_MAX: Duration = Duration::from_millis(500);
+    let mut placed = Vec::new();
     loop {
-        let waiting = state.queue.lock().unwrap_or_else(|p| p.into_inner()).len();
-        state
-            .reporter
-            .set_queue(waiting as u64, state.streak.load(Ordering::Relaxed));
-        if waiting == 0 {
-            state.queued.notified().await;
-            continue;
-        }
-        let Some(index) = choose(&state) else {
-            let streak = state.streak.fetch_add(1, Ordering::Relaxed) + 1;
-            let backoff = BACKOFF_START
-                .saturating_mul(1 << (streak - 1).min(5))
-                .min(BACKOFF_MAX);
-            tokio::time::sleep(backoff).await;
-            continue;
+        let (wake, depth, streak) = {
+            let mut routing = state.routing();
+            let Routing { fleet, router, .. } = &mut *routing;
+            let wake = router.poll(Instant::now(), fleet, &mut placed);
+            (wake, router.queue_depth(), router.backoff_streak())
         };
-        state.streak.store(0, Ordering::Relaxed);
-        let head = state
-            .queue
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .pop_front();
-        if let Some(waiter) = head {
-            state.backends[index]
-                .ongoing
-                .fetch_add(1, Ordering::Relaxed);
+        state.reporter.set_queue(depth as u64, streak);
+        for (waiter, index) in placed.drain(..) {
             if waiter.send(index).is_err() {
                 // The client went away while queued.
-                state.backends[index]
-                    .ongoing
-                    .fetch_sub(1, Ordering::Relaxed);
+                state.routing().fleet.complete(index);
             }
+        }
+        match wake {
+            Wake::OnArrival => state.queued.notified().await,
+            Wake::At(at) => tokio::time::sleep_until(at.into()).await,
         }
     }
-}
-
-/// Two live replicas at random; the one with fewer ongoing requests, if it has room.
-fn choose(state: &State) -> Option<usize> {
-    let live: Vec<usize> = (0..state.backends.len())
-        .filter(|&i| state.backends[i].up.load(Ordering::Relaxed))
-        .collect();
-    let (a, b) = {
-        let mut rng = state.rng.lock().unwrap_or_else(|p| p.into_inner());
-        match live.len() {
-            0 => return None,
-            1 => (live[0], live[0]),
-            n => {
-                let a = rng.random_range(0..n);
-                let b = (a + rng.random_range(1..n)) % n;
-                (live[a], live[b])
-            }
-        }
-    };
-    let load = |i: usize| state.backends[i].ongoing.load(Ordering::Relaxed);
-    let pick = if load(a) <= load(b) { a } else { b };
-    (load(pick) < state.backends[pick].max_ongoing).then_some(pick)
 }

@@ -8,10 +8,9 @@ use std::{
 use super::{
     Policy, Scenario,
     load::{Attempt, Load, arrivals},
-    proxy::{Proxy, ProxyConfig},
-    replica::Replica,
 };
-use crate::AgentProcess;
+use retry_after_reference_proxy::{Proxy, ProxyConfig, Rejection};
+use retry_after_testkit::{AgentProcess, replica::Replica};
 
 /// Attempts a client makes at most.
 pub const MAX_ATTEMPTS: u32 = 8;
@@ -44,7 +43,7 @@ pub struct RunResult {
     /// The agent's metrics at the end of the run.
     pub agent_metrics: String,
     /// The proxy's access log (one line per rejection).
-    pub access_log: Vec<super::proxy::Rejection>,
+    pub access_log: Vec<Rejection>,
 }
 
 /// Run `scenario` under `policy`; `seed` fixes the arrivals, the service times and every
@@ -103,6 +102,7 @@ pub fn run(
                 status_code: 429,
                 header: policy.header(),
                 seed,
+                record_rejections: true,
             },
             &agent.socket,
         )

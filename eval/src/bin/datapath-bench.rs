@@ -14,7 +14,7 @@ use std::{process::Command, time::Duration};
 
 use retry_after_agent::{endpoint::Endpoint, kernel::ProbeOptions};
 use retry_after_common::Side;
-use retry_after_integration_tests::{
+use retry_after_testkit::{
     AttachedProbe, TestCgroup,
     http::{HttpServer, ServerOptions},
 };

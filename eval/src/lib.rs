@@ -7,16 +7,15 @@
 //! [`report`] turns the attempts into the figures, the table and the plots.
 
 pub mod load;
-pub mod proxy;
-pub mod replica;
+
 pub mod report;
 pub mod run;
 
 use std::time::Duration;
 
 use load::{Behaviour, Phase};
-use proxy::HeaderPolicy;
-use replica::{ReplicaSpec, ServiceTime};
+use retry_after_reference_proxy::HeaderPolicy;
+use retry_after_testkit::replica::{ReplicaSpec, ServiceTime};
 
 /// What the rejecting proxy tells clients, and how the clients behave.
 #[derive(Clone, Copy, Debug, PartialEq)]

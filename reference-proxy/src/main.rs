@@ -1,0 +1,113 @@
+//! `retry-after-reference-proxy`: the reference rejecting proxy in front of replicas named on
+//! the command line, with `Retry-After` from the agent on every rejection.
+//!
+//! ```text
+//! retry-after-reference-proxy --listen 127.0.0.1:8000 --service chat \
+//!     --replica 127.0.0.1:9001=4 --replica 127.0.0.1:9002=4 --max-queued-requests 32
+//! ```
+//!
+//! Runs until SIGINT or SIGTERM.
+
+use std::{net::SocketAddr, path::PathBuf};
+
+use anyhow::{Context as _, Result, bail};
+use clap::{Parser, ValueEnum};
+use retry_after_reference_proxy::{HeaderPolicy, Proxy, ProxyConfig};
+use tokio::{net::TcpListener, signal::unix::SignalKind};
+
+/// The reference rejecting proxy: a bounded queue, power-of-two-choices placement with
+/// backoff, and Retry-After from retry-after-agent on every rejection.
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Cli {
+    /// Address to accept clients on.
+    #[arg(long, default_value = "127.0.0.1:8000")]
+    listen: SocketAddr,
+    /// The agent's Unix socket.
+    #[arg(long, default_value = "/run/retry-after-agent/agent.sock")]
+    agent_socket: PathBuf,
+    /// The service's name in the agent's configuration.
+    #[arg(long)]
+    service: String,
+    /// A replica as ADDRESS=MAX_ONGOING_REQUESTS (repeat for each replica).
+    #[arg(long = "replica", value_parser = parse_replica, required = true)]
+    replicas: Vec<(SocketAddr, usize)>,
+    /// Requests the queue holds before rejecting.
+    #[arg(long, default_value_t = 32)]
+    max_queued_requests: usize,
+    /// Status code of a rejection (429 or 503).
+    #[arg(long, default_value_t = 429)]
+    status_code: u16,
+    /// What rejections carry.
+    #[arg(long, value_enum, default_value_t = Header::Agent)]
+    header: Header,
+    /// Seed of the placement and jitter draws.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+/// `--header`.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Header {
+    /// No Retry-After.
+    None,
+    /// Retry-After from the agent's estimate with the proxy's queue depth.
+    Agent,
+    /// The same, the depth counting the clients told to come back who are not due yet.
+    AgentWithRetryBacklog,
+}
+
+fn parse_replica(text: &str) -> Result<(SocketAddr, usize), String> {
+    let (address, max) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?}: expected ADDRESS=MAX_ONGOING_REQUESTS"))?;
+    let address = address
+        .parse()
+        .map_err(|e| format!("{address:?}: not a socket address ({e})"))?;
+    let max = max
+        .parse()
+        .ok()
+        .filter(|n| *n >= 1)
+        .ok_or_else(|| format!("{max:?}: max_ongoing_requests is a whole number from 1"))?;
+    Ok((address, max))
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .init();
+    let cli = Cli::parse();
+    if !(cli.status_code == 429 || cli.status_code == 503) {
+        bail!("--status-code: {} (expected 429 or 503)", cli.status_code);
+    }
+    if cli.max_queued_requests == 0 {
+        bail!("--max-queued-requests: 0 (expected at least 1)");
+    }
+    let listener = TcpListener::bind(cli.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", cli.listen))?;
+    let config = ProxyConfig {
+        service: cli.service,
+        replicas: cli.replicas,
+        max_queued_requests: cli.max_queued_requests,
+        status_code: cli.status_code,
+        header: match cli.header {
+            Header::None => HeaderPolicy::None,
+            Header::Agent => HeaderPolicy::FromAgent,
+            Header::AgentWithRetryBacklog => HeaderPolicy::FromAgentWithRetryBacklog,
+        },
+        seed: cli.seed,
+        record_rejections: false,
+    };
+    let proxy = Proxy::serve(listener, config, &cli.agent_socket)?;
+    tracing::info!(listen = %proxy.addr(), agent = %cli.agent_socket.display(), "serving");
+    let mut terminate = tokio::signal::unix::signal(SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate.recv() => {}
+    }
+    tracing::info!("stopping");
+    drop(proxy);
+    Ok(())
+}
