@@ -9,7 +9,7 @@ use retry_after_agent::{
     estimate::Estimator,
     server::{self, ServerOptions, Shared},
 };
-use retry_after_protocol::{ErrorCode, Request, Response};
+use retry_after_protocol::{ErrorCode, Request, Response, policy::Rung};
 use tokio::{
     io::{AsyncBufReadExt, AsyncWriteExt, BufReader},
     net::UnixStream,
@@ -257,4 +257,39 @@ async fn bad_lines_get_their_error_and_the_connection_stays_usable() {
         assert!(is_error(peer.next().await, code), "{line:?}");
         assert!(is_answer(&peer.query().await));
     }
+}
+
+#[tokio::test]
+async fn every_value_a_reporter_handed_out_reaches_the_judge_over_as_many_lines_as_it_takes() {
+    let server = TestServer::start(8);
+    let reporter =
+        retry_after_client::Reporter::spawn(&server.path, "api", Duration::from_millis(50));
+    reporter.set_queue(5, 0);
+    // 122 values (0 to 60 s on both rungs) do not fit on one 512-byte line.
+    for rung in [Rung::Computed, Rung::Static] {
+        for seconds in 0..=60 {
+            reporter.rejected(false);
+            reporter.handed_out(rung, seconds);
+        }
+    }
+    reporter.admitted(true);
+    let pending = || {
+        let estimator = server.shared.estimator.lock().unwrap();
+        estimator.service("api").unwrap().judge_pending()
+    };
+    for _ in 0..100 {
+        if pending() == 122 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(pending(), 122, "one answer group per value handed out");
+    assert_eq!(
+        server.metric("retry_after_proxy_requests_total{outcome=\"rejected\",service=\"api\"}"),
+        122.0
+    );
+    assert_eq!(
+        server.metric("retry_after_proxy_requests_total{outcome=\"admitted\",service=\"api\"}"),
+        1.0
+    );
 }

@@ -2,9 +2,14 @@
 //! answers by what happened at the suggested time.
 //!
 //! The reject path only adds to atomic counters ([`Reporter::admitted`],
-//! [`Reporter::rejected`]); a background task sends them every interval on its own connection
-//! and starts the counts again. When the agent is unreachable the counts are kept (bounded by
-//! the protocol's largest count) and sent once it is back.
+//! [`Reporter::rejected`], [`Reporter::handed_out`]); a background task sends them every
+//! interval on its own connection and starts the counts again. When the agent is unreachable
+//! the counts are kept (bounded by the protocol's largest count) and sent once it is back.
+//!
+//! What the proxy handed out is counted per rung and second (values above
+//! [`MAX_RETRY_AFTER_S`] as that), in a fixed table: no allocation on the reject path. A report
+//! whose `handed_out=` would not fit on one line goes on in further `REPORT` lines with no
+//! admissions or rejections of their own.
 
 use std::{
     path::{Path, PathBuf},
@@ -15,7 +20,10 @@ use std::{
     time::Duration,
 };
 
-use retry_after_protocol::{MAX_REPORT_COUNT, MAX_RESPONSE_LEN, Report, Request, Response};
+use retry_after_protocol::{
+    HandedOut, MAX_LINE_LEN, MAX_REPORT_COUNT, MAX_RESPONSE_LEN, Report, Request, Response,
+    policy::{MAX_RETRY_AFTER_S, Rung},
+};
 use tokio::{
     io::{AsyncWriteExt, BufReader},
     net::UnixStream,
@@ -24,8 +32,12 @@ use tokio::{
 
 use crate::{ClientError, read_line};
 
+/// Seconds the table of handed-out values holds: 0 to [`MAX_RETRY_AFTER_S`].
+const SECONDS: usize = MAX_RETRY_AFTER_S as usize + 1;
+/// The rungs that carry a value, in table order.
+const RUNGS: [Rung; 2] = [Rung::Computed, Rung::Static];
+
 /// Counts since the last report; `queue_depth` is `u64::MAX` while unknown.
-#[derive(Default)]
 struct Counts {
     admitted: AtomicU64,
     rejected: AtomicU64,
@@ -33,6 +45,8 @@ struct Counts {
     retry_rejected: AtomicU64,
     queue_depth: AtomicU64,
     backoff_streak: AtomicU32,
+    /// Rejections per rung (computed, static) and second handed out.
+    handed_out: [[AtomicU64; SECONDS]; 2],
 }
 
 /// A proxy's admissions and rejections for one service, reported to the agent in the
@@ -47,8 +61,13 @@ impl Reporter {
     /// a tokio runtime; the task runs until the reporter is dropped.
     pub fn spawn(socket: impl AsRef<Path>, service: &str, interval: Duration) -> Self {
         let counts = Arc::new(Counts {
+            admitted: AtomicU64::new(0),
+            rejected: AtomicU64::new(0),
+            retry_admitted: AtomicU64::new(0),
+            retry_rejected: AtomicU64::new(0),
             queue_depth: AtomicU64::new(u64::MAX),
-            ..Counts::default()
+            backoff_streak: AtomicU32::new(0),
+            handed_out: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
         });
         let task = tokio::spawn(report_loop(
             socket.as_ref().to_path_buf(),
@@ -75,6 +94,16 @@ impl Reporter {
         }
     }
 
+    /// One rejection carried `Retry-After: seconds` from `rung` (nothing is counted for the
+    /// rung without a header).
+    pub fn handed_out(&self, rung: Rung, seconds: u64) {
+        let Some(row) = RUNGS.iter().position(|r| *r == rung) else {
+            return;
+        };
+        let second = seconds.min(MAX_RETRY_AFTER_S) as usize;
+        self.counts.handed_out[row][second].fetch_add(1, Ordering::Relaxed);
+    }
+
     /// The proxy's queue depth and placement backoff streak now, sent with the next report.
     pub fn set_queue(&self, queue_depth: u64, backoff_streak: u32) {
         self.counts
@@ -93,12 +122,25 @@ impl Drop for Reporter {
 }
 
 /// What has not been sent yet: taken from the counters at each interval.
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy)]
 struct Pending {
     admitted: u64,
     rejected: u64,
     retry_admitted: u64,
     retry_rejected: u64,
+    handed_out: [[u64; SECONDS]; 2],
+}
+
+impl Default for Pending {
+    fn default() -> Self {
+        Self {
+            admitted: 0,
+            rejected: 0,
+            retry_admitted: 0,
+            retry_rejected: 0,
+            handed_out: [[0; SECONDS]; 2],
+        }
+    }
 }
 
 impl Pending {
@@ -112,6 +154,38 @@ impl Pending {
         take(&counts.rejected, &mut self.rejected);
         take(&counts.retry_admitted, &mut self.retry_admitted);
         take(&counts.retry_rejected, &mut self.retry_rejected);
+        for (row, pending) in counts.handed_out.iter().zip(&mut self.handed_out) {
+            for (count, into) in row.iter().zip(pending.iter_mut()) {
+                take(count, into);
+            }
+        }
+    }
+
+    /// The `handed_out=` values, each at most as long as fits on a `REPORT` line beside the
+    /// rest of it (the first also carries the counts).
+    fn handed_out_values(&self, room: usize) -> Vec<String> {
+        let mut values = vec![String::new()];
+        for (row, rung) in self.handed_out.iter().zip(RUNGS) {
+            for (seconds, &count) in row.iter().enumerate().filter(|(_, c)| **c > 0) {
+                let mut entry = String::new();
+                let h = HandedOut {
+                    rung,
+                    seconds: seconds as u64,
+                    count,
+                };
+                let _ = h.write(&mut entry);
+                let last = values.last_mut().expect("one value at least");
+                if !last.is_empty() && last.len() + 1 + entry.len() > room {
+                    values.push(entry);
+                } else {
+                    if !last.is_empty() {
+                        last.push(',');
+                    }
+                    last.push_str(&entry);
+                }
+            }
+        }
+        values
     }
 }
 
@@ -149,7 +223,7 @@ async fn report_on_one_connection(
         ticker.tick().await;
         pending.take(counts);
         let depth = counts.queue_depth.load(Ordering::Relaxed);
-        let request = Request::Report(Report {
+        let first = Report {
             service,
             admitted: pending.admitted,
             rejected: pending.rejected,
@@ -157,20 +231,46 @@ async fn report_on_one_connection(
             backoff_streak: Some(counts.backoff_streak.load(Ordering::Relaxed)),
             retry_admitted: Some(pending.retry_admitted),
             retry_rejected: Some(pending.retry_rejected),
-        });
-        tokio::time::timeout(interval, write.write_all(format!("{request}\n").as_bytes()))
-            .await
-            .map_err(|_| timed_out())??;
-        line.clear();
-        let limited = tokio::io::AsyncReadExt::take(&mut reader, MAX_RESPONSE_LEN as u64 + 1);
-        tokio::time::timeout(interval, read_line(limited, &mut line))
-            .await
-            .map_err(|_| timed_out())??;
-        let text = String::from_utf8_lossy(&line);
-        match Response::parse(text.trim_end()).map_err(|e| ClientError::Protocol(e.reason))? {
-            Response::Ok => *pending = Pending::default(),
-            Response::Err(error) => return Err(ClientError::Agent(error.to_string())),
-            other => return Err(ClientError::Protocol(other.to_string())),
+            handed_out: None,
+        };
+        // Room for `handed_out=` on a line: what the longest first line takes besides it.
+        let room = MAX_LINE_LEN - Request::Report(first).to_string().len() - " handed_out=".len();
+        let values = pending.handed_out_values(room);
+        let mut lines = String::new();
+        for (i, value) in values.iter().enumerate() {
+            let report = Report {
+                handed_out: (!value.is_empty()).then_some(value.as_str()),
+                ..if i == 0 {
+                    first
+                } else {
+                    // A continuation: the same queue, no admissions or rejections of its own.
+                    Report {
+                        admitted: 0,
+                        rejected: 0,
+                        retry_admitted: Some(0),
+                        retry_rejected: Some(0),
+                        ..first
+                    }
+                }
+            };
+            lines.push_str(&format!("{}\n", Request::Report(report)));
         }
+        tokio::time::timeout(interval, write.write_all(lines.as_bytes()))
+            .await
+            .map_err(|_| timed_out())??;
+        for _ in &values {
+            line.clear();
+            let limited = tokio::io::AsyncReadExt::take(&mut reader, MAX_RESPONSE_LEN as u64 + 1);
+            tokio::time::timeout(interval, read_line(limited, &mut line))
+                .await
+                .map_err(|_| timed_out())??;
+            let text = String::from_utf8_lossy(&line);
+            match Response::parse(text.trim_end()).map_err(|e| ClientError::Protocol(e.reason))? {
+                Response::Ok => {}
+                Response::Err(error) => return Err(ClientError::Agent(error.to_string())),
+                other => return Err(ClientError::Protocol(other.to_string())),
+            }
+        }
+        *pending = Pending::default();
     }
 }

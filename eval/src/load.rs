@@ -6,8 +6,13 @@
 //!
 //! * [`Behaviour::HonourRetryAfter`]: after a rejection with `Retry-After: N`, it waits exactly
 //!   N seconds; without the header it backs off as below;
+//! * [`Behaviour::HonourCapped`]: the same, but it waits no longer than its cap (a client
+//!   whose SDK limits the wait);
 //! * [`Behaviour::Backoff`]: it ignores the header and backs off exponentially with full
 //!   jitter (a uniform draw up to `base × 2^(attempt−1)`, capped): the status quo.
+//!
+//! Each client's behaviour is drawn from the scenario's mix; each attempt goes to one of the
+//! proxies, drawn at random.
 //!
 //! Every attempt is recorded; while a client waits to retry it is counted in
 //! [`Load::waiting`].
@@ -30,22 +35,49 @@ use hyper_util::{
 };
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 
-/// A stretch of the schedule: new clients at `rate` per second for `seconds`.
-#[derive(Clone, Copy, Debug)]
+/// A stretch of the schedule: new clients at `rate` per second for `seconds`, or at a rate
+/// going linearly from `rate` to `ramp_to`.
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Phase {
     /// Length.
     pub seconds: f64,
-    /// New clients per second.
+    /// New clients per second (at the start, if it ramps).
     pub rate: f64,
+    /// New clients per second at the end, if the rate ramps.
+    pub ramp_to: Option<f64>,
 }
 
 /// What a client does after a rejection.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Behaviour {
     /// Wait exactly the `Retry-After`; back off (as `Backoff`) when there is none.
     HonourRetryAfter,
+    /// Wait the `Retry-After` but never longer than this many seconds; back off when there is
+    /// none.
+    HonourCapped(u64),
     /// Ignore any header; back off exponentially with full jitter.
     Backoff,
+}
+
+impl Behaviour {
+    /// How long to wait after the rejection of attempt `number` that suggested
+    /// `retry_after_s`, with `u` a uniform draw from [0, 1) for the backoff's jitter; and the
+    /// suggested delay if the wait is exactly it (a retry at the suggested time).
+    pub fn wait(self, retry_after_s: Option<u64>, number: u32, u: f64) -> (Duration, Option<u64>) {
+        match (self, retry_after_s) {
+            (Behaviour::HonourRetryAfter, Some(s)) => (Duration::from_secs(s), Some(s)),
+            (Behaviour::HonourCapped(cap), Some(s)) if s <= cap => {
+                (Duration::from_secs(s), Some(s))
+            }
+            (Behaviour::HonourCapped(cap), Some(_)) => (Duration::from_secs(cap), None),
+            _ => {
+                let bound = BACKOFF_BASE
+                    .saturating_mul(1 << (number - 1).min(10))
+                    .min(BACKOFF_CAP);
+                (bound.mul_f64(u), None)
+            }
+        }
+    }
 }
 
 /// First backoff bound of a client without a header (doubles per attempt).
@@ -102,7 +134,24 @@ pub fn arrivals(phases: &[Phase], seed: u64) -> Vec<Duration> {
     let mut phase_start = 0.0;
     for phase in phases {
         let mut t = phase_start;
-        if phase.rate > 0.0 {
+        if let Some(to) = phase.ramp_to {
+            // Thinning: candidates at the phase's highest rate, each kept with the share of
+            // it the rate has at that moment.
+            let top = phase.rate.max(to);
+            if top > 0.0 {
+                loop {
+                    let u: f64 = rng.random();
+                    t += -(1.0 - u).ln() / top;
+                    if t >= phase_start + phase.seconds {
+                        break;
+                    }
+                    let rate = phase.rate + (to - phase.rate) * (t - phase_start) / phase.seconds;
+                    if rng.random::<f64>() * top < rate {
+                        times.push(Duration::from_secs_f64(t));
+                    }
+                }
+            }
+        } else if phase.rate > 0.0 {
             loop {
                 let u: f64 = rng.random();
                 t += -(1.0 - u).ln() / phase.rate;
@@ -118,12 +167,11 @@ pub fn arrivals(phases: &[Phase], seed: u64) -> Vec<Duration> {
 }
 
 impl Load {
-    /// Start the clients of `arrivals` against `target`. Returns at once; each client runs
-    /// in its own task.
+    /// Start the clients of `arrivals` (each with its behaviour) against `targets`, the
+    /// proxies. Returns at once; each client runs in its own task.
     pub fn start(
-        target: SocketAddr,
-        arrivals: Vec<Duration>,
-        behaviour: Behaviour,
+        targets: Vec<SocketAddr>,
+        arrivals: Vec<(Duration, Behaviour)>,
         max_attempts: u32,
         seed: u64,
     ) -> Self {
@@ -139,7 +187,9 @@ impl Load {
             clients: arrivals.len(),
             started: Instant::now(),
         };
-        for (client, at) in arrivals.into_iter().enumerate() {
+        let targets = Arc::new(targets);
+        for (client, (at, behaviour)) in arrivals.into_iter().enumerate() {
+            let targets = targets.clone();
             let http = http.clone();
             let attempts = load.attempts.clone();
             let waiting = load.waiting.clone();
@@ -150,10 +200,13 @@ impl Load {
                 let _done = done;
                 tokio::time::sleep_until((started + at).into()).await;
                 let mut rng = StdRng::seed_from_u64(seed);
-                let url = format!("http://{target}/");
                 let mut after_suggested_s = None;
                 for number in 1..=max_attempts {
-                    let request = Request::get(&url)
+                    let target = match targets.len() {
+                        1 => targets[0],
+                        n => targets[rng.random_range(0..n)],
+                    };
+                    let request = Request::get(format!("http://{target}/"))
                         .header("x-retry-attempt", number.to_string())
                         .body(Empty::new())
                         .expect("a valid request");
@@ -194,20 +247,8 @@ impl Load {
                     if number == max_attempts {
                         return;
                     }
-                    let honoured = match (behaviour, retry_after_s) {
-                        (Behaviour::HonourRetryAfter, Some(s)) => Some(s),
-                        _ => None,
-                    };
+                    let (delay, honoured) = behaviour.wait(retry_after_s, number, rng.random());
                     after_suggested_s = honoured;
-                    let delay = match honoured {
-                        Some(s) => Duration::from_secs(s),
-                        None => {
-                            let bound = BACKOFF_BASE
-                                .saturating_mul(1 << (number - 1).min(10))
-                                .min(BACKOFF_CAP);
-                            bound.mul_f64(rng.random::<f64>())
-                        }
-                    };
                     waiting.fetch_add(1, Ordering::Relaxed);
                     tokio::time::sleep(delay).await;
                     waiting.fetch_sub(1, Ordering::Relaxed);

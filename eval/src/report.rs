@@ -1,192 +1,39 @@
-//! From attempts to figures, a markdown table and SVG bar charts.
+//! From figures to what a reader sees: the markdown table of every run, bar charts per
+//! figure, a trade-off chart per scenario (admitted share against idle capacity, every policy
+//! a point, the clairvoyant bound marked), the suite's summary, and `results.json`.
 
 use std::fmt::Write as _;
 
-use super::{
-    Policy,
-    load::Outcome,
-    run::{MAX_ATTEMPTS, RunResult},
-};
+use serde::Serialize;
 
-/// The figures of one run, over the clients that arrived after the warm-up.
-#[derive(Clone, Debug, Default)]
-pub struct Figures {
-    /// Clients measured.
-    pub clients: usize,
-    /// Attempts they sent.
-    pub sent: usize,
-    /// Of those: served, rejected by the proxy, failed otherwise.
-    pub served: usize,
-    /// Rejected by the proxy.
-    pub rejected: usize,
-    /// Failed otherwise (a replica lost mid-request, a timeout).
-    pub failed: usize,
-    /// Retries sent at the delay a rejection suggested (clients that honour the header).
-    pub retries_at_suggested: usize,
-    /// Of those, admitted by the proxy.
-    pub retries_at_suggested_admitted: usize,
-    /// All retries (second and later attempts).
-    pub retries: usize,
-    /// Of those, admitted.
-    pub retries_admitted: usize,
-    /// Clients served.
-    pub succeeded: usize,
-    /// Clients rejected on every one of their attempts.
-    pub gave_up: usize,
-    /// Clients still waiting when the run ended.
-    pub unfinished: usize,
-    /// Median time from first attempt to success, seconds.
-    pub p50_s: Option<f64>,
-    /// 99th percentile of the same.
-    pub p99_s: Option<f64>,
-    /// Successes per second while the measured schedule ran (answers within it).
-    pub goodput: f64,
-    /// Replica-seconds of idle capacity while a client waited to retry.
-    pub idle_replica_s: f64,
-    /// The agent's judge: share of its answers after which a retry at the suggested time was
-    /// admitted (from the proxy's reports), for the rung the policy answers from.
-    pub judge_admitted: Option<f64>,
-    /// The agent's judge: share of answers whose queue drained within the suggested delay.
-    pub judge_drained_in_time: Option<f64>,
-    /// Requests the agent was told the proxy admitted and rejected (all clients).
-    pub reported: Option<(f64, f64)>,
+use crate::figures::Figures;
+
+/// The label of the clairvoyant bound's rows.
+pub const BOUND: &str = "clairvoyant bound";
+
+/// One row of the results: a scenario under a policy (or the bound).
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    /// The scenario's name.
+    pub scenario: String,
+    /// The policy's label ([`BOUND`] for the bound).
+    pub policy: String,
+    /// The policy's `--policy` name (`bound` for the bound).
+    pub name: String,
+    /// Where the figures come from: `real`, `simulated` or `bound`.
+    pub source: &'static str,
+    /// The figures.
+    pub figures: Figures,
 }
 
-impl Figures {
-    /// Share of retries at the suggested time that were admitted.
-    pub fn admitted_at_suggested(&self) -> Option<f64> {
-        ratio(
-            self.retries_at_suggested_admitted,
-            self.retries_at_suggested,
-        )
+impl Row {
+    /// The share of retries admitted that the summaries read: at the suggested time where
+    /// the policy suggests one, else of all retries.
+    pub fn admitted(&self) -> Option<f64> {
+        self.figures
+            .admitted_at_suggested()
+            .or_else(|| self.figures.retries_admitted_share())
     }
-
-    /// Share of all retries that were admitted.
-    pub fn retries_admitted_share(&self) -> Option<f64> {
-        ratio(self.retries_admitted, self.retries)
-    }
-
-    /// Retries per success.
-    pub fn retries_per_success(&self) -> Option<f64> {
-        ratio(self.retries, self.succeeded)
-    }
-}
-
-fn ratio(a: usize, b: usize) -> Option<f64> {
-    (b > 0).then(|| a as f64 / b as f64)
-}
-
-fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
-    if sorted.is_empty() {
-        return None;
-    }
-    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    Some(sorted[rank - 1])
-}
-
-/// The figures of `run`.
-pub fn figures(run: &RunResult) -> Figures {
-    let measured = |client: usize| client >= run.warm_up_clients;
-    let mut f = Figures {
-        clients: run.clients - run.warm_up_clients,
-        ..Figures::default()
-    };
-    let mut first_sent = vec![None; run.clients];
-    let mut success_at = vec![None; run.clients];
-    let mut rejected_last = vec![0u32; run.clients];
-    for a in run.attempts.iter().filter(|a| measured(a.client)) {
-        f.sent += 1;
-        let admitted = !matches!(a.outcome, Outcome::Rejected { .. });
-        match a.outcome {
-            Outcome::Served => {
-                f.served += 1;
-                success_at[a.client] = Some(a.answered);
-            }
-            Outcome::Rejected { .. } => {
-                f.rejected += 1;
-                rejected_last[a.client] = rejected_last[a.client].max(a.number);
-            }
-            Outcome::Failed => f.failed += 1,
-        }
-        if a.number == 1 {
-            first_sent[a.client] = Some(a.sent);
-        } else {
-            f.retries += 1;
-            f.retries_admitted += admitted as usize;
-            if a.after_suggested_s.is_some() {
-                f.retries_at_suggested += 1;
-                f.retries_at_suggested_admitted += admitted as usize;
-            }
-        }
-    }
-    let mut times: Vec<f64> = (0..run.clients)
-        .filter_map(|c| Some((success_at[c]? - first_sent[c]?).as_secs_f64()))
-        .collect();
-    times.sort_by(f64::total_cmp);
-    f.succeeded = times.len();
-    f.gave_up = rejected_last.iter().filter(|&&n| n == MAX_ATTEMPTS).count();
-    f.unfinished = run.unfinished;
-    f.p50_s = percentile(&times, 0.5);
-    f.p99_s = percentile(&times, 0.99);
-    let window = run.warm_up..run.warm_up + std::time::Duration::from_secs_f64(run.measured_s);
-    let served_in_window = run
-        .attempts
-        .iter()
-        .filter(|a| a.outcome == Outcome::Served && window.contains(&a.answered))
-        .count();
-    f.goodput = served_in_window as f64 / run.measured_s;
-    f.idle_replica_s = run.idle_replica_s_while_waiting;
-    let rung = match run.policy {
-        Policy::NoHeader => None,
-        Policy::Static(_) => Some("static"),
-        _ => Some("computed"),
-    };
-    if let Some(rung) = rung {
-        let metrics =
-            prometheus_parse::Scrape::parse(run.agent_metrics.lines().map(|l| Ok(l.to_owned())))
-                .expect("the agent's metrics parse");
-        let labelled = |s: &prometheus_parse::Sample| {
-            s.labels.get("service") == Some("eval") && s.labels.get("rung") == Some(rung)
-        };
-        for s in &metrics.samples {
-            match (&s.metric[..], &s.value) {
-                ("retry_after_judge_admitted_ratio", prometheus_parse::Value::Gauge(v))
-                    if labelled(s) =>
-                {
-                    f.judge_admitted = Some(*v)
-                }
-                (
-                    "retry_after_judge_observed_over_suggested_ratio",
-                    prometheus_parse::Value::Histogram(buckets),
-                ) if labelled(s) => {
-                    let total = buckets.last().map_or(0.0, |b| b.count);
-                    let within = buckets
-                        .iter()
-                        .find(|b| b.less_than == 1.0)
-                        .map_or(0.0, |b| b.count);
-                    f.judge_drained_in_time = (total > 0.0).then(|| within / total);
-                }
-                _ => {}
-            }
-        }
-        let reported = |outcome: &str| {
-            metrics
-                .samples
-                .iter()
-                .find(|s| {
-                    s.metric == "retry_after_proxy_requests_total"
-                        && s.labels.get("outcome") == Some(outcome)
-                })
-                .and_then(|s| match s.value {
-                    prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Untyped(v) => {
-                        Some(v)
-                    }
-                    _ => None,
-                })
-        };
-        f.reported = reported("admitted").zip(reported("rejected"));
-    }
-    f
 }
 
 fn pct(v: Option<f64>) -> String {
@@ -197,17 +44,18 @@ fn num(v: Option<f64>, digits: usize) -> String {
     v.map_or_else(|| "–".to_owned(), |v| format!("{v:.digits$}"))
 }
 
-/// The markdown table of every run: one row per scenario and policy.
-pub fn table(rows: &[(RunResult, Figures)]) -> String {
+/// The markdown table of every row.
+pub fn table(rows: &[Row]) -> String {
     let mut out = String::from(
         "| scenario | policy | clients | retries admitted at the suggested time | judge: admitted | judge: drained in time | all retries admitted | retries per success | p50 to success (s) | p99 to success (s) | goodput (req/s) | idle replica-s while clients waited | gave up | unfinished |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
-    for (run, f) in rows {
+    for row in rows {
+        let f = &row.figures;
         let _ = writeln!(
             out,
             "| {} | {} | {} | {} ({}) | {} | {} | {} | {} | {} | {} | {:.1} | {:.1} | {} | {} |",
-            run.scenario,
-            run.policy.name(),
+            row.scenario,
+            row.policy,
             f.clients,
             pct(f.admitted_at_suggested()),
             f.retries_at_suggested,
@@ -226,49 +74,150 @@ pub fn table(rows: &[(RunResult, Figures)]) -> String {
     out
 }
 
-/// Colours of the policies, in `Policy::EVERY` order.
-const COLOURS: [&str; 7] = [
-    "#7f7f7f", "#c6dbef", "#6baed6", "#08519c", "#fdae6b", "#d94801", "#31a354",
-];
-
-fn colour(policy: Policy) -> &'static str {
-    let i = Policy::EVERY.iter().position(|p| *p == policy).unwrap_or(0);
-    COLOURS[i]
+/// The judge against the clients: per row with a judge, the share of retries at the
+/// suggested time the clients saw admitted, the judge's share, and the difference.
+pub fn judge_table(rows: &[Row]) -> String {
+    let mut out = String::from(
+        "| scenario | policy | clients saw admitted | judge: admitted | difference (points) |\n|---|---|---|---|---|\n",
+    );
+    for row in rows {
+        let f = &row.figures;
+        let (Some(seen), Some(judged)) = (f.admitted_at_suggested(), f.judge_admitted) else {
+            continue;
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {:+.1} |",
+            row.scenario,
+            row.policy,
+            pct(Some(seen)),
+            pct(Some(judged)),
+            (judged - seen) * 100.0
+        );
+    }
+    out
 }
 
-/// A grouped bar chart: one group per scenario, one bar per policy, of `value` (None: no
-/// bar). `unit` labels the axis.
-pub fn bar_chart(
-    title: &str,
-    unit: &str,
-    rows: &[(RunResult, Figures)],
-    value: impl Fn(&Figures) -> Option<f64>,
-) -> String {
-    let mut scenarios: Vec<&str> = Vec::new();
-    let mut policies: Vec<Policy> = Vec::new();
-    for (run, _) in rows {
-        if !scenarios.contains(&run.scenario) {
-            scenarios.push(run.scenario);
-        }
-        if !policies.contains(&run.policy) {
-            policies.push(run.policy);
+/// Per policy over the whole suite: mean and worst admitted share, mean idle capacity, mean
+/// p99 time to success and its mean ratio to the bound's, clients given up; the bound's row
+/// last.
+pub fn suite_summary(rows: &[Row]) -> String {
+    let mut out = String::from(
+        "| policy | scenarios | mean admitted | worst admitted (scenario) | mean idle replica-s | mean p99 (s) | mean p99 ÷ bound's | gave up |\n|---|---|---|---|---|---|---|---|\n",
+    );
+    for label in labels(rows) {
+        let mine: Vec<&Row> = rows.iter().filter(|r| r.policy == label).collect();
+        let admitted: Vec<(f64, &str)> = mine
+            .iter()
+            .filter_map(|r| Some((r.admitted()?, r.scenario.as_str())))
+            .collect();
+        let worst = admitted
+            .iter()
+            .min_by(|a, b| a.0.total_cmp(&b.0))
+            .map_or_else(
+                || "–".to_owned(),
+                |(v, s)| format!("{} ({s})", pct(Some(*v))),
+            );
+        let ratios: Vec<f64> = mine
+            .iter()
+            .filter_map(|r| Some(r.figures.p99_s? / bound_of(rows, &r.scenario)?.figures.p99_s?))
+            .collect();
+        let _ = writeln!(
+            out,
+            "| {label} | {} | {} | {worst} | {:.1} | {} | {} | {} |",
+            mine.len(),
+            pct(mean(admitted.iter().map(|a| a.0))),
+            mean(mine.iter().map(|r| r.figures.idle_replica_s)).unwrap_or(0.0),
+            num(mean(mine.iter().filter_map(|r| r.figures.p99_s)), 1),
+            num(mean(ratios.into_iter()), 2),
+            mine.iter().map(|r| r.figures.gave_up).sum::<usize>(),
+        );
+    }
+    out
+}
+
+/// The single static value an operator would pick for the whole suite: among the static
+/// policies, those within 5 points of the best mean admitted share, the one leaving the least
+/// mean idle capacity. Returns its label.
+pub fn operators_static_pick(rows: &[Row]) -> Option<String> {
+    let statics: Vec<(String, f64, f64)> = labels(rows)
+        .into_iter()
+        .filter(|l| l.starts_with("static "))
+        .filter_map(|label| {
+            let mine: Vec<&Row> = rows.iter().filter(|r| r.policy == label).collect();
+            let admitted = mean(mine.iter().filter_map(|r| r.admitted()))?;
+            let idle = mean(mine.iter().map(|r| r.figures.idle_replica_s))?;
+            Some((label, admitted, idle))
+        })
+        .collect();
+    let best = statics
+        .iter()
+        .map(|s| s.1)
+        .fold(f64::NEG_INFINITY, f64::max);
+    statics
+        .into_iter()
+        .filter(|s| s.1 >= best - 0.05)
+        .min_by(|a, b| a.2.total_cmp(&b.2))
+        .map(|s| s.0)
+}
+
+fn mean(values: impl Iterator<Item = f64>) -> Option<f64> {
+    let (sum, n) = values.fold((0.0, 0usize), |(s, n), v| (s + v, n + 1));
+    (n > 0).then(|| sum / n as f64)
+}
+
+fn bound_of<'a>(rows: &'a [Row], scenario: &str) -> Option<&'a Row> {
+    rows.iter()
+        .find(|r| r.scenario == scenario && r.policy == BOUND)
+}
+
+/// Labels in order of first appearance.
+fn labels(rows: &[Row]) -> Vec<String> {
+    let mut labels: Vec<String> = Vec::new();
+    for row in rows {
+        if !labels.contains(&row.policy) {
+            labels.push(row.policy.clone());
         }
     }
-    let (width, height) = (960.0, 380.0);
-    let (left, right, top, bottom) = (70.0, 20.0, 40.0, 90.0);
-    let plot_w = width - left - right;
-    let plot_h = height - top - bottom;
-    let max = rows
-        .iter()
-        .filter_map(|(_, f)| value(f))
-        .fold(0.0f64, f64::max);
-    let scale_max = nice_ceiling(max);
-    let mut svg = format!(
+    labels
+}
+
+/// Scenario names in order of first appearance.
+fn scenarios(rows: &[Row]) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    for row in rows {
+        if !names.contains(&row.scenario) {
+            names.push(row.scenario.clone());
+        }
+    }
+    names
+}
+
+const COLOURS: [&str; 12] = [
+    "#7f7f7f", "#c6dbef", "#6baed6", "#08519c", "#fdae6b", "#d94801", "#31a354", "#756bb1",
+    "#e7298a", "#66a61e", "#e6ab02", "#a6761d",
+];
+
+/// A label's colour: the bound black, the rest by order of appearance.
+fn colour(labels: &[String], label: &str) -> &'static str {
+    if label == BOUND {
+        return "#000000";
+    }
+    let i = labels.iter().position(|l| l == label).unwrap_or(0);
+    COLOURS[i % COLOURS.len()]
+}
+
+fn svg_open(width: f64, height: f64, left: f64, title: &str) -> String {
+    format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{left}\" y=\"22\" font-size=\"15\" font-weight=\"bold\">{}</text>\n",
         escape(title)
-    );
+    )
+}
+
+/// Horizontal grid lines and labels for a value axis from 0 to `max`.
+fn value_axis(svg: &mut String, left: f64, top: f64, plot_w: f64, plot_h: f64, max: f64) {
     for i in 0..=4 {
-        let v = scale_max * i as f64 / 4.0;
+        let v = max * i as f64 / 4.0;
         let y = top + plot_h - plot_h * i as f64 / 4.0;
         let _ = writeln!(
             svg,
@@ -279,6 +228,45 @@ pub fn bar_chart(
             trim(v)
         );
     }
+}
+
+fn legend(svg: &mut String, labels: &[String], left: f64, bottom_y: f64) {
+    for (p, label) in labels.iter().enumerate() {
+        let x = left + (p % 4) as f64 * 220.0;
+        let y = bottom_y + (p / 4) as f64 * 18.0;
+        let _ = writeln!(
+            svg,
+            "<rect x=\"{x:.1}\" y=\"{:.1}\" width=\"12\" height=\"12\" fill=\"{}\"/><text x=\"{:.1}\" y=\"{y:.1}\">{}</text>",
+            y - 10.0,
+            colour(labels, label),
+            x + 18.0,
+            escape(label)
+        );
+    }
+}
+
+/// A grouped bar chart: one group per scenario, one bar per policy, of `value` (None: no
+/// bar). `unit` labels the axis.
+pub fn bar_chart(
+    title: &str,
+    unit: &str,
+    rows: &[Row],
+    value: impl Fn(&Figures) -> Option<f64>,
+) -> String {
+    let scenarios = scenarios(rows);
+    let labels = labels(rows);
+    let legend_rows = labels.len().div_ceil(4) as f64;
+    let (width, height) = (1100.0, 330.0 + 18.0 * legend_rows);
+    let (left, right, top, bottom) = (70.0, 20.0, 40.0, 50.0 + 18.0 * legend_rows);
+    let plot_w = width - left - right;
+    let plot_h = height - top - bottom;
+    let max = rows
+        .iter()
+        .filter_map(|r| value(&r.figures))
+        .fold(0.0f64, f64::max);
+    let scale_max = nice_ceiling(max);
+    let mut svg = svg_open(width, height, left, title);
+    value_axis(&mut svg, left, top, plot_w, plot_h, scale_max);
     let _ = writeln!(
         svg,
         "<text transform=\"translate(16,{:.1}) rotate(-90)\" text-anchor=\"middle\">{}</text>",
@@ -286,30 +274,26 @@ pub fn bar_chart(
         escape(unit)
     );
     let group_w = plot_w / scenarios.len().max(1) as f64;
-    let bar_w = group_w * 0.8 / policies.len().max(1) as f64;
+    let bar_w = group_w * 0.8 / labels.len().max(1) as f64;
     for (g, scenario) in scenarios.iter().enumerate() {
         let x0 = left + g as f64 * group_w + group_w * 0.1;
-        for (p, policy) in policies.iter().enumerate() {
+        for (p, label) in labels.iter().enumerate() {
             let figure = rows
                 .iter()
-                .find(|(run, _)| run.scenario == *scenario && run.policy == *policy)
-                .and_then(|(_, f)| value(f));
+                .find(|r| &r.scenario == scenario && &r.policy == label)
+                .and_then(|r| value(&r.figures));
             let x = x0 + p as f64 * bar_w;
             match figure {
                 Some(v) => {
-                    let h = if scale_max > 0.0 {
-                        plot_h * v / scale_max
-                    } else {
-                        0.0
-                    };
+                    let h = plot_h * v / scale_max;
                     let _ = writeln!(
                         svg,
                         "<rect x=\"{x:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{h:.1}\" fill=\"{}\"><title>{} · {}: {}</title></rect>",
                         top + plot_h - h,
-                        bar_w - 1.0,
-                        colour(*policy),
-                        scenario,
-                        policy.name(),
+                        (bar_w - 1.0).max(0.5),
+                        colour(&labels, label),
+                        escape(scenario),
+                        escape(label),
                         trim(v)
                     );
                 }
@@ -325,22 +309,76 @@ pub fn bar_chart(
         }
         let _ = writeln!(
             svg,
-            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>",
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" font-size=\"10\">{}</text>",
             x0 + group_w * 0.4,
-            top + plot_h + 18.0,
+            top + plot_h + 16.0,
             escape(scenario)
         );
     }
-    for (p, policy) in policies.iter().enumerate() {
-        let x = left + (p % 3) as f64 * 260.0;
-        let y = height - 42.0 + (p / 3) as f64 * 18.0;
+    legend(&mut svg, &labels, left, top + plot_h + 44.0);
+    svg.push_str("</svg>\n");
+    svg
+}
+
+/// The trade-off of one scenario: admitted share (up) against idle replica-seconds while
+/// clients waited (right), every policy a point, the clairvoyant bound a black diamond. Up and
+/// to the left is better.
+pub fn tradeoff_chart(scenario: &str, rows: &[Row]) -> String {
+    let mine: Vec<&Row> = rows.iter().filter(|r| r.scenario == scenario).collect();
+    let labels = labels(rows);
+    let (width, height) = (640.0, 420.0);
+    let (left, right, top, bottom) = (70.0, 180.0, 40.0, 50.0);
+    let plot_w = width - left - right;
+    let plot_h = height - top - bottom;
+    let max_idle = nice_ceiling(
+        mine.iter()
+            .map(|r| r.figures.idle_replica_s)
+            .fold(0.0, f64::max),
+    );
+    let mut svg = svg_open(
+        width,
+        height,
+        left,
+        &format!("{scenario}: admitted share against idle capacity"),
+    );
+    value_axis(&mut svg, left, top, plot_w, plot_h, 100.0);
+    let _ = writeln!(
+        svg,
+        "<text transform=\"translate(16,{:.1}) rotate(-90)\" text-anchor=\"middle\">% of retries admitted</text><text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">idle replica-seconds while clients waited (0 to {})</text>",
+        top + plot_h / 2.0,
+        left + plot_w / 2.0,
+        height - 12.0,
+        trim(max_idle)
+    );
+    for (i, row) in mine.iter().enumerate() {
+        let Some(admitted) = row.admitted() else {
+            continue;
+        };
+        let x = left + plot_w * row.figures.idle_replica_s / max_idle;
+        let y = top + plot_h * (1.0 - admitted);
+        let fill = colour(&labels, &row.policy);
+        let mark = if row.policy == BOUND {
+            format!(
+                "<path d=\"M{x:.1} {:.1} l6 6 l-6 6 l-6 -6 z\" fill=\"{fill}\"/>",
+                y - 6.0
+            )
+        } else {
+            format!("<circle cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"5\" fill=\"{fill}\"/>")
+        };
         let _ = writeln!(
             svg,
-            "<rect x=\"{x:.1}\" y=\"{:.1}\" width=\"12\" height=\"12\" fill=\"{}\"/><text x=\"{:.1}\" y=\"{y:.1}\">{}</text>",
-            y - 10.0,
-            colour(*policy),
-            x + 18.0,
-            escape(&policy.name())
+            "{mark}<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"11\">{}: {:.0}%, {:.1}</text>",
+            left + plot_w + 14.0,
+            top + 14.0 + 16.0 * i as f64,
+            escape(&row.policy),
+            admitted * 100.0,
+            row.figures.idle_replica_s
+        );
+        let _ = writeln!(
+            svg,
+            "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"4\" fill=\"{fill}\"/>",
+            left + plot_w + 8.0,
+            top + 10.0 + 16.0 * i as f64
         );
     }
     svg.push_str("</svg>\n");

@@ -1,59 +1,59 @@
-//! One run: a scenario under a policy, on loopback, with the real agent.
+//! The real-socket run: a scenario under a policy, on loopback, with the real agent watching
+//! the replicas from the kernel, the reference proxies in front and open-loop clients.
+//!
+//! One proxy: several proxies sharing replicas need replicas that hold their own
+//! `max_ongoing_requests`, which the replica servers do not (each proxy would fill every
+//! replica to its cap); scenarios with more proxies run in the simulator ([`crate::sim`]),
+//! where the replicas hold their cap and each proxy has an agent of its own.
 
 use std::{
     sync::atomic::Ordering,
     time::{Duration, Instant},
 };
 
-use super::{
-    Policy, Scenario,
-    load::{Attempt, Load, arrivals},
-};
-use retry_after_reference_proxy::{Proxy, ProxyConfig, Rejection};
+use rand::{RngExt, SeedableRng, rngs::StdRng};
+use retry_after_reference_proxy::{Proxy, ProxyConfig};
 use retry_after_testkit::{AgentProcess, replica::Replica};
 
-/// Attempts a client makes at most.
-pub const MAX_ATTEMPTS: u32 = 8;
+use crate::{
+    load::{Load, arrivals},
+    policy::{Policy, SERVICE},
+    record::{JudgeFigures, RunResult},
+    scenario::{EventKind, Scenario},
+};
+
 /// How long a run waits after its schedule for clients still waiting to retry.
 pub const DRAIN_LIMIT: Duration = Duration::from_secs(40);
 /// How often idle capacity is sampled.
 const SAMPLE_EVERY: Duration = Duration::from_millis(20);
 
-/// What one run produced.
-#[derive(Clone, Debug)]
-pub struct RunResult {
-    /// The scenario's name.
-    pub scenario: &'static str,
-    /// The policy.
-    pub policy: Policy,
-    /// Every attempt of every client.
-    pub attempts: Vec<Attempt>,
-    /// Clients that arrived (warm-up included).
-    pub clients: usize,
-    /// Clients that arrived during the warm-up (not measured).
-    pub warm_up_clients: usize,
-    /// Length of the warm-up.
-    pub warm_up: Duration,
-    /// Length of the measured schedule, seconds.
-    pub measured_s: f64,
-    /// Replica-seconds of idle capacity while at least one measured client waited to retry.
-    pub idle_replica_s_while_waiting: f64,
-    /// Clients still unfinished when the run ended.
-    pub unfinished: usize,
-    /// The agent's metrics at the end of the run.
-    pub agent_metrics: String,
-    /// The proxy's access log (one line per rejection).
-    pub access_log: Vec<Rejection>,
+/// The arrivals of `scenario` with `seed`, each with its client's behaviour drawn from the
+/// mix: the same in the real run and the simulator.
+pub fn clients(scenario: &Scenario, seed: u64) -> Vec<(Duration, crate::load::Behaviour)> {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x00c1_e775);
+    arrivals(&scenario.phases, seed)
+        .into_iter()
+        .map(|at| (at, scenario.behaviour(rng.random())))
+        .collect()
 }
 
 /// Run `scenario` under `policy`; `seed` fixes the arrivals, the service times and every
-/// random draw of the proxy and the clients; `progress` is told the share done, now and then.
+/// random draw of the proxies and the clients; `progress` is told the share done, now and
+/// then.
+///
+/// # Panics
+/// With more than one proxy (see the module's note), or when a piece cannot start.
 pub fn run(
     scenario: &Scenario,
     policy: Policy,
     seed: u64,
     mut progress: impl FnMut(f64),
 ) -> RunResult {
+    assert_eq!(
+        scenario.proxies, 1,
+        "{}: the real-socket run has one proxy; run scenarios with more in the simulator",
+        scenario.name
+    );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -61,42 +61,35 @@ pub fn run(
         .expect("a tokio runtime");
     let replicas: Vec<Replica> = runtime.block_on(async {
         let mut replicas = Vec::new();
-        for (i, spec) in scenario.replicas.iter().enumerate() {
+        for (i, r) in scenario.replicas.iter().enumerate() {
             replicas.push(
-                Replica::start(*spec, seed.wrapping_add(1 + i as u64))
+                Replica::start(r.spec, seed.wrapping_add(1 + i as u64))
                     .await
                     .expect("start a replica"),
             );
         }
         replicas
     });
-    let backends: Vec<String> = replicas
+    let backends: Vec<(String, usize)> = replicas
         .iter()
-        .map(|r| {
-            format!(
-                "{{ address = \"{}\", max_ongoing_requests = {} }}",
-                r.addr(),
-                scenario.max_ongoing_requests
-            )
-        })
+        .zip(&scenario.replicas)
+        .map(|(r, s)| (r.addr().to_string(), s.max_ongoing_requests))
         .collect();
-    let service = format!(
-        "[[service]]\nname = \"eval\"\nmax_queued_requests = {}\nbackends = [{}]\n[service.backpressure]\n{}",
-        scenario.max_queued_requests,
-        backends.join(", "),
-        policy.backpressure()
+    let agent = AgentProcess::start(
+        "",
+        &policy.service_config(&backends, scenario.max_queued_requests),
     );
-    let agent = AgentProcess::start("", &service);
-    let arrivals = arrivals(&scenario.phases, seed);
+    let clients = clients(scenario, seed);
     let warm_up = scenario.warm_up();
-    let warm_up_clients = arrivals.iter().take_while(|&&t| t < warm_up).count();
+    let warm_up_clients = clients.iter().take_while(|c| c.0 < warm_up).count();
     let (load, idle, proxy) = runtime.block_on(async {
         let proxy = Proxy::start(
             ProxyConfig {
-                service: "eval".to_owned(),
+                service: SERVICE.to_owned(),
                 replicas: replicas
                     .iter()
-                    .map(|r| (r.addr(), scenario.max_ongoing_requests))
+                    .zip(&scenario.replicas)
+                    .map(|(r, s)| (r.addr(), s.max_ongoing_requests))
                     .collect(),
                 max_queued_requests: scenario.max_queued_requests,
                 status_code: 429,
@@ -108,27 +101,25 @@ pub fn run(
         )
         .await
         .expect("start the proxy");
-        let load = Load::start(
-            proxy.addr(),
-            arrivals,
-            policy.behaviour(),
-            MAX_ATTEMPTS,
-            seed,
-        );
+        for (i, r) in scenario.replicas.iter().enumerate() {
+            if !r.present {
+                proxy.set_replica_up(i, false);
+            }
+        }
+        let load = Load::start(vec![proxy.addr()], clients, scenario.attempts, seed);
         let length = scenario.length();
         let mut idle = 0.0;
         let mut ticker = tokio::time::interval(SAMPLE_EVERY);
-        let mut stopped = false;
+        let mut events = scenario.events.iter().peekable();
         let mut last_report = Instant::now();
         loop {
             ticker.tick().await;
             let elapsed = load.started().elapsed();
-            if let Some((index, at)) = scenario.stop_replica
-                && !stopped
-                && elapsed >= at
-            {
-                replicas[index].stop();
-                stopped = true;
+            while let Some(event) = events.next_if(|e| elapsed >= e.at) {
+                match event.kind {
+                    EventKind::LoseReplica(i) => replicas[i].stop(),
+                    EventKind::AddReplica(i) => proxy.set_replica_up(i, true),
+                }
             }
             if elapsed >= warm_up && load.waiting.load(Ordering::Relaxed) > 0 {
                 idle += SAMPLE_EVERY.as_secs_f64() * proxy.idle_replicas();
@@ -143,22 +134,22 @@ pub fn run(
         }
         (load, idle, proxy)
     });
-    // The proxy reports every 200 ms: let the last counts reach the agent before its metrics
-    // are read.
+    // The proxies report every 200 ms: let the last counts reach the agent before its
+    // metrics are read.
     std::thread::sleep(Duration::from_millis(600));
-    let attempts = load.attempts();
     let result = RunResult {
-        scenario: scenario.name,
+        scenario: scenario.name.clone(),
         policy,
+        attempts: load.attempts(),
         clients: load.clients(),
         warm_up_clients,
         warm_up,
-        measured_s: (scenario.length() - warm_up).as_secs_f64(),
+        measured_s: scenario.measured().as_secs_f64(),
+        max_attempts: scenario.attempts,
         idle_replica_s_while_waiting: idle,
         unfinished: load.unfinished(),
-        agent_metrics: agent.metrics(),
+        judge: judge_from_metrics(&agent.metrics(), policy),
         access_log: proxy.rejections(),
-        attempts,
     };
     drop(proxy);
     drop(load);
@@ -166,4 +157,51 @@ pub fn run(
     drop(replicas);
     drop(agent);
     result
+}
+
+/// The judge's figures for `policy`'s rung from the agent's Prometheus text.
+pub fn judge_from_metrics(text: &str, policy: Policy) -> JudgeFigures {
+    use prometheus_parse::{Scrape, Value};
+    let mut figures = JudgeFigures::default();
+    let Some(rung) = policy.rung() else {
+        return figures;
+    };
+    let metrics =
+        Scrape::parse(text.lines().map(|l| Ok(l.to_owned()))).expect("the agent's metrics parse");
+    let labelled = |s: &prometheus_parse::Sample| {
+        s.labels.get("service") == Some(SERVICE) && s.labels.get("rung") == Some(rung.as_str())
+    };
+    for s in &metrics.samples {
+        match (&s.metric[..], &s.value) {
+            ("retry_after_judge_admitted_ratio", Value::Gauge(v)) if labelled(s) => {
+                figures.admitted = Some(*v)
+            }
+            ("retry_after_judge_observed_over_suggested_ratio", Value::Histogram(buckets))
+                if labelled(s) =>
+            {
+                let total = buckets.last().map_or(0.0, |b| b.count);
+                let within = buckets
+                    .iter()
+                    .find(|b| b.less_than == 1.0)
+                    .map_or(0.0, |b| b.count);
+                figures.drained_in_time = (total > 0.0).then(|| within / total);
+            }
+            _ => {}
+        }
+    }
+    let reported = |outcome: &str| {
+        metrics
+            .samples
+            .iter()
+            .find(|s| {
+                s.metric == "retry_after_proxy_requests_total"
+                    && s.labels.get("outcome") == Some(outcome)
+            })
+            .and_then(|s| match s.value {
+                Value::Counter(v) | Value::Untyped(v) => Some(v),
+                _ => None,
+            })
+    };
+    figures.reported = reported("admitted").zip(reported("rejected"));
+    figures
 }

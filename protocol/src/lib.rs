@@ -27,7 +27,7 @@ mod response;
 mod wire;
 
 pub use error::{ErrorCode, ProtocolError};
-pub use request::{Report, Request};
+pub use request::{HandedOut, Report, Request};
 pub use response::{EstimatePush, HealthResponse, QueryResponse, Response};
 pub use retry_after_policy as policy;
 

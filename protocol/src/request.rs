@@ -3,7 +3,8 @@
 use std::fmt;
 
 use crate::{
-    ErrorCode, MAX_LINE_LEN, MAX_REPORT_COUNT, MAX_SERVICE_NAME_LEN, ProtocolError, wire::Opt,
+    ErrorCode, MAX_LINE_LEN, MAX_REPORT_COUNT, MAX_SERVICE_NAME_LEN, ProtocolError, policy::Rung,
+    wire::Opt,
 };
 
 /// A request from a proxy.
@@ -46,6 +47,53 @@ pub struct Report<'a> {
     pub retry_admitted: Option<u64>,
     /// Of the rejected requests, those it knows were retries after a Retry-After.
     pub retry_rejected: Option<u64>,
+    /// What it handed out: `handed_out=` as sent, checked; read it with
+    /// [`Report::handed_out`].
+    pub handed_out: Option<&'a str>,
+}
+
+/// Rejections that carried one `Retry-After` value from one rung, as a proxy reports them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HandedOut {
+    /// The rung the value came from (computed or static).
+    pub rung: Rung,
+    /// The value in seconds.
+    pub seconds: u64,
+    /// Rejections that carried it.
+    pub count: u64,
+}
+
+impl HandedOut {
+    /// Its form on the wire: `c3:12` (computed, 3 s, 12 times), `s5:40` (static).
+    pub fn write(&self, out: &mut impl fmt::Write) -> fmt::Result {
+        let rung = if self.rung == Rung::Static { 's' } else { 'c' };
+        write!(out, "{rung}{}:{}", self.seconds, self.count)
+    }
+
+    fn parse(entry: &str) -> Option<Self> {
+        let rung = match entry.as_bytes().first()? {
+            b'c' => Rung::Computed,
+            b's' => Rung::Static,
+            _ => return None,
+        };
+        let (seconds, count) = entry[1..].split_once(':')?;
+        let parsed = Self {
+            rung,
+            seconds: seconds.parse().ok()?,
+            count: count.parse().ok()?,
+        };
+        (parsed.count <= MAX_REPORT_COUNT).then_some(parsed)
+    }
+}
+
+impl Report<'_> {
+    /// The values handed out, as reported (nothing if the proxy did not say).
+    pub fn handed_out(&self) -> impl Iterator<Item = HandedOut> + '_ {
+        self.handed_out
+            .into_iter()
+            .flat_map(|v| v.split(','))
+            .filter_map(HandedOut::parse)
+    }
 }
 
 impl<'a> Request<'a> {
@@ -105,7 +153,7 @@ impl<'a> Request<'a> {
                 let (mut admitted, mut rejected) = (None, None);
                 options(
                     words,
-                    "REPORT takes admitted=<n> rejected=<n> and optionally depth=, streak=, retry_admitted=, retry_rejected=",
+                    "REPORT takes admitted=<n> rejected=<n> and optionally depth=, streak=, retry_admitted=, retry_rejected=, handed_out=",
                     |key, v| match key {
                         "admitted" => set(&mut admitted, key, v),
                         "rejected" => set(&mut rejected, key, v),
@@ -113,6 +161,19 @@ impl<'a> Request<'a> {
                         "streak" => set(&mut report.backoff_streak, key, v),
                         "retry_admitted" => set(&mut report.retry_admitted, key, v),
                         "retry_rejected" => set(&mut report.retry_rejected, key, v),
+                        "handed_out" if report.handed_out.is_none() => {
+                            Some(if v.split(',').all(|e| HandedOut::parse(e).is_some()) {
+                                report.handed_out = Some(v);
+                                Ok(())
+                            } else {
+                                Err(ProtocolError::new(
+                                    ErrorCode::BadArgument,
+                                    format!(
+                                        "handed_out={v:?} is not entries like c3:12 or s5:40 (rung c or s, seconds, count), comma-separated"
+                                    ),
+                                ))
+                            })
+                        }
                         _ => None,
                     },
                 )?;
@@ -205,6 +266,9 @@ impl fmt::Display for Request<'_> {
                         write!(f, " {key}={}", Opt(&value))?;
                     }
                 }
+                if let Some(handed_out) = r.handed_out {
+                    write!(f, " handed_out={handed_out}")?;
+                }
                 Ok(())
             }
             Request::Health => f.write_str("HEALTH"),
@@ -228,7 +292,7 @@ fn service(word: Option<&str>) -> Result<&str, ProtocolError> {
 fn options<'a>(
     words: impl Iterator<Item = &'a str>,
     usage: &str,
-    mut apply: impl FnMut(&str, &str) -> Option<Result<(), ProtocolError>>,
+    mut apply: impl FnMut(&'a str, &'a str) -> Option<Result<(), ProtocolError>>,
 ) -> Result<(), ProtocolError> {
     for option in words {
         let unexpected = || {

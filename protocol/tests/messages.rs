@@ -42,6 +42,22 @@ fn parses_every_request() {
         }))
     );
     assert_eq!(Request::parse(b"HEALTH"), Ok(Request::Health));
+    let line = b"REPORT chat admitted=3 rejected=9 handed_out=c3:5,c4:2,s5:2";
+    let Ok(Request::Report(report)) = Request::parse(line) else {
+        panic!("a report");
+    };
+    let handed: Vec<(Rung, u64, u64)> = report
+        .handed_out()
+        .map(|h| (h.rung, h.seconds, h.count))
+        .collect();
+    assert_eq!(
+        handed,
+        vec![
+            (Rung::Computed, 3, 5),
+            (Rung::Computed, 4, 2),
+            (Rung::Static, 5, 2)
+        ]
+    );
 }
 
 #[test]
@@ -67,6 +83,10 @@ fn every_bad_line_gets_its_code() {
         ErrorCode::BadArgument
     );
     assert_eq!(code(b"HEALTH now"), ErrorCode::BadArgument);
+    for handed_out in ["x3:1", "c3", "c:1", "c3:1,", "c3:-1", "c3:10000001"] {
+        let line = format!("REPORT chat admitted=1 rejected=1 handed_out={handed_out}");
+        assert_eq!(code(line.as_bytes()), ErrorCode::BadArgument, "{line}");
+    }
     assert_eq!(
         code(b"REPORT chat admitted=1 rejected=10000001"),
         ErrorCode::BadArgument
@@ -279,8 +299,14 @@ proptest! {
         depth in prop::option::of(any::<u64>()),
         streak in prop::option::of(any::<u32>()),
         counts in (0..=MAX_REPORT_COUNT, 0..=MAX_REPORT_COUNT, prop::option::of(0..=MAX_REPORT_COUNT), prop::option::of(0..=MAX_REPORT_COUNT)),
+        handed in prop::collection::vec((any::<bool>(), 0..=60u64, 0..=MAX_REPORT_COUNT), 0..4),
         which in 0..4u8,
     ) {
+        let handed_out: Vec<String> = handed
+            .iter()
+            .map(|(computed, seconds, count)| format!("{}{seconds}:{count}", if *computed { 'c' } else { 's' }))
+            .collect();
+        let handed_out = handed_out.join(",");
         let request = match which {
             0 => Request::Query { service: &service, queue_depth: depth, backoff_streak: streak },
             1 => Request::Subscribe { service: &service },
@@ -292,6 +318,7 @@ proptest! {
                 backoff_streak: streak,
                 retry_admitted: counts.2,
                 retry_rejected: counts.3,
+                handed_out: (!handed.is_empty()).then_some(handed_out.as_str()),
             }),
             _ => Request::Health,
         };

@@ -211,6 +211,12 @@ impl Proxy {
         self.state.routing().fleet.idle_replicas()
     }
 
+    /// Take replica `index` out of placement, or put it in (an added replica).
+    pub fn set_replica_up(&self, index: usize, up: bool) {
+        self.state.routing().fleet.set_up(index, up);
+        self.state.queued.notify_one();
+    }
+
     /// Every rejection so far, in order (empty unless `record_rejections`).
     pub fn rejections(&self) -> Vec<Rejection> {
         self.state
@@ -308,8 +314,11 @@ fn reject(state: &State, depth: usize, streak: u32) -> Response<Body> {
             }
             HeaderPolicy::None => (None, Rung::None),
         };
-        if with_backlog && let Some(s) = seconds {
-            routing.backlog.promise(now + Duration::from_secs(s));
+        if let Some(s) = seconds {
+            if with_backlog {
+                routing.backlog.promise(now + Duration::from_secs(s));
+            }
+            state.reporter.handed_out(rung, s);
         }
         (seconds, rung)
     };

@@ -54,6 +54,10 @@ impl Drop for TestCgroup {
     }
 }
 
+/// The tick of an agent started by [`AgentProcess`], in milliseconds (the evaluation's
+/// simulator ticks its agents at the same pace).
+pub const AGENT_TICK_MS: u64 = 200;
+
 /// Only one probe can be attached to the root cgroup at a time; tests in one binary take
 /// turns through this lock (and `./dev test` runs them single-threaded anyway).
 static ATTACHED: Mutex<()> = Mutex::new(());
@@ -225,7 +229,7 @@ impl AgentProcess {
         let socket = dir.join("agent.sock");
         let metrics = free_port();
         let config = format!(
-            "[agent]\ntick_interval_ms = 200\nsocket_path = {socket:?}\nmetrics_listen = \"{metrics}\"\n{agent_lines}\n{services}\n"
+            "[agent]\ntick_interval_ms = {AGENT_TICK_MS}\nsocket_path = {socket:?}\nmetrics_listen = \"{metrics}\"\n{agent_lines}\n{services}\n"
         );
         let path = dir.join("config.toml");
         std::fs::write(&path, config).unwrap();

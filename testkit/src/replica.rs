@@ -16,7 +16,7 @@ use rand::{RngExt, SeedableRng, rngs::StdRng};
 use tokio::{net::TcpListener, sync::watch, task::JoinHandle};
 
 /// How long a request takes to serve, before the replica's slowdown.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum ServiceTime {
     /// Always this long.
     Fixed(Duration),
@@ -63,7 +63,7 @@ impl ServiceTime {
 }
 
 /// One replica's behaviour.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ReplicaSpec {
     /// Service time before the slowdown.
     pub service_time: ServiceTime,

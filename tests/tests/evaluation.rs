@@ -4,21 +4,28 @@
 
 use std::collections::BTreeMap;
 
+use std::path::Path;
+
 use retry_after_eval::{
-    Policy,
-    load::Outcome,
-    report::figures,
-    run::{MAX_ATTEMPTS, run},
-    scenarios,
+    figures::figures, load::Outcome, policy::Policy, run::run, scenario::Scenario,
 };
 
 #[test]
 fn every_attempt_is_accounted_for_and_the_judge_agrees_with_the_clients() {
-    let scenario = scenarios(8.0)
-        .into_iter()
-        .find(|s| s.name == "steady-overload")
-        .unwrap();
-    let result = run(&scenario, Policy::ComputedDefaults, 7, |_| {});
+    check_a_short_run(Policy::ComputedDefaults);
+}
+
+/// The proxy hands out a longer time than the agent's answer for its depth (it counts the
+/// clients it told to come back): the judge grades what was handed out.
+#[test]
+fn the_judge_agrees_with_the_clients_when_the_proxy_hands_out_its_own_time() {
+    check_a_short_run(Policy::ComputedRetryBacklog);
+}
+
+fn check_a_short_run(policy: Policy) {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../eval/scenarios/steady-overload.toml");
+    let scenario = Scenario::from_file(&file).unwrap().scaled_to(8.0);
+    let result = run(&scenario, policy, 7, |_| {});
     let attempts = &result.attempts;
     assert!(result.clients > 1000, "{} clients", result.clients);
     assert_eq!(
@@ -47,7 +54,7 @@ fn every_attempt_is_accounted_for_and_the_judge_agrees_with_the_clients() {
         }
         let last = tries.last().unwrap();
         assert!(
-            !matches!(last.outcome, Outcome::Rejected { .. }) || last.number == MAX_ATTEMPTS,
+            !matches!(last.outcome, Outcome::Rejected { .. }) || last.number == scenario.attempts,
             "client {client} stopped early"
         );
     }
@@ -75,7 +82,7 @@ fn every_attempt_is_accounted_for_and_the_judge_agrees_with_the_clients() {
     assert_eq!(f.succeeded + f.gave_up, f.clients);
     assert_eq!(f.sent, f.served + f.rejected + f.failed);
 
-    // The judge's admitted share against the clients' own: within 10 points.
+    // The judge's admitted share against the clients' own: within 5 points.
     let seen = f
         .admitted_at_suggested()
         .expect("retries at the suggested time");
@@ -89,7 +96,7 @@ fn every_attempt_is_accounted_for_and_the_judge_agrees_with_the_clients() {
     );
     assert!(f.retries_at_suggested > 100, "{f:?}");
     assert!(
-        (seen - judged).abs() <= 0.10,
+        (seen - judged).abs() <= 0.05,
         "clients saw {seen:.3}, the judge {judged:.3}"
     );
 }

@@ -190,9 +190,11 @@ impl ServiceEstimator {
         answer
     }
 
-    /// A proxy's report of what it did since `from`: its rejections are judged as answers
-    /// it computed from the subscription (with its depth and streak, without jitter), and its
-    /// admissions and rejections are the evidence of what a retry met. Returns that answer.
+    /// A proxy's report of what it did since `from`: its admissions and rejections are the
+    /// evidence of what a retry met, and its rejections are judged as answers. Where the
+    /// report says which values it handed out (`handed_out`), those are judged, whatever the
+    /// proxy computed them from; otherwise the answer it would have computed from the
+    /// subscription (its depth and streak, without jitter). Returns that answer.
     pub fn report(&mut self, from: Instant, at: Instant, report: &Report<'_>) -> Answer {
         let answer = self.answer(
             Query {
@@ -201,9 +203,23 @@ impl ServiceEstimator {
             },
             0.5,
         );
-        self.judge_answer(at, &answer, report.rejected);
-        self.judge
-            .report_outcome(from, at, report.admitted, report.rejected);
+        if report.handed_out.is_some() {
+            if let Some(queue) = answer.signals.queue_depth {
+                for h in report.handed_out() {
+                    self.judge
+                        .record(at, h.rung, h.seconds, queue.depth, h.count);
+                }
+            }
+        } else {
+            self.judge_answer(at, &answer, report.rejected);
+        }
+        // What a retry met: the proxy's retries where it tells them apart and had some in
+        // the interval, else all its requests.
+        let (admitted, rejected) = match (report.retry_admitted, report.retry_rejected) {
+            (Some(a), Some(r)) if a + r > 0 => (a, r),
+            _ => (report.admitted, report.rejected),
+        };
+        self.judge.report_outcome(from, at, admitted, rejected);
         answer
     }
 
@@ -244,6 +260,11 @@ impl ServiceEstimator {
     /// The judge's running results.
     pub fn judge(&self) -> &JudgeStats {
         self.judge.stats()
+    }
+
+    /// Answer groups the judge is following now.
+    pub fn judge_pending(&self) -> usize {
+        self.judge.pending()
     }
 
     /// The latest service load.

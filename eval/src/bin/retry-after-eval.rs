@@ -1,18 +1,233 @@
-//! The end-to-end evaluation: every scenario under every policy, on loopback, with the real
-//! agent, the reference proxy and open-loop clients. Writes a markdown table and SVG charts.
+//! `retry-after-eval`: run scenarios under policies on real sockets or in the simulator, and
+//! write the results (results.md, results.json, charts) into a directory.
 //!
-//! Usage: evaluate [--out DIR] [--seconds S] [--seed N] [--scenario NAME]... [--policy NAME]... [--max-queued N]
-//! (run as root; defaults: docs/evaluation-run, 25 s measured per run, seed 1, every scenario,
-//! each scenario's own queue bound)
+//! ```text
+//! retry-after-eval simulate --scenario-dir eval/scenarios/suite --out docs/evaluation-run/suite
+//! retry-after-eval real --policy computed --policy static-5      (as root)
+//! retry-after-eval agreement                                      (both, side by side; as root)
+//! ```
 
-use std::{io::Write, path::PathBuf, time::Instant};
-
-use retry_after_eval::{
-    Policy,
-    report::{Figures, bar_chart, figures, table},
-    run::{RunResult, run},
-    scenarios,
+use std::{
+    fmt::Write as _,
+    io::Write as _,
+    path::{Path, PathBuf},
+    time::Instant,
 };
+
+use anyhow::{Context as _, Result, bail};
+use clap::{Args, Parser, Subcommand};
+use retry_after_eval::{
+    bound::bound,
+    figures::{Figures, figures},
+    policy::Policy,
+    record::RunResult,
+    report::{
+        BOUND, Row, bar_chart, judge_table, operators_static_pick, suite_summary, table,
+        tradeoff_chart,
+    },
+    run::run,
+    scenario::Scenario,
+    sim::simulate,
+};
+
+/// Retry-After evaluation: scenarios under policies, judged by what happens to the clients.
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// On real sockets with the real agent (as root; about 50 s a run).
+    Real(Common),
+    /// In the discrete-event simulator (a fraction of a second a run).
+    Simulate {
+        #[command(flatten)]
+        common: Common,
+        /// Also run every static value of the sweep (1 to 60 s), for the suite's summary.
+        #[arg(long)]
+        static_sweep: bool,
+    },
+    /// Both, side by side: how far the simulator is from real sockets (as root).
+    Agreement(Common),
+}
+
+#[derive(Debug, Args)]
+struct Common {
+    /// A scenario file (repeatable).
+    #[arg(long = "scenario-file")]
+    scenario_files: Vec<PathBuf>,
+    /// Every `*.toml` in this directory (repeatable). Without any scenario option: the five
+    /// scenarios in eval/scenarios/.
+    #[arg(long = "scenario-dir")]
+    scenario_dirs: Vec<PathBuf>,
+    /// A policy (repeatable): none, static-N, computed-simple, computed,
+    /// computed-retry-backlog. Default: the six of the evaluation.
+    #[arg(long = "policy")]
+    policies: Vec<Policy>,
+    /// Where results.md, results.json and the charts go.
+    #[arg(long, default_value = "docs/evaluation-run")]
+    out: PathBuf,
+    /// The seed of arrivals, service times and every draw.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Stretch or shrink each scenario's measured part to this many seconds.
+    #[arg(long)]
+    seconds: Option<f64>,
+}
+
+impl Common {
+    fn scenarios(&self) -> Result<Vec<Scenario>> {
+        let mut files = self.scenario_files.clone();
+        let mut dirs = self.scenario_dirs.clone();
+        if files.is_empty() && dirs.is_empty() {
+            dirs.push(Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios"));
+        }
+        for dir in &dirs {
+            let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+                .with_context(|| format!("--scenario-dir {}", dir.display()))?
+                .filter_map(|e| Some(e.ok()?.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+                .collect();
+            found.sort();
+            if found.is_empty() {
+                bail!("--scenario-dir {}: no *.toml in it", dir.display());
+            }
+            files.extend(found);
+        }
+        let mut scenarios: Vec<Scenario> = Vec::new();
+        for file in &files {
+            let s = Scenario::from_file(file)?;
+            if scenarios.iter().any(|o| o.name == s.name) {
+                bail!("{}: a second scenario named {:?}", file.display(), s.name);
+            }
+            scenarios.push(match self.seconds {
+                Some(seconds) => s.scaled_to(seconds),
+                None => s,
+            });
+        }
+        Ok(scenarios)
+    }
+
+    fn policies(&self, static_sweep: bool) -> Vec<Policy> {
+        let mut policies = if self.policies.is_empty() {
+            Policy::ALL.to_vec()
+        } else {
+            self.policies.clone()
+        };
+        if static_sweep {
+            for s in Policy::STATIC_SWEEP {
+                if !policies.contains(&Policy::Static(s)) {
+                    policies.push(Policy::Static(s));
+                }
+            }
+        }
+        policies
+    }
+}
+
+/// Where a run happens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Place {
+    Real,
+    Simulated,
+}
+
+impl Place {
+    fn name(self) -> &'static str {
+        match self {
+            Place::Real => "real",
+            Place::Simulated => "simulated",
+        }
+    }
+}
+
+/// Shows which run is going and how long it has been.
+struct Progress {
+    total: usize,
+    done: usize,
+    started: Instant,
+}
+
+impl Progress {
+    fn show(&self, label: &str, share: f64) {
+        eprint!(
+            "\r[{}/{}] {label}: {:>3.0}%   elapsed {:>5.0} s   ",
+            self.done + 1,
+            self.total,
+            share * 100.0,
+            self.started.elapsed().as_secs_f64()
+        );
+        let _ = std::io::stderr().flush();
+    }
+}
+
+fn run_all(
+    place: Place,
+    scenarios: &[Scenario],
+    policies: &[Policy],
+    seed: u64,
+    progress: &mut Progress,
+) -> Vec<(RunResult, Row)> {
+    let mut out = Vec::new();
+    for scenario in scenarios {
+        for &policy in policies {
+            let label = format!("{} {} × {}", place.name(), scenario.name, policy);
+            progress.show(&label, 0.0);
+            let result = match place {
+                Place::Real => run(scenario, policy, seed, |share| progress.show(&label, share)),
+                Place::Simulated => simulate(scenario, policy, seed),
+            };
+            let f = figures(&result);
+            progress.done += 1;
+            eprintln!(
+                "\r[{}/{}] {label}: retries admitted at the suggested time {}, p99 {} s, elapsed {:.0} s",
+                progress.done,
+                progress.total,
+                f.admitted_at_suggested()
+                    .map_or_else(|| "–".to_owned(), |v| format!("{:.0}%", v * 100.0)),
+                f.p99_s
+                    .map_or_else(|| "–".to_owned(), |v| format!("{v:.1}")),
+                progress.started.elapsed().as_secs_f64()
+            );
+            let row = Row {
+                scenario: scenario.name.clone(),
+                policy: policy.label(),
+                name: policy.to_string(),
+                source: place.name(),
+                figures: f,
+            };
+            out.push((result, row));
+        }
+    }
+    out
+}
+
+fn bound_row(scenario: &Scenario, seed: u64) -> Row {
+    Row {
+        scenario: scenario.name.clone(),
+        policy: BOUND.to_owned(),
+        name: "bound".to_owned(),
+        source: "bound",
+        figures: bound(scenario, seed),
+    }
+}
+
+/// The rows of each scenario followed by its bound.
+fn with_bounds(scenarios: &[Scenario], rows: Vec<Row>, seed: u64) -> Vec<Row> {
+    let mut out = Vec::new();
+    for s in scenarios {
+        out.extend(rows.iter().filter(|r| r.scenario == s.name).cloned());
+        out.push(bound_row(s, seed));
+    }
+    out
+}
+
+fn write(path: &Path, text: &str) -> Result<()> {
+    std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
+}
 
 /// A chart: file name, title, axis unit, and the figure it plots.
 type Chart = (
@@ -22,208 +237,248 @@ type Chart = (
     fn(&Figures) -> Option<f64>,
 );
 
-struct Args {
-    out: PathBuf,
-    seconds: f64,
-    seed: u64,
-    only: Vec<String>,
-    policies: Vec<Policy>,
-    max_queued: Option<usize>,
-}
+const CHARTS: [Chart; 5] = [
+    (
+        "admitted-at-suggested.svg",
+        "Retries admitted at the suggested time",
+        "% of those retries",
+        |f| f.admitted_at_suggested().map(|v| v * 100.0),
+    ),
+    (
+        "retries-per-success.svg",
+        "Retries per success",
+        "retries / successful client",
+        |f| f.retries_per_success(),
+    ),
+    (
+        "p99-time-to-success.svg",
+        "p99 time from first attempt to success",
+        "seconds",
+        |f| f.p99_s,
+    ),
+    ("goodput.svg", "Goodput", "successes / s", |f| {
+        Some(f.goodput)
+    }),
+    (
+        "idle-while-waiting.svg",
+        "Idle capacity while clients waited to retry",
+        "replica-seconds",
+        |f| Some(f.idle_replica_s),
+    ),
+];
 
-fn parse_args() -> Args {
-    let mut args = Args {
-        out: PathBuf::from("docs/evaluation-run"),
-        seconds: 25.0,
-        seed: 1,
-        only: Vec::new(),
-        policies: Vec::new(),
-        max_queued: None,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(arg) = it.next() {
-        let mut value = || {
-            it.next()
-                .unwrap_or_else(|| fail(&format!("{arg} needs a value")))
-        };
-        match arg.as_str() {
-            "--out" => args.out = PathBuf::from(value()),
-            "--seconds" => {
-                args.seconds = value()
-                    .parse()
-                    .ok()
-                    .filter(|s: &f64| *s >= 5.0 && *s <= 600.0)
-                    .unwrap_or_else(|| fail("--seconds: a number from 5 to 600"))
-            }
-            "--seed" => {
-                args.seed = value()
-                    .parse()
-                    .unwrap_or_else(|_| fail("--seed: a whole number"))
-            }
-            "--scenario" => args.only.push(value()),
-            "--policy" => {
-                let name = value();
-                let policy = Policy::EVERY
-                    .into_iter()
-                    .find(|p| p.name() == name)
-                    .unwrap_or_else(|| {
-                        let names: Vec<String> = Policy::EVERY.iter().map(|p| p.name()).collect();
-                        fail(&format!(
-                            "no policy {name:?}; there are {}",
-                            names.join(", ")
-                        ))
-                    });
-                args.policies.push(policy);
-            }
-            "--max-queued" => {
-                args.max_queued = Some(
-                    value()
-                        .parse()
-                        .ok()
-                        .filter(|n: &usize| (1..=100_000).contains(n))
-                        .unwrap_or_else(|| fail("--max-queued: a number from 1 to 100000")),
-                )
-            }
-            other => fail(&format!(
-                "unknown argument {other:?}; usage: evaluate [--out DIR] [--seconds S] [--seed N] [--scenario NAME]... [--policy NAME]... [--max-queued N]"
-            )),
-        }
-    }
-    args
-}
-
-fn fail(message: &str) -> ! {
-    eprintln!("evaluate: {message}");
-    std::process::exit(2);
-}
-
-fn main() {
-    let args = parse_args();
-    let all = scenarios(args.seconds);
-    for name in &args.only {
-        if !all.iter().any(|s| s.name == name) {
-            let names: Vec<&str> = all.iter().map(|s| s.name).collect();
-            fail(&format!(
-                "no scenario {name:?}; there are {}",
-                names.join(", ")
-            ));
-        }
-    }
-    let chosen: Vec<_> = all
-        .into_iter()
-        .filter(|s| args.only.is_empty() || args.only.iter().any(|n| n == s.name))
-        .map(|mut s| {
-            if let Some(n) = args.max_queued {
-                s.max_queued_requests = n;
-            }
-            s
-        })
-        .collect();
-    std::fs::create_dir_all(&args.out)
-        .unwrap_or_else(|e| fail(&format!("cannot create {}: {e}", args.out.display())));
-    let logs = std::env::temp_dir().join("retry-after-evaluation-access-logs");
-    std::fs::create_dir_all(&logs).unwrap_or_else(|e| fail(&format!("{}: {e}", logs.display())));
-    let policies = if args.policies.is_empty() {
-        Policy::ALL.to_vec()
-    } else {
-        args.policies.clone()
-    };
-    let total = chosen.len() * policies.len();
-    let started = Instant::now();
-    let mut rows: Vec<(RunResult, Figures)> = Vec::new();
-    for scenario in &chosen {
-        for &policy in &policies {
-            let n = rows.len() + 1;
-            let label = format!("[{n}/{total}] {} × {}", scenario.name, policy.name());
-            let result = run(scenario, policy, args.seed, |done| {
-                eprint!(
-                    "\r{label}: {:>3.0}%   elapsed {:>4.0} s   ",
-                    done * 100.0,
-                    started.elapsed().as_secs_f64()
-                );
-                let _ = std::io::stderr().flush();
-            });
-            let f = figures(&result);
-            eprintln!(
-                "\r{label}: done; retries admitted at the suggested time {}, goodput {:.1}/s, elapsed {:.0} s",
-                f.admitted_at_suggested()
-                    .map_or_else(|| "–".to_owned(), |v| format!("{:.0}%", v * 100.0)),
-                f.goodput,
-                started.elapsed().as_secs_f64()
-            );
-            write_access_log(&logs, &result);
-            rows.push((result, f));
-        }
-    }
-    let passed: String = std::env::args().skip(1).map(|a| format!(" {a}")).collect();
+/// Write results.md, results.json and the charts of `rows` into `out`.
+fn write_results(
+    out: &Path,
+    title: &str,
+    scenarios: &[Scenario],
+    rows: &[Row],
+    took_s: f64,
+) -> Result<()> {
+    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    let command: String = std::env::args().skip(1).map(|a| format!(" {a}")).collect();
     let mut md = format!(
-        "# Evaluation run: computed against static Retry-After\n\nMade by `./dev evaluate{passed}` (which runs `cargo run --release -p retry-after-integration-tests --bin evaluate --{passed}`), {} runs in {:.0} s.\n\nScenarios:\n\n",
-        rows.len(),
-        started.elapsed().as_secs_f64()
+        "# {title}\n\nMade by `retry-after-eval{command}` ({} rows, {took_s:.0} s).\n\nScenarios:\n\n",
+        rows.len()
     );
-    for s in &chosen {
-        md.push_str(&format!(
-            "- `{}`: {} (capacity {:.0} req/s; queue bound {}).\n",
+    for s in scenarios {
+        let _ = writeln!(
+            md,
+            "- `{}`: {} (capacity {:.0} req/s; {} prox{}, queue bound {} each).",
             s.name,
             s.title,
             s.capacity(),
+            s.proxies,
+            if s.proxies == 1 { "y" } else { "ies" },
             s.max_queued_requests
-        ));
+        );
     }
-    md.push('\n');
-    md.push_str(&table(&rows));
-    let charts: [Chart; 5] = [
-        (
-            "admitted-at-suggested.svg",
-            "Retries admitted at the suggested time",
-            "% of those retries",
-            |f| f.admitted_at_suggested().map(|v| v * 100.0),
-        ),
-        (
-            "retries-per-success.svg",
-            "Retries per success",
-            "retries / successful client",
-            |f| f.retries_per_success(),
-        ),
-        (
-            "p99-time-to-success.svg",
-            "p99 time from first attempt to success",
-            "seconds",
-            |f| f.p99_s,
-        ),
-        ("goodput.svg", "Goodput", "successes / s", |f| {
-            Some(f.goodput)
-        }),
-        (
-            "idle-while-waiting.svg",
-            "Idle capacity while clients waited to retry",
-            "replica-seconds",
-            |f| Some(f.idle_replica_s),
-        ),
-    ];
-    md.push_str("\nCharts:\n\n");
-    for (file, title, unit, value) in charts {
-        let svg = bar_chart(title, unit, &rows, value);
-        std::fs::write(args.out.join(file), svg)
-            .unwrap_or_else(|e| fail(&format!("write {file}: {e}")));
-        md.push_str(&format!("![{title}]({file})\n\n"));
+    md.push_str("\n## Every run\n\n");
+    md.push_str(&table(rows));
+    md.push_str("\n## The judge against the clients\n\n");
+    md.push_str(&judge_table(rows));
+    md.push_str("\n## Summary over the scenarios\n\n");
+    md.push_str(&suite_summary(rows));
+    if let Some(pick) = operators_static_pick(rows) {
+        let _ = writeln!(
+            md,
+            "\nThe single static value an operator would pick for these scenarios (within 5 points of the best mean admitted share among the static values, the least mean idle capacity): **{pick}**."
+        );
     }
-    let path = args.out.join("results.md");
-    std::fs::write(&path, md).unwrap_or_else(|e| fail(&format!("write results.md: {e}")));
-    eprintln!(
-        "wrote {} and {} charts; access logs in {}",
-        path.display(),
-        charts.len(),
-        logs.display()
-    );
+    md.push_str("\n## Charts\n\n");
+    for (file, title, unit, value) in CHARTS {
+        write(&out.join(file), &bar_chart(title, unit, rows, value))?;
+        let _ = writeln!(md, "![{title}]({file})\n");
+    }
+    for s in scenarios {
+        let file = format!("tradeoff-{}.svg", s.name);
+        write(&out.join(&file), &tradeoff_chart(&s.name, rows))?;
+        let _ = writeln!(
+            md,
+            "![{}: admitted share against idle capacity]({file})\n",
+            s.name
+        );
+    }
+    write(&out.join("results.md"), &md)?;
+    let json = serde_json::to_string_pretty(rows).context("results as JSON")?;
+    write(&out.join("results.json"), &json)?;
+    eprintln!("wrote {}", out.join("results.md").display());
+    Ok(())
 }
 
-fn write_access_log(dir: &std::path::Path, run: &RunResult) {
-    let name = format!(
-        "{}-{}.log",
-        run.scenario,
-        run.policy.name().replace([' ', ','], "-")
+/// The simulator against real sockets, per scenario and policy.
+fn agreement_table(real: &[Row], simulated: &[Row]) -> (String, usize, usize) {
+    let mut md = String::from(
+        "| scenario | policy | admitted: real | simulated | Δ points | goodput: real | simulated | Δ | p50 to success: real (s) | simulated (s) | Δ | within 5 points, 10%, 20% |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
-    let out: String = run.access_log.iter().map(|r| r.log_line() + "\n").collect();
-    let _ = std::fs::write(dir.join(name), out);
+    let (mut within, mut total) = (0, 0);
+    for r in real {
+        let Some(s) = simulated
+            .iter()
+            .find(|s| s.scenario == r.scenario && s.policy == r.policy)
+        else {
+            continue;
+        };
+        let (a, b) = (r.admitted().unwrap_or(0.0), s.admitted().unwrap_or(0.0));
+        let (g, h) = (r.figures.goodput, s.figures.goodput);
+        let (p, q) = (
+            r.figures.p50_s.unwrap_or(0.0),
+            s.figures.p50_s.unwrap_or(0.0),
+        );
+        let relative = |x: f64, y: f64| if x > 0.0 { (y - x) / x } else { 0.0 };
+        let ok =
+            (b - a).abs() <= 0.05 && relative(g, h).abs() <= 0.10 && relative(p, q).abs() <= 0.20;
+        total += 1;
+        within += usize::from(ok);
+        let _ = writeln!(
+            md,
+            "| {} | {} | {:.0}% | {:.0}% | {:+.1} | {g:.1} | {h:.1} | {:+.0}% | {p:.2} | {q:.2} | {:+.0}% | {} |",
+            r.scenario,
+            r.policy,
+            a * 100.0,
+            b * 100.0,
+            (b - a) * 100.0,
+            relative(g, h) * 100.0,
+            relative(p, q) * 100.0,
+            if ok { "yes" } else { "no" }
+        );
+    }
+    (md, within, total)
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let started = Instant::now();
+    match cli.command {
+        Command::Real(common) => {
+            let (scenarios, policies) = (common.scenarios()?, common.policies(false));
+            let mut progress = Progress {
+                total: scenarios.len() * policies.len(),
+                done: 0,
+                started,
+            };
+            let rows = run_all(
+                Place::Real,
+                &scenarios,
+                &policies,
+                common.seed,
+                &mut progress,
+            );
+            let rows = with_bounds(
+                &scenarios,
+                rows.into_iter().map(|r| r.1).collect(),
+                common.seed,
+            );
+            let took = started.elapsed().as_secs_f64();
+            write_results(
+                &common.out,
+                "Evaluation on real sockets",
+                &scenarios,
+                &rows,
+                took,
+            )
+        }
+        Command::Simulate {
+            common,
+            static_sweep,
+        } => {
+            let (scenarios, policies) = (common.scenarios()?, common.policies(static_sweep));
+            let mut progress = Progress {
+                total: scenarios.len() * policies.len(),
+                done: 0,
+                started,
+            };
+            let rows = run_all(
+                Place::Simulated,
+                &scenarios,
+                &policies,
+                common.seed,
+                &mut progress,
+            );
+            let rows = with_bounds(
+                &scenarios,
+                rows.into_iter().map(|r| r.1).collect(),
+                common.seed,
+            );
+            let took = started.elapsed().as_secs_f64();
+            write_results(
+                &common.out,
+                "Evaluation in the simulator",
+                &scenarios,
+                &rows,
+                took,
+            )
+        }
+        Command::Agreement(common) => {
+            let (scenarios, policies) = (common.scenarios()?, common.policies(false));
+            let mut progress = Progress {
+                total: 2 * scenarios.len() * policies.len(),
+                done: 0,
+                started,
+            };
+            let simulated: Vec<Row> = run_all(
+                Place::Simulated,
+                &scenarios,
+                &policies,
+                common.seed,
+                &mut progress,
+            )
+            .into_iter()
+            .map(|r| r.1)
+            .collect();
+            let real: Vec<Row> = run_all(
+                Place::Real,
+                &scenarios,
+                &policies,
+                common.seed,
+                &mut progress,
+            )
+            .into_iter()
+            .map(|r| r.1)
+            .collect();
+            let (table, within, total) = agreement_table(&real, &simulated);
+            let command: String = std::env::args().skip(1).map(|a| format!(" {a}")).collect();
+            let md = format!(
+                "# The simulator against real sockets\n\nMade by `retry-after-eval{command}` in {:.0} s: every scenario under every policy, once on real sockets with the real agent and once in the simulator, with the same seed. Within tolerance (admitted share within 5 points, goodput within 10%, p50 time to success within 20%): {within} of {total}.\n\n{table}",
+                started.elapsed().as_secs_f64()
+            );
+            std::fs::create_dir_all(&common.out)?;
+            write(&common.out.join("agreement.md"), &md)?;
+            let took = started.elapsed().as_secs_f64();
+            write_results(
+                &common.out.join("real"),
+                "Evaluation on real sockets",
+                &scenarios,
+                &with_bounds(&scenarios, real, common.seed),
+                took,
+            )?;
+            write_results(
+                &common.out.join("simulated"),
+                "Evaluation in the simulator",
+                &scenarios,
+                &with_bounds(&scenarios, simulated, common.seed),
+                took,
+            )
+        }
+    }
 }

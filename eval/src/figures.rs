@@ -1,0 +1,143 @@
+//! From a run's attempts to its figures: what happened to the clients, and what the agent's
+//! judge made of it.
+
+use serde::Serialize;
+
+use crate::{load::Outcome, record::RunResult};
+
+/// The figures of one run, over the clients that arrived after the warm-up.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Figures {
+    /// Clients measured.
+    pub clients: usize,
+    /// Attempts they sent.
+    pub sent: usize,
+    /// Of those: served, rejected by the proxy, failed otherwise.
+    pub served: usize,
+    /// Rejected by the proxy.
+    pub rejected: usize,
+    /// Failed otherwise (a replica lost mid-request, a timeout).
+    pub failed: usize,
+    /// Retries sent at the delay a rejection suggested (clients that honour the header).
+    pub retries_at_suggested: usize,
+    /// Of those, admitted by the proxy.
+    pub retries_at_suggested_admitted: usize,
+    /// All retries (second and later attempts).
+    pub retries: usize,
+    /// Of those, admitted.
+    pub retries_admitted: usize,
+    /// Clients served.
+    pub succeeded: usize,
+    /// Clients rejected on every one of their attempts.
+    pub gave_up: usize,
+    /// Clients still waiting when the run ended.
+    pub unfinished: usize,
+    /// Median time from first attempt to success, seconds.
+    pub p50_s: Option<f64>,
+    /// 99th percentile of the same.
+    pub p99_s: Option<f64>,
+    /// Successes per second while the measured schedule ran (answers within it).
+    pub goodput: f64,
+    /// Replica-seconds of idle capacity while a client waited to retry.
+    pub idle_replica_s: f64,
+    /// The agent's judge: share of its answers after which a retry at the suggested time was
+    /// admitted (from the proxy's reports), for the rung the policy answers from.
+    pub judge_admitted: Option<f64>,
+    /// The agent's judge: share of answers whose queue drained within the suggested delay.
+    pub judge_drained_in_time: Option<f64>,
+    /// Requests the agent was told the proxy admitted and rejected (all clients).
+    pub reported: Option<(f64, f64)>,
+}
+
+impl Figures {
+    /// Share of retries at the suggested time that were admitted.
+    pub fn admitted_at_suggested(&self) -> Option<f64> {
+        ratio(
+            self.retries_at_suggested_admitted,
+            self.retries_at_suggested,
+        )
+    }
+
+    /// Share of all retries that were admitted.
+    pub fn retries_admitted_share(&self) -> Option<f64> {
+        ratio(self.retries_admitted, self.retries)
+    }
+
+    /// Retries per success.
+    pub fn retries_per_success(&self) -> Option<f64> {
+        ratio(self.retries, self.succeeded)
+    }
+}
+
+fn ratio(a: usize, b: usize) -> Option<f64> {
+    (b > 0).then(|| a as f64 / b as f64)
+}
+
+pub(crate) fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    Some(sorted[rank - 1])
+}
+
+/// The figures of `run`.
+pub fn figures(run: &RunResult) -> Figures {
+    let measured = |client: usize| client >= run.warm_up_clients;
+    let mut f = Figures {
+        clients: run.clients - run.warm_up_clients,
+        ..Figures::default()
+    };
+    let mut first_sent = vec![None; run.clients];
+    let mut success_at = vec![None; run.clients];
+    let mut rejected_last = vec![0u32; run.clients];
+    for a in run.attempts.iter().filter(|a| measured(a.client)) {
+        f.sent += 1;
+        let admitted = !matches!(a.outcome, Outcome::Rejected { .. });
+        match a.outcome {
+            Outcome::Served => {
+                f.served += 1;
+                success_at[a.client] = Some(a.answered);
+            }
+            Outcome::Rejected { .. } => {
+                f.rejected += 1;
+                rejected_last[a.client] = rejected_last[a.client].max(a.number);
+            }
+            Outcome::Failed => f.failed += 1,
+        }
+        if a.number == 1 {
+            first_sent[a.client] = Some(a.sent);
+        } else {
+            f.retries += 1;
+            f.retries_admitted += admitted as usize;
+            if a.after_suggested_s.is_some() {
+                f.retries_at_suggested += 1;
+                f.retries_at_suggested_admitted += admitted as usize;
+            }
+        }
+    }
+    let mut times: Vec<f64> = (0..run.clients)
+        .filter_map(|c| Some((success_at[c]? - first_sent[c]?).as_secs_f64()))
+        .collect();
+    times.sort_by(f64::total_cmp);
+    f.succeeded = times.len();
+    f.gave_up = rejected_last
+        .iter()
+        .filter(|&&n| n == run.max_attempts)
+        .count();
+    f.unfinished = run.unfinished;
+    f.p50_s = percentile(&times, 0.5);
+    f.p99_s = percentile(&times, 0.99);
+    let window = run.warm_up..run.warm_up + std::time::Duration::from_secs_f64(run.measured_s);
+    let served_in_window = run
+        .attempts
+        .iter()
+        .filter(|a| a.outcome == Outcome::Served && window.contains(&a.answered))
+        .count();
+    f.goodput = served_in_window as f64 / run.measured_s;
+    f.idle_replica_s = run.idle_replica_s_while_waiting;
+    f.judge_admitted = run.judge.admitted;
+    f.judge_drained_in_time = run.judge.drained_in_time;
+    f.reported = run.judge.reported;
+    f
+}

@@ -1,0 +1,570 @@
+//! The discrete-event simulator: a scenario under a policy on a simulated clock, seeded, with
+//! the product's own code for everything but the sockets and the kernel.
+//!
+//! What runs is the code the real run runs: the reference proxy's [`Router`] and
+//! [`RetryBacklog`], the agent's [`ServiceEstimator`] (drain-rate EWMA, judge, ladder, built
+//! from the same configuration text through the agent's own parser), the client library's
+//! [`decide`] on the estimator's push, and the clients' [`Behaviour`]. What is simulated is
+//! what the kernel and the sockets would do: each agent sees its proxy's requests in flight
+//! and completed per replica (the client-side counts its probe reads) at every tick, and a
+//! request takes its drawn service time and nothing else (no network time).
+//!
+//! Several proxies share one [`Fleet`]: the replicas hold their own `max_ongoing_requests`
+//! and a proxy's placement sees their true load (a fresh probe per placement). Each proxy has
+//! an agent of its own, as proxies on separate nodes have, and each attempt of a client goes
+//! to a proxy drawn at random.
+
+use std::{
+    cmp::Reverse,
+    collections::BinaryHeap,
+    time::{Duration, Instant},
+};
+
+use rand::{RngExt, SeedableRng, rngs::StdRng};
+use retry_after_agent::{
+    config::Config,
+    estimate::{BackendLoad, ServiceEstimator, ServiceLoad, ServiceSettings, SideLoad},
+};
+use retry_after_client::decide;
+use retry_after_policy::Rung;
+use retry_after_protocol::{EstimatePush, HandedOut, Report};
+use retry_after_reference_proxy::{Arrival, Fleet, HeaderPolicy, RetryBacklog, Router, Wake};
+use retry_after_testkit::AGENT_TICK_MS;
+
+use crate::{
+    load::{Attempt, Behaviour, Outcome},
+    policy::{Policy, SERVICE},
+    record::{JudgeFigures, RunResult},
+    run::{DRAIN_LIMIT, clients},
+    scenario::{EventKind, Scenario},
+};
+
+/// How often a proxy reports to its agent (the reference proxy's interval).
+const REPORT_EVERY: Duration = Duration::from_millis(200);
+
+/// Simulate `scenario` under `policy` with `seed`: the same arrivals, behaviours and seeds as
+/// the real-socket run ([`crate::run::run`]), and the same record.
+pub fn simulate(scenario: &Scenario, policy: Policy, seed: u64) -> RunResult {
+    let mut sim = Sim::new(scenario, policy, seed);
+    sim.run();
+    sim.finish()
+}
+
+/// Something due at a moment of simulated time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Event {
+    /// Client `0` arrives and sends its first attempt.
+    Arrive(usize),
+    /// Client `0` sends its next attempt.
+    Retry(usize),
+    /// The attempt `attempt` placed on `replica` (in its life `epoch`) is served.
+    Served {
+        replica: usize,
+        epoch: u32,
+        attempt: usize,
+    },
+    /// Proxy `0`'s placement backoff ends.
+    Wake(usize),
+    /// Every agent reads its counters and pushes its estimate.
+    Tick,
+    /// Every proxy reports to its agent.
+    Report,
+    /// The scenario's event `0`.
+    Fleet(usize),
+}
+
+struct Client {
+    arrival: Duration,
+    behaviour: Behaviour,
+    rng: StdRng,
+    attempts: u32,
+    after_suggested_s: Option<u64>,
+}
+
+/// Admissions and rejections since a proxy's last report.
+#[derive(Default)]
+struct Counts {
+    since: Duration,
+    admitted: u64,
+    rejected: u64,
+    retry_admitted: u64,
+    retry_rejected: u64,
+    /// (rung, seconds) → rejections that carried it.
+    handed_out: std::collections::BTreeMap<(Rung, u64), u64>,
+}
+
+impl Counts {
+    /// `handed_out=` as the client library's reporter writes it.
+    fn handed_out(&self) -> Option<String> {
+        let entries: Vec<String> = self
+            .handed_out
+            .iter()
+            .map(|(&(rung, seconds), &count)| {
+                let mut entry = String::new();
+                let _ = HandedOut {
+                    rung,
+                    seconds,
+                    count,
+                }
+                .write(&mut entry);
+                entry
+            })
+            .collect();
+        (!entries.is_empty()).then(|| entries.join(","))
+    }
+}
+
+struct SimProxy {
+    router: Router<usize>,
+    backlog: RetryBacklog,
+    jitter: StdRng,
+    agent: ServiceEstimator,
+    push: Option<EstimatePush>,
+    pushes: u64,
+    /// This proxy's requests in flight and completed, per replica (its agent's client side).
+    in_flight: Vec<u64>,
+    completed: Vec<u64>,
+    wake: Option<Duration>,
+    counts: Counts,
+    reported: (u64, u64),
+}
+
+struct Sim<'a> {
+    scenario: &'a Scenario,
+    policy: Policy,
+    base: Instant,
+    now: Duration,
+    events: BinaryHeap<Reverse<(Duration, u64, Event)>>,
+    sequence: u64,
+    fleet: Fleet,
+    replica_rngs: Vec<StdRng>,
+    epochs: Vec<u32>,
+    on_replica: Vec<Vec<usize>>,
+    proxies: Vec<SimProxy>,
+    clients: Vec<Client>,
+    warm_up_clients: usize,
+    attempts: Vec<Attempt>,
+    attempt_proxy: Vec<usize>,
+    answered: Vec<bool>,
+    waiting: usize,
+    done: usize,
+    idle: f64,
+    placed: Vec<(usize, usize)>,
+}
+
+impl<'a> Sim<'a> {
+    fn new(scenario: &'a Scenario, policy: Policy, seed: u64) -> Self {
+        let settings = agent_settings(scenario, policy);
+        let replicas = scenario.replicas.len();
+        let mut fleet = Fleet::default();
+        for r in &scenario.replicas {
+            fleet.add(r.max_ongoing_requests, r.present);
+        }
+        let proxies = (0..scenario.proxies)
+            .map(|p| {
+                let seed = seed.wrapping_add(p as u64 * 7919);
+                SimProxy {
+                    router: Router::new(scenario.max_queued_requests, seed),
+                    backlog: RetryBacklog::default(),
+                    jitter: StdRng::seed_from_u64(seed ^ 0x6a17_7e75),
+                    agent: ServiceEstimator::new(settings.clone()),
+                    push: None,
+                    pushes: 0,
+                    in_flight: vec![0; replicas],
+                    completed: vec![0; replicas],
+                    wake: None,
+                    counts: Counts::default(),
+                    reported: (0, 0),
+                }
+            })
+            .collect();
+        let clients: Vec<Client> = clients(scenario, seed)
+            .into_iter()
+            .enumerate()
+            .map(|(client, (arrival, behaviour))| Client {
+                arrival,
+                behaviour,
+                rng: StdRng::seed_from_u64(
+                    seed ^ (client as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+                ),
+                attempts: 0,
+                after_suggested_s: None,
+            })
+            .collect();
+        let warm_up = scenario.warm_up();
+        let mut sim = Self {
+            scenario,
+            policy,
+            base: Instant::now(),
+            now: Duration::ZERO,
+            events: BinaryHeap::new(),
+            sequence: 0,
+            fleet,
+            replica_rngs: (0..replicas)
+                .map(|i| StdRng::seed_from_u64(seed.wrapping_add(1 + i as u64)))
+                .collect(),
+            epochs: vec![0; replicas],
+            on_replica: vec![Vec::new(); replicas],
+            proxies,
+            warm_up_clients: clients.iter().take_while(|c| c.arrival < warm_up).count(),
+            clients,
+            attempts: Vec::new(),
+            attempt_proxy: Vec::new(),
+            answered: Vec::new(),
+            waiting: 0,
+            done: 0,
+            idle: 0.0,
+            placed: Vec::new(),
+        };
+        if let Some(first) = sim.clients.first() {
+            sim.at(first.arrival, Event::Arrive(0));
+        }
+        sim.at(Duration::ZERO, Event::Tick);
+        sim.at(Duration::ZERO, Event::Report);
+        for (i, e) in scenario.events.iter().enumerate() {
+            sim.at(e.at, Event::Fleet(i));
+        }
+        sim
+    }
+
+    fn at(&mut self, when: Duration, event: Event) {
+        self.sequence += 1;
+        self.events.push(Reverse((when, self.sequence, event)));
+    }
+
+    fn instant(&self) -> Instant {
+        self.base + self.now
+    }
+
+    fn run(&mut self) {
+        let length = self.scenario.length();
+        let warm_up = self.scenario.warm_up();
+        while let Some(Reverse((when, _, event))) = self.events.pop() {
+            if when > length + DRAIN_LIMIT || self.now >= length && self.done == self.clients.len()
+            {
+                break;
+            }
+            if self.waiting > 0 && when > warm_up {
+                let from = self.now.max(warm_up);
+                self.idle += (when - from).as_secs_f64() * self.fleet.idle_replicas();
+            }
+            self.now = when;
+            match event {
+                Event::Arrive(c) => {
+                    if let Some(next) = self.clients.get(c + 1) {
+                        self.at(next.arrival, Event::Arrive(c + 1));
+                    }
+                    self.send(c);
+                }
+                Event::Retry(c) => {
+                    self.waiting -= 1;
+                    self.send(c);
+                }
+                Event::Served {
+                    replica,
+                    epoch,
+                    attempt,
+                } => self.served(replica, epoch, attempt),
+                Event::Wake(p) => {
+                    if self.proxies[p].wake == Some(when) {
+                        self.proxies[p].wake = None;
+                        self.poll(p);
+                    }
+                }
+                Event::Tick => {
+                    self.tick();
+                    self.at(when + Duration::from_millis(AGENT_TICK_MS), Event::Tick);
+                }
+                Event::Report => {
+                    self.report();
+                    self.at(when + REPORT_EVERY, Event::Report);
+                }
+                Event::Fleet(i) => self.fleet_event(i),
+            }
+        }
+    }
+
+    /// Client `c` sends its next attempt, to a proxy drawn at random.
+    fn send(&mut self, c: usize) {
+        let proxies = self.proxies.len();
+        let client = &mut self.clients[c];
+        client.attempts += 1;
+        let p = match proxies {
+            1 => 0,
+            n => client.rng.random_range(0..n),
+        };
+        let number = client.attempts;
+        let index = self.attempts.len();
+        self.attempts.push(Attempt {
+            client: c,
+            number,
+            sent: self.now,
+            answered: self.now,
+            outcome: Outcome::Failed,
+            after_suggested_s: client.after_suggested_s,
+        });
+        self.attempt_proxy.push(p);
+        self.answered.push(false);
+        let retry = number > 1;
+        let proxy = &mut self.proxies[p];
+        match proxy.router.arrive(index) {
+            Arrival::Queued => {
+                proxy.counts.admitted += 1;
+                proxy.counts.retry_admitted += u64::from(retry);
+                self.poll(p);
+            }
+            Arrival::Rejected {
+                queue_depth,
+                backoff_streak,
+            } => {
+                proxy.counts.rejected += 1;
+                proxy.counts.retry_rejected += u64::from(retry);
+                let seconds = self.retry_after(p, queue_depth, backoff_streak);
+                self.answer(
+                    index,
+                    Outcome::Rejected {
+                        retry_after_s: seconds,
+                    },
+                );
+                self.rejected(c, seconds);
+            }
+        }
+    }
+
+    /// The `Retry-After` proxy `p` hands out, as the reference proxy computes it.
+    fn retry_after(&mut self, p: usize, depth: usize, streak: u32) -> Option<u64> {
+        let now = self.instant();
+        let header = self.policy.header();
+        let proxy = &mut self.proxies[p];
+        if header == HeaderPolicy::None {
+            return None;
+        }
+        let with_backlog = header == HeaderPolicy::FromAgentWithRetryBacklog;
+        let counted = if with_backlog {
+            depth + proxy.backlog.outstanding(now)
+        } else {
+            depth
+        };
+        // Before the first push the client library has no estimate and no static value of
+        // its own: no header, as the real proxy.
+        let push = proxy.push.as_ref()?;
+        let unit: f64 = proxy.jitter.random();
+        let decision = decide(push, Some(counted as u64), Some(streak), unit);
+        let seconds = decision.seconds?;
+        if with_backlog {
+            proxy.backlog.promise(now + Duration::from_secs(seconds));
+        }
+        *proxy
+            .counts
+            .handed_out
+            .entry((decision.rung, seconds))
+            .or_default() += 1;
+        Some(seconds)
+    }
+
+    /// Client `c` was rejected with `retry_after_s`: it comes back, or gives up.
+    fn rejected(&mut self, c: usize, retry_after_s: Option<u64>) {
+        let client = &mut self.clients[c];
+        if client.attempts >= self.scenario.attempts {
+            self.done += 1;
+            return;
+        }
+        let (wait, honoured) =
+            client
+                .behaviour
+                .wait(retry_after_s, client.attempts, client.rng.random());
+        client.after_suggested_s = honoured;
+        self.waiting += 1;
+        self.at(self.now + wait, Event::Retry(c));
+    }
+
+    fn answer(&mut self, attempt: usize, outcome: Outcome) {
+        self.attempts[attempt].answered = self.now;
+        self.attempts[attempt].outcome = outcome;
+        self.answered[attempt] = true;
+    }
+
+    /// Poll proxy `p`'s router and start what it placed.
+    fn poll(&mut self, p: usize) {
+        let now = self.instant();
+        let mut placed = std::mem::take(&mut self.placed);
+        let wake = self.proxies[p]
+            .router
+            .poll(now, &mut self.fleet, &mut placed);
+        for (attempt, replica) in placed.drain(..) {
+            self.proxies[p].in_flight[replica] += 1;
+            self.on_replica[replica].push(attempt);
+            let spec = self.scenario.replicas[replica].spec;
+            let service = spec
+                .service_time
+                .draw(&mut self.replica_rngs[replica])
+                .mul_f64(spec.slowdown);
+            let epoch = self.epochs[replica];
+            self.at(
+                self.now + service,
+                Event::Served {
+                    replica,
+                    epoch,
+                    attempt,
+                },
+            );
+        }
+        self.placed = placed;
+        match wake {
+            Wake::OnArrival => self.proxies[p].wake = None,
+            Wake::At(at) => {
+                let at = at - self.base;
+                if self.proxies[p].wake != Some(at) {
+                    self.proxies[p].wake = Some(at);
+                    self.at(at, Event::Wake(p));
+                }
+            }
+        }
+    }
+
+    fn served(&mut self, replica: usize, epoch: u32, attempt: usize) {
+        if epoch != self.epochs[replica] {
+            return; // failed when its replica was lost
+        }
+        self.fleet.complete(replica);
+        self.on_replica[replica].retain(|a| *a != attempt);
+        let p = self.attempt_proxy[attempt];
+        self.proxies[p].in_flight[replica] -= 1;
+        self.proxies[p].completed[replica] += 1;
+        self.answer(attempt, Outcome::Served);
+        self.done += 1;
+        self.poll(p);
+    }
+
+    fn fleet_event(&mut self, i: usize) {
+        match self.scenario.events[i].kind {
+            EventKind::LoseReplica(r) => {
+                self.fleet.set_up(r, false);
+                self.epochs[r] += 1;
+                for attempt in std::mem::take(&mut self.on_replica[r]) {
+                    self.fleet.complete(r);
+                    self.proxies[self.attempt_proxy[attempt]].in_flight[r] -= 1;
+                    self.answer(attempt, Outcome::Failed);
+                    self.done += 1;
+                }
+            }
+            EventKind::AddReplica(r) => self.fleet.set_up(r, true),
+        }
+        for p in 0..self.proxies.len() {
+            self.poll(p);
+        }
+    }
+
+    /// Every agent reads its proxy's counts, as its probe would, and pushes its estimate.
+    fn tick(&mut self) {
+        let now = self.instant();
+        let replicas = &self.scenario.replicas;
+        let server: Vec<SideLoad> = (0..replicas.len())
+            .map(|r| SideLoad {
+                in_flight: self.proxies.iter().map(|p| p.in_flight[r]).sum(),
+                completed_total: self.proxies.iter().map(|p| p.completed[r]).sum(),
+            })
+            .collect();
+        for proxy in &mut self.proxies {
+            let load = ServiceLoad {
+                scope: proxy.agent.settings().scope,
+                backends: (0..replicas.len())
+                    .map(|r| BackendLoad {
+                        client: SideLoad {
+                            in_flight: proxy.in_flight[r],
+                            completed_total: proxy.completed[r],
+                        },
+                        server: server[r],
+                        max_ongoing_requests: Some(replicas[r].max_ongoing_requests as u64),
+                    })
+                    .collect(),
+                frontend_in_flight: None,
+            };
+            proxy.agent.observe_load(now, load);
+            proxy.pushes += 1;
+            proxy.push = Some(proxy.agent.push(proxy.pushes));
+        }
+    }
+
+    /// Every proxy tells its agent what it did since its last report.
+    fn report(&mut self) {
+        let now = self.instant();
+        let base = self.base;
+        let at = self.now;
+        for proxy in &mut self.proxies {
+            let counts = std::mem::replace(
+                &mut proxy.counts,
+                Counts {
+                    since: at,
+                    ..Counts::default()
+                },
+            );
+            let handed_out = counts.handed_out();
+            let report = Report {
+                service: SERVICE,
+                handed_out: handed_out.as_deref(),
+                admitted: counts.admitted,
+                rejected: counts.rejected,
+                queue_depth: Some(proxy.router.queue_depth() as u64),
+                backoff_streak: Some(proxy.router.backoff_streak()),
+                retry_admitted: Some(counts.retry_admitted),
+                retry_rejected: Some(counts.retry_rejected),
+            };
+            proxy.agent.report(base + counts.since, now, &report);
+            proxy.reported.0 += counts.admitted;
+            proxy.reported.1 += counts.rejected;
+        }
+    }
+
+    fn finish(self) -> RunResult {
+        let rung: Option<Rung> = self.policy.rung();
+        let reported = self.proxies.iter().fold((0.0, 0.0), |(a, r), p| {
+            (a + p.reported.0 as f64, r + p.reported.1 as f64)
+        });
+        let judge = match rung {
+            Some(_) => JudgeFigures::from_stats(
+                self.proxies.iter().map(|p| p.agent.judge()),
+                rung,
+                Some(reported),
+            ),
+            None => JudgeFigures::default(),
+        };
+        let attempts = self
+            .attempts
+            .into_iter()
+            .zip(self.answered)
+            .filter_map(|(a, answered)| answered.then_some(a))
+            .collect();
+        RunResult {
+            scenario: self.scenario.name.clone(),
+            policy: self.policy,
+            attempts,
+            clients: self.clients.len(),
+            warm_up_clients: self.warm_up_clients,
+            warm_up: self.scenario.warm_up(),
+            measured_s: self.scenario.measured().as_secs_f64(),
+            max_attempts: self.scenario.attempts,
+            idle_replica_s_while_waiting: self.idle,
+            unfinished: self.clients.len() - self.done,
+            judge,
+            access_log: Vec::new(),
+        }
+    }
+}
+
+/// The agent's settings for the scenario's service under `policy`, through the agent's own
+/// configuration parser (the backends' addresses stand in for the replicas).
+fn agent_settings(scenario: &Scenario, policy: Policy) -> ServiceSettings {
+    let backends: Vec<(String, usize)> = scenario
+        .replicas
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (format!("127.0.0.1:{}", 10_000 + i), r.max_ongoing_requests))
+        .collect();
+    let text = format!(
+        "[agent]\ntick_interval_ms = {AGENT_TICK_MS}\n{}",
+        policy.service_config(&backends, scenario.max_queued_requests)
+    );
+    let config = Config::parse(&text).expect("the evaluation's agent configuration is valid");
+    ServiceSettings::from_config(&config.services[0])
+}
