@@ -25,7 +25,7 @@ use std::{cmp::Reverse, collections::BinaryHeap, time::Duration};
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 
 use crate::{
-    figures::{Figures, percentile},
+    figures::{Figures, mean, percentile},
     run::{DRAIN_LIMIT, clients},
     scenario::{EventKind, Scenario},
 };
@@ -83,6 +83,7 @@ pub fn bound(scenario: &Scenario, seed: u64) -> Figures {
     times.sort_by(f64::total_cmp);
     f.p50_s = percentile(&times, 0.5);
     f.p99_s = percentile(&times, 0.99);
+    f.mean_s = mean(&times);
     f.goodput = served_in_window as f64 / scenario.measured().as_secs_f64();
     f
 }

@@ -1,12 +1,12 @@
 //! From a run's attempts to its figures: what happened to the clients, and what the agent's
 //! judge made of it.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::{load::Outcome, record::RunResult};
 
 /// The figures of one run, over the clients that arrived after the warm-up.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Figures {
     /// Clients measured.
     pub clients: usize,
@@ -36,6 +36,8 @@ pub struct Figures {
     pub p50_s: Option<f64>,
     /// 99th percentile of the same.
     pub p99_s: Option<f64>,
+    /// Mean time from first attempt to success, seconds.
+    pub mean_s: Option<f64>,
     /// Successes per second while the measured schedule ran (answers within it).
     pub goodput: f64,
     /// Replica-seconds of idle capacity while a client waited to retry.
@@ -71,6 +73,10 @@ impl Figures {
 
 fn ratio(a: usize, b: usize) -> Option<f64> {
     (b > 0).then(|| a as f64 / b as f64)
+}
+
+pub(crate) fn mean(values: &[f64]) -> Option<f64> {
+    (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
 }
 
 pub(crate) fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
@@ -128,6 +134,7 @@ pub fn figures(run: &RunResult) -> Figures {
     f.unfinished = run.unfinished;
     f.p50_s = percentile(&times, 0.5);
     f.p99_s = percentile(&times, 0.99);
+    f.mean_s = mean(&times);
     let window = run.warm_up..run.warm_up + std::time::Duration::from_secs_f64(run.measured_s);
     let served_in_window = run
         .attempts

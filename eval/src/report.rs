@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::figures::Figures;
 
@@ -12,7 +12,7 @@ use crate::figures::Figures;
 pub const BOUND: &str = "clairvoyant bound";
 
 /// One row of the results: a scenario under a policy (or the bound).
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Row {
     /// The scenario's name.
     pub scenario: String,
@@ -21,7 +21,7 @@ pub struct Row {
     /// The policy's `--policy` name (`bound` for the bound).
     pub name: String,
     /// Where the figures come from: `real`, `simulated` or `bound`.
-    pub source: &'static str,
+    pub source: String,
     /// The figures.
     pub figures: Figures,
 }
@@ -171,31 +171,29 @@ fn bound_of<'a>(rows: &'a [Row], scenario: &str) -> Option<&'a Row> {
         .find(|r| r.scenario == scenario && r.policy == BOUND)
 }
 
-/// Labels in order of first appearance.
+/// Policy labels in order of first appearance.
 fn labels(rows: &[Row]) -> Vec<String> {
-    let mut labels: Vec<String> = Vec::new();
-    for row in rows {
-        if !labels.contains(&row.policy) {
-            labels.push(row.policy.clone());
-        }
-    }
-    labels
+    distinct(rows.iter().map(|r| &r.policy))
 }
 
 /// Scenario names in order of first appearance.
 fn scenarios(rows: &[Row]) -> Vec<String> {
-    let mut names: Vec<String> = Vec::new();
-    for row in rows {
-        if !names.contains(&row.scenario) {
-            names.push(row.scenario.clone());
-        }
-    }
-    names
+    distinct(rows.iter().map(|r| &r.scenario))
 }
 
-const COLOURS: [&str; 12] = [
-    "#7f7f7f", "#c6dbef", "#6baed6", "#08519c", "#fdae6b", "#d94801", "#31a354", "#756bb1",
-    "#e7298a", "#66a61e", "#e6ab02", "#a6761d",
+fn distinct<'a>(values: impl Iterator<Item = &'a String>) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for v in values {
+        if !out.contains(v) {
+            out.push(v.clone());
+        }
+    }
+    out
+}
+
+const COLOURS: [&str; 16] = [
+    "#7f7f7f", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+    "#bcbd22", "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94",
 ];
 
 /// A label's colour: the bound black, the rest by order of appearance.
@@ -256,8 +254,11 @@ pub fn bar_chart(
     let scenarios = scenarios(rows);
     let labels = labels(rows);
     let legend_rows = labels.len().div_ceil(4) as f64;
-    let (width, height) = (1100.0, 330.0 + 18.0 * legend_rows);
-    let (left, right, top, bottom) = (70.0, 20.0, 40.0, 50.0 + 18.0 * legend_rows);
+    // Wide enough for a few pixels a bar; scenario names stand slanted under their group.
+    let group_px = (labels.len() as f64 * 5.0).max(60.0);
+    let width = (90.0 + scenarios.len() as f64 * group_px).max(1000.0);
+    let height = 400.0 + 18.0 * legend_rows;
+    let (left, right, top, bottom) = (70.0, 20.0, 40.0, 120.0 + 18.0 * legend_rows);
     let plot_w = width - left - right;
     let plot_h = height - top - bottom;
     let max = rows
@@ -307,15 +308,14 @@ pub fn bar_chart(
                 }
             }
         }
+        let (x, y) = (x0 + group_w * 0.4, top + plot_h + 14.0);
         let _ = writeln!(
             svg,
-            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" font-size=\"10\">{}</text>",
-            x0 + group_w * 0.4,
-            top + plot_h + 16.0,
+            "<text x=\"{x:.1}\" y=\"{y:.1}\" text-anchor=\"end\" font-size=\"11\" transform=\"rotate(-35 {x:.1} {y:.1})\">{}</text>",
             escape(scenario)
         );
     }
-    legend(&mut svg, &labels, left, top + plot_h + 44.0);
+    legend(&mut svg, &labels, left, top + plot_h + 110.0);
     svg.push_str("</svg>\n");
     svg
 }
@@ -326,8 +326,8 @@ pub fn bar_chart(
 pub fn tradeoff_chart(scenario: &str, rows: &[Row]) -> String {
     let mine: Vec<&Row> = rows.iter().filter(|r| r.scenario == scenario).collect();
     let labels = labels(rows);
-    let (width, height) = (640.0, 420.0);
-    let (left, right, top, bottom) = (70.0, 180.0, 40.0, 50.0);
+    let (width, height) = (760.0, 420.0);
+    let (left, right, top, bottom) = (70.0, 300.0, 40.0, 50.0);
     let plot_w = width - left - right;
     let plot_h = height - top - bottom;
     let max_idle = nice_ceiling(

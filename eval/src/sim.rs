@@ -9,6 +9,12 @@
 //! and completed per replica (the client-side counts its probe reads) at every tick, and a
 //! request takes its drawn service time and nothing else (no network time).
 //!
+//! The counts are the ones the probe would read, limits included: a streamed response (a
+//! replica with `chunks` > 1) is counted complete at its first pause, as
+//! docs/kernel-observation.md says the kernel counts it. The replica servers send a streamed
+//! response's headers at once and its first chunk one interval later, so that pause comes
+//! right after the headers, while the replica stays busy with the response to its end.
+//!
 //! Several proxies share one [`Fleet`]: the replicas hold their own `max_ongoing_requests`
 //! and a proxy's placement sees their true load (a fresh probe per placement). Each proxy has
 //! an agent of its own, as proxies on separate nodes have, and each attempt of a client goes
@@ -39,6 +45,11 @@ use crate::{
     scenario::{EventKind, Scenario},
 };
 
+/// When the probe counts a streamed response complete, from its start: the replica sends the
+/// headers at once and the first chunk after a pause, and the turn ends at the first pause
+/// once the client has acknowledged the headers (a loopback round trip and a delayed ACK).
+const STREAM_SEEN_COMPLETE: Duration = Duration::from_millis(1);
+
 /// How often a proxy reports to its agent (the reference proxy's interval).
 const REPORT_EVERY: Duration = Duration::from_millis(200);
 
@@ -59,6 +70,13 @@ enum Event {
     Retry(usize),
     /// The attempt `attempt` placed on `replica` (in its life `epoch`) is served.
     Served {
+        replica: usize,
+        epoch: u32,
+        attempt: usize,
+    },
+    /// The probe counts the streamed response of `attempt` on `replica` complete (its first
+    /// pause), before the replica has finished it.
+    SeenComplete {
         replica: usize,
         epoch: u32,
         attempt: usize,
@@ -146,6 +164,8 @@ struct Sim<'a> {
     attempts: Vec<Attempt>,
     attempt_proxy: Vec<usize>,
     answered: Vec<bool>,
+    /// Whether the probe has counted each attempt's response complete.
+    seen: Vec<bool>,
     waiting: usize,
     done: usize,
     idle: f64,
@@ -211,6 +231,7 @@ impl<'a> Sim<'a> {
             attempts: Vec::new(),
             attempt_proxy: Vec::new(),
             answered: Vec::new(),
+            seen: Vec::new(),
             waiting: 0,
             done: 0,
             idle: 0.0,
@@ -265,6 +286,15 @@ impl<'a> Sim<'a> {
                     epoch,
                     attempt,
                 } => self.served(replica, epoch, attempt),
+                Event::SeenComplete {
+                    replica,
+                    epoch,
+                    attempt,
+                } => {
+                    if epoch == self.epochs[replica] {
+                        self.seen_complete(replica, attempt);
+                    }
+                }
                 Event::Wake(p) => {
                     if self.proxies[p].wake == Some(when) {
                         self.proxies[p].wake = None;
@@ -305,6 +335,7 @@ impl<'a> Sim<'a> {
         });
         self.attempt_proxy.push(p);
         self.answered.push(false);
+        self.seen.push(false);
         let retry = number > 1;
         let proxy = &mut self.proxies[p];
         match proxy.router.arrive(index) {
@@ -408,6 +439,16 @@ impl<'a> Sim<'a> {
                     attempt,
                 },
             );
+            if spec.chunks > 1 {
+                self.at(
+                    self.now + STREAM_SEEN_COMPLETE,
+                    Event::SeenComplete {
+                        replica,
+                        epoch,
+                        attempt,
+                    },
+                );
+            }
         }
         self.placed = placed;
         match wake {
@@ -429,11 +470,20 @@ impl<'a> Sim<'a> {
         self.fleet.complete(replica);
         self.on_replica[replica].retain(|a| *a != attempt);
         let p = self.attempt_proxy[attempt];
-        self.proxies[p].in_flight[replica] -= 1;
-        self.proxies[p].completed[replica] += 1;
+        self.seen_complete(replica, attempt);
         self.answer(attempt, Outcome::Served);
         self.done += 1;
         self.poll(p);
+    }
+
+    /// The probe counts `attempt` on `replica` as completed (once).
+    fn seen_complete(&mut self, replica: usize, attempt: usize) {
+        if std::mem::replace(&mut self.seen[attempt], true) {
+            return;
+        }
+        let p = self.attempt_proxy[attempt];
+        self.proxies[p].in_flight[replica] -= 1;
+        self.proxies[p].completed[replica] += 1;
     }
 
     fn fleet_event(&mut self, i: usize) {
@@ -443,7 +493,10 @@ impl<'a> Sim<'a> {
                 self.epochs[r] += 1;
                 for attempt in std::mem::take(&mut self.on_replica[r]) {
                     self.fleet.complete(r);
-                    self.proxies[self.attempt_proxy[attempt]].in_flight[r] -= 1;
+                    // A streamed response already counted complete is no longer in flight.
+                    if !std::mem::replace(&mut self.seen[attempt], true) {
+                        self.proxies[self.attempt_proxy[attempt]].in_flight[r] -= 1;
+                    }
                     self.answer(attempt, Outcome::Failed);
                     self.done += 1;
                 }

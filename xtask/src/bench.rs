@@ -11,7 +11,8 @@ use crate::setup::Env;
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
     /// `datapath` (the kernel programs' cost under wrk load), `estimate` (one estimate call),
-    /// `socket` (query round trip and the client library's reject path), or all by default.
+    /// `socket` (query round trip and the client library's reject path), `sim` (the
+    /// evaluation's simulator: CPU seconds per simulated second), or all by default.
     which: Option<String>,
     /// Data path: rounds; each measures the three setups in rotating order.
     #[arg(long, default_value_t = 10)]
@@ -30,8 +31,11 @@ pub struct BenchArgs {
 /// Build and run the chosen benchmarks.
 pub fn bench(root: &Path, env: &Env, args: &BenchArgs) -> Result<()> {
     let which = args.which.as_deref();
-    if !matches!(which, None | Some("datapath" | "estimate" | "socket")) {
-        anyhow::bail!("unknown benchmark {which:?}: datapath, estimate or socket");
+    if !matches!(
+        which,
+        None | Some("datapath" | "estimate" | "socket" | "sim")
+    ) {
+        anyhow::bail!("unknown benchmark {which:?}: datapath, estimate, socket or sim");
     }
     if matches!(which, None | Some("estimate")) {
         let mut command = env.cargo(root);
@@ -51,6 +55,9 @@ pub fn bench(root: &Path, env: &Env, args: &BenchArgs) -> Result<()> {
         command.args(["--bin", bin, "--"]);
         command
     };
+    if matches!(which, None | Some("sim")) {
+        crate::run(bench_bin("sim-bench"))?;
+    }
     if matches!(which, None | Some("socket")) {
         crate::run(bench_bin("socket-bench"))?;
     }

@@ -7,8 +7,9 @@
 //! * `test`: setup, then formatting, lints (host crates and the eBPF crate) and every test,
 //!   including the integration tests that attach the real programs (needs root).
 //! * `bench`: setup, then the data-path benchmark (see docs/evaluation.md).
-//! * `evaluate`: setup, then the end-to-end evaluation of computed against static Retry-After
-//!   (every scenario under every policy; writes docs/evaluation-run/, see docs/evaluation.md).
+//! * `evaluate`: setup, then `retry-after-eval` with the arguments given; with none, the
+//!   five scenarios under seven policies on real sockets and in the simulator, side by side
+//!   (writes docs/evaluation-run/, see docs/evaluation.md).
 
 mod bench;
 mod setup;
@@ -43,9 +44,10 @@ enum Task {
     Test,
     /// Set up, then measure the data-path cost of the attached programs.
     Bench(bench::BenchArgs),
-    /// Set up, then run the end-to-end evaluation (as root; about 35 minutes in full).
+    /// Set up, then run the evaluation (`retry-after-eval`; with no arguments the real-socket
+    /// and simulated runs side by side, as root, about 40 minutes).
     Evaluate {
-        /// Arguments for the evaluation, e.g. `--scenario streaming --seconds 10`.
+        /// Arguments for `retry-after-eval`, e.g. `simulate --scenario-dir eval/scenarios/suite`.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
@@ -87,11 +89,35 @@ fn main() -> Result<()> {
                 "retry-after-eval",
                 "--",
             ]);
+            if args.is_empty() {
+                command.args(DEFAULT_EVALUATION);
+            }
             command.args(args);
             run(command)
         }
     }
 }
+
+/// What `./dev evaluate` runs without arguments.
+const DEFAULT_EVALUATION: [&str; 17] = [
+    "agreement",
+    "--policy",
+    "none",
+    "--policy",
+    "static-1",
+    "--policy",
+    "static-5",
+    "--policy",
+    "static-30",
+    "--policy",
+    "computed-simple",
+    "--policy",
+    "computed",
+    "--policy",
+    "computed-retry-backlog",
+    "--out",
+    "docs/evaluation-run",
+];
 
 fn test(root: &Path, env: &setup::Env) -> Result<()> {
     // SAFETY: geteuid has no preconditions.

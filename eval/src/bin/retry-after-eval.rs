@@ -20,7 +20,6 @@ use retry_after_eval::{
     bound::bound,
     figures::{Figures, figures},
     policy::Policy,
-    record::RunResult,
     report::{
         BOUND, Row, bar_chart, judge_table, operators_static_pick, suite_summary, table,
         tradeoff_chart,
@@ -51,7 +50,14 @@ enum Command {
         static_sweep: bool,
     },
     /// Both, side by side: how far the simulator is from real sockets (as root).
-    Agreement(Common),
+    Agreement {
+        #[command(flatten)]
+        common: Common,
+        /// Take the real-socket rows from this results.json of an earlier run (its `real/`)
+        /// instead of running them again: for work on the simulator.
+        #[arg(long)]
+        real_from: Option<PathBuf>,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -144,7 +150,8 @@ impl Place {
     }
 }
 
-/// Shows which run is going and how long it has been.
+/// Shows which run is going and how long it has been: a line that updates itself on a
+/// terminal, one line per finished run elsewhere.
 struct Progress {
     total: usize,
     done: usize,
@@ -153,6 +160,9 @@ struct Progress {
 
 impl Progress {
     fn show(&self, label: &str, share: f64) {
+        if !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+            return;
+        }
         eprint!(
             "\r[{}/{}] {label}: {:>3.0}%   elapsed {:>5.0} s   ",
             self.done + 1,
@@ -170,7 +180,7 @@ fn run_all(
     policies: &[Policy],
     seed: u64,
     progress: &mut Progress,
-) -> Vec<(RunResult, Row)> {
+) -> Vec<Row> {
     let mut out = Vec::new();
     for scenario in scenarios {
         for &policy in policies {
@@ -196,10 +206,10 @@ fn run_all(
                 scenario: scenario.name.clone(),
                 policy: policy.label(),
                 name: policy.to_string(),
-                source: place.name(),
+                source: place.name().to_owned(),
                 figures: f,
             };
-            out.push((result, row));
+            out.push(row);
         }
     }
     out
@@ -210,7 +220,7 @@ fn bound_row(scenario: &Scenario, seed: u64) -> Row {
         scenario: scenario.name.clone(),
         policy: BOUND.to_owned(),
         name: "bound".to_owned(),
-        source: "bound",
+        source: "bound".to_owned(),
         figures: bound(scenario, seed),
     }
 }
@@ -326,12 +336,40 @@ fn write_results(
     Ok(())
 }
 
+/// The real-socket rows of an earlier run, for the scenarios and policies of `simulated`.
+fn read_real_rows(path: &Path, simulated: &[Row]) -> Result<Vec<Row>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("--real-from {}", path.display()))?;
+    let rows: Vec<Row> = serde_json::from_str(&text)
+        .with_context(|| format!("--real-from {}: not a results.json", path.display()))?;
+    Ok(rows
+        .into_iter()
+        .filter(|r| r.source == "real")
+        .filter(|r| {
+            simulated
+                .iter()
+                .any(|s| s.scenario == r.scenario && s.policy == r.policy)
+        })
+        .collect())
+}
+
+/// How many rows of the agreement table are within each tolerance.
+#[derive(Default)]
+struct Within {
+    admitted: usize,
+    goodput: usize,
+    p50: usize,
+    all: usize,
+    rows: usize,
+}
+
 /// The simulator against real sockets, per scenario and policy.
-fn agreement_table(real: &[Row], simulated: &[Row]) -> (String, usize, usize) {
+fn agreement_table(real: &[Row], simulated: &[Row]) -> (String, Within) {
     let mut md = String::from(
-        "| scenario | policy | admitted: real | simulated | Δ points | goodput: real | simulated | Δ | p50 to success: real (s) | simulated (s) | Δ | within 5 points, 10%, 20% |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| scenario | policy | admitted: real | simulated | Δ points | goodput: real | simulated | Δ | p50 to success: real (s) | simulated (s) | Δ | mean to success: real (s) | simulated (s) | within 5 points, 10%, 20% |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
-    let (mut within, mut total) = (0, 0);
+    let mut within = Within::default();
+    let seconds = |v: Option<f64>| v.map_or_else(|| "–".to_owned(), |v| format!("{v:.2}"));
     for r in real {
         let Some(s) = simulated
             .iter()
@@ -346,13 +384,19 @@ fn agreement_table(real: &[Row], simulated: &[Row]) -> (String, usize, usize) {
             s.figures.p50_s.unwrap_or(0.0),
         );
         let relative = |x: f64, y: f64| if x > 0.0 { (y - x) / x } else { 0.0 };
-        let ok =
-            (b - a).abs() <= 0.05 && relative(g, h).abs() <= 0.10 && relative(p, q).abs() <= 0.20;
-        total += 1;
-        within += usize::from(ok);
+        let ok = [
+            (b - a).abs() <= 0.05,
+            relative(g, h).abs() <= 0.10,
+            relative(p, q).abs() <= 0.20,
+        ];
+        within.rows += 1;
+        within.admitted += usize::from(ok[0]);
+        within.goodput += usize::from(ok[1]);
+        within.p50 += usize::from(ok[2]);
+        within.all += usize::from(ok.iter().all(|o| *o));
         let _ = writeln!(
             md,
-            "| {} | {} | {:.0}% | {:.0}% | {:+.1} | {g:.1} | {h:.1} | {:+.0}% | {p:.2} | {q:.2} | {:+.0}% | {} |",
+            "| {} | {} | {:.0}% | {:.0}% | {:+.1} | {g:.1} | {h:.1} | {:+.0}% | {p:.2} | {q:.2} | {:+.0}% | {} | {} | {} |",
             r.scenario,
             r.policy,
             a * 100.0,
@@ -360,118 +404,89 @@ fn agreement_table(real: &[Row], simulated: &[Row]) -> (String, usize, usize) {
             (b - a) * 100.0,
             relative(g, h) * 100.0,
             relative(p, q) * 100.0,
-            if ok { "yes" } else { "no" }
+            seconds(r.figures.mean_s),
+            seconds(s.figures.mean_s),
+            if ok.iter().all(|o| *o) { "yes" } else { "no" }
         );
     }
-    (md, within, total)
+    (md, within)
+}
+
+/// Every scenario under every policy in one place, with the bounds, written out.
+fn evaluate(place: Place, common: &Common, static_sweep: bool, started: Instant) -> Result<()> {
+    let (scenarios, policies) = (common.scenarios()?, common.policies(static_sweep));
+    let mut progress = Progress {
+        total: scenarios.len() * policies.len(),
+        done: 0,
+        started,
+    };
+    let rows = run_all(place, &scenarios, &policies, common.seed, &mut progress);
+    let rows = with_bounds(&scenarios, rows, common.seed);
+    let title = match place {
+        Place::Real => "Evaluation on real sockets",
+        Place::Simulated => "Evaluation in the simulator",
+    };
+    let took = started.elapsed().as_secs_f64();
+    write_results(&common.out, title, &scenarios, &rows, took)
 }
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
     let started = Instant::now();
     match cli.command {
-        Command::Real(common) => {
-            let (scenarios, policies) = (common.scenarios()?, common.policies(false));
-            let mut progress = Progress {
-                total: scenarios.len() * policies.len(),
-                done: 0,
-                started,
-            };
-            let rows = run_all(
-                Place::Real,
-                &scenarios,
-                &policies,
-                common.seed,
-                &mut progress,
-            );
-            let rows = with_bounds(
-                &scenarios,
-                rows.into_iter().map(|r| r.1).collect(),
-                common.seed,
-            );
-            let took = started.elapsed().as_secs_f64();
-            write_results(
-                &common.out,
-                "Evaluation on real sockets",
-                &scenarios,
-                &rows,
-                took,
-            )
-        }
+        Command::Real(common) => evaluate(Place::Real, &common, false, started),
         Command::Simulate {
             common,
             static_sweep,
-        } => {
-            let (scenarios, policies) = (common.scenarios()?, common.policies(static_sweep));
-            let mut progress = Progress {
-                total: scenarios.len() * policies.len(),
-                done: 0,
-                started,
-            };
-            let rows = run_all(
-                Place::Simulated,
-                &scenarios,
-                &policies,
-                common.seed,
-                &mut progress,
-            );
-            let rows = with_bounds(
-                &scenarios,
-                rows.into_iter().map(|r| r.1).collect(),
-                common.seed,
-            );
-            let took = started.elapsed().as_secs_f64();
-            write_results(
-                &common.out,
-                "Evaluation in the simulator",
-                &scenarios,
-                &rows,
-                took,
-            )
-        }
-        Command::Agreement(common) => {
+        } => evaluate(Place::Simulated, &common, static_sweep, started),
+        Command::Agreement { common, real_from } => {
             let (scenarios, policies) = (common.scenarios()?, common.policies(false));
             let mut progress = Progress {
                 total: 2 * scenarios.len() * policies.len(),
                 done: 0,
                 started,
             };
-            let simulated: Vec<Row> = run_all(
+            let simulated = run_all(
                 Place::Simulated,
                 &scenarios,
                 &policies,
                 common.seed,
                 &mut progress,
-            )
-            .into_iter()
-            .map(|r| r.1)
-            .collect();
-            let real: Vec<Row> = run_all(
-                Place::Real,
-                &scenarios,
-                &policies,
-                common.seed,
-                &mut progress,
-            )
-            .into_iter()
-            .map(|r| r.1)
-            .collect();
-            let (table, within, total) = agreement_table(&real, &simulated);
+            );
+            let real = match &real_from {
+                Some(path) => read_real_rows(path, &simulated)?,
+                None => run_all(
+                    Place::Real,
+                    &scenarios,
+                    &policies,
+                    common.seed,
+                    &mut progress,
+                ),
+            };
+            let (table, w) = agreement_table(&real, &simulated);
             let command: String = std::env::args().skip(1).map(|a| format!(" {a}")).collect();
             let md = format!(
-                "# The simulator against real sockets\n\nMade by `retry-after-eval{command}` in {:.0} s: every scenario under every policy, once on real sockets with the real agent and once in the simulator, with the same seed. Within tolerance (admitted share within 5 points, goodput within 10%, p50 time to success within 20%): {within} of {total}.\n\n{table}",
-                started.elapsed().as_secs_f64()
+                "# The simulator against real sockets\n\nMade by `retry-after-eval{command}` in {:.0} s: every scenario under every policy, once on real sockets with the real agent and once in the simulator, with the same seed. Within tolerance, of {} rows: admitted share within 5 points, {}; goodput within 10%, {}; p50 time to success within 20%, {}; all three, {}.\n\n{table}",
+                started.elapsed().as_secs_f64(),
+                w.rows,
+                w.admitted,
+                w.goodput,
+                w.p50,
+                w.all
             );
             std::fs::create_dir_all(&common.out)?;
             write(&common.out.join("agreement.md"), &md)?;
             let took = started.elapsed().as_secs_f64();
-            write_results(
-                &common.out.join("real"),
-                "Evaluation on real sockets",
-                &scenarios,
-                &with_bounds(&scenarios, real, common.seed),
-                took,
-            )?;
+            // Real rows taken from an earlier run keep that run's own record.
+            if real_from.is_none() {
+                write_results(
+                    &common.out.join("real"),
+                    "Evaluation on real sockets",
+                    &scenarios,
+                    &with_bounds(&scenarios, real, common.seed),
+                    took,
+                )?;
+            }
             write_results(
                 &common.out.join("simulated"),
                 "Evaluation in the simulator",
