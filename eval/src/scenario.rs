@@ -18,7 +18,7 @@ pub use retry_after_testkit::replica::{ReplicaSpec, ServiceTime};
 #[derive(Debug, Error)]
 pub enum ScenarioError {
     /// The file cannot be read.
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Read {
         /// The file.
         path: String,

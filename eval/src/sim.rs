@@ -621,3 +621,120 @@ fn agent_settings(scenario: &Scenario, policy: Policy) -> ServiceSettings {
     let config = Config::parse(&text).expect("the evaluation's agent configuration is valid");
     ServiceSettings::from_config(&config.services[0])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::figures::figures;
+
+    fn scenario(extra: &str) -> Scenario {
+        Scenario::parse(&format!(
+            "name = \"t\"\ntitle = \"t\"\nmax_ongoing_requests = 4\nmax_queued_requests = 16\nreplicas = [{{ count = 4, service_time = {{ distribution = \"exponential\", mean_ms = 100 }} }}]\nphases = [{{ seconds = 10, rate = 1.5 }}]\n{extra}"
+        ))
+        .unwrap()
+    }
+
+    /// Every client's attempts are numbered without a gap, only the last may end other than
+    /// in a rejection, and every client finished one way.
+    fn check_bookkeeping(result: &RunResult) {
+        let mut last = vec![0u32; result.clients];
+        let mut ended = vec![false; result.clients];
+        for a in &result.attempts {
+            assert_eq!(a.number, last[a.client] + 1, "client {}", a.client);
+            assert!(
+                !ended[a.client],
+                "client {} went on after it ended",
+                a.client
+            );
+            last[a.client] = a.number;
+            ended[a.client] =
+                !matches!(a.outcome, Outcome::Rejected { .. }) || a.number == result.max_attempts;
+        }
+        let finished = ended.iter().filter(|e| **e).count();
+        assert_eq!(finished + result.unfinished, result.clients);
+    }
+
+    #[test]
+    fn a_run_is_the_same_for_the_same_seed_and_not_for_another() {
+        let s = scenario("");
+        let (a, b, c) = (
+            simulate(&s, Policy::ComputedDefaults, 3),
+            simulate(&s, Policy::ComputedDefaults, 3),
+            simulate(&s, Policy::ComputedDefaults, 4),
+        );
+        assert_eq!(a.attempts.len(), b.attempts.len());
+        assert!(
+            a.attempts
+                .iter()
+                .zip(&b.attempts)
+                .all(|(x, y)| (x.client, x.sent, x.outcome) == (y.client, y.sent, y.outcome))
+        );
+        assert_ne!(a.attempts.len(), c.attempts.len());
+    }
+
+    #[test]
+    fn every_attempt_is_accounted_for_and_the_judge_agrees_with_the_clients() {
+        for policy in [
+            Policy::Static(5),
+            Policy::ComputedDefaults,
+            Policy::ComputedRetryBacklog,
+        ] {
+            let result = simulate(&scenario(""), policy, 1);
+            check_bookkeeping(&result);
+            let f = figures(&result);
+            assert_eq!(
+                f.succeeded + f.gave_up + f.unfinished,
+                f.clients,
+                "{policy}"
+            );
+            // What the proxy reported is every attempt, but those of the last interval (the
+            // run ends before its report).
+            let (admitted, rejected) = result.judge.reported.expect("reports");
+            let reported = (admitted + rejected) as usize;
+            let end = result.attempts.iter().map(|a| a.sent).max().unwrap();
+            let last_interval = result
+                .attempts
+                .iter()
+                .filter(|a| a.sent + REPORT_EVERY > end)
+                .count();
+            assert!(reported <= result.attempts.len(), "{policy}");
+            assert!(
+                reported + last_interval >= result.attempts.len(),
+                "{policy}"
+            );
+            let seen = f.admitted_at_suggested().unwrap();
+            let judged = f.judge_admitted.unwrap();
+            assert!(
+                (seen - judged).abs() <= 0.05,
+                "{policy}: clients {seen}, judge {judged}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_lost_replica_fails_what_it_was_serving_and_takes_no_more() {
+        let s = scenario("events = [{ at_s = 3, lose_replica = 0 }]");
+        let result = simulate(&s, Policy::Static(5), 1);
+        check_bookkeeping(&result);
+        let failed: Vec<_> = result
+            .attempts
+            .iter()
+            .filter(|a| a.outcome == Outcome::Failed)
+            .collect();
+        // Up to its four requests in progress fail at the loss, at once, and nothing after.
+        assert!((1..=4).contains(&failed.len()), "{}", failed.len());
+        let at = s.events[0].at;
+        assert!(failed.iter().all(|a| a.answered == at));
+    }
+
+    #[test]
+    fn several_proxies_share_the_fleet_without_exceeding_its_capacity() {
+        let one = simulate(&scenario(""), Policy::Static(5), 1);
+        let four = simulate(&scenario("proxies = 4"), Policy::Static(5), 1);
+        check_bookkeeping(&four);
+        let (g1, g4) = (figures(&one).goodput, figures(&four).goodput);
+        // Capacity 160 a second whatever the number of proxies placing on it.
+        assert!(g1 <= 160.0 * 1.05 && g4 <= 160.0 * 1.05, "{g1} {g4}");
+        assert!(g4 > 100.0, "{g4}");
+    }
+}
