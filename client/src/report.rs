@@ -15,7 +15,7 @@ use std::{
     path::{Path, PathBuf},
     sync::{
         Arc,
-        atomic::{AtomicU32, AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering},
     },
     time::Duration,
 };
@@ -47,6 +47,9 @@ struct Counts {
     backoff_streak: AtomicU32,
     /// Rejections per rung (computed, static) and second handed out.
     handed_out: [[AtomicU64; SECONDS]; 2],
+    /// Set once the proxy says what it hands out: from then on every report says it, `none`
+    /// included.
+    tracks_handed_out: AtomicBool,
 }
 
 /// A proxy's admissions and rejections for one service, reported to the agent in the
@@ -68,6 +71,7 @@ impl Reporter {
             queue_depth: AtomicU64::new(u64::MAX),
             backoff_streak: AtomicU32::new(0),
             handed_out: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
+            tracks_handed_out: AtomicBool::new(false),
         });
         let task = tokio::spawn(report_loop(
             socket.as_ref().to_path_buf(),
@@ -94,9 +98,12 @@ impl Reporter {
         }
     }
 
-    /// One rejection carried `Retry-After: seconds` from `rung` (nothing is counted for the
-    /// rung without a header).
+    /// One rejection carried `Retry-After: seconds` from `rung`; call it for every rejection,
+    /// with [`Rung::None`] for one without a header (nothing is counted then). Once called,
+    /// every report says what was handed out (`handed_out=none` for nothing), and the agent
+    /// judges exactly that.
     pub fn handed_out(&self, rung: Rung, seconds: u64) {
+        self.counts.tracks_handed_out.store(true, Ordering::Relaxed);
         let Some(row) = RUNGS.iter().position(|r| *r == rung) else {
             return;
         };
@@ -162,10 +169,10 @@ impl Pending {
     }
 
     /// The `handed_out=` values, each at most as long as fits on a `REPORT` line beside the
-    /// rest of it (the first also carries the counts).
-    fn handed_out_values(&self, room: usize) -> Vec<String> {
-        let mut values = vec![String::new()];
-        for (row, rung) in self.handed_out.iter().zip(RUNGS) {
+    /// rest of it (the first also carries the counts), with the table cells each one carries.
+    fn handed_out_values(&self, room: usize) -> Vec<(String, Vec<(usize, usize)>)> {
+        let mut values: Vec<(String, Vec<(usize, usize)>)> = vec![(String::new(), Vec::new())];
+        for (r, (row, rung)) in self.handed_out.iter().zip(RUNGS).enumerate() {
             for (seconds, &count) in row.iter().enumerate().filter(|(_, c)| **c > 0) {
                 let mut entry = String::new();
                 let h = HandedOut {
@@ -174,18 +181,33 @@ impl Pending {
                     count,
                 };
                 let _ = h.write(&mut entry);
-                let last = values.last_mut().expect("one value at least");
+                let (last, _) = values.last().expect("one value at least");
                 if !last.is_empty() && last.len() + 1 + entry.len() > room {
-                    values.push(entry);
-                } else {
-                    if !last.is_empty() {
-                        last.push(',');
-                    }
-                    last.push_str(&entry);
+                    values.push((String::new(), Vec::new()));
                 }
+                let (last, cells) = values.last_mut().expect("one value at least");
+                if !last.is_empty() {
+                    last.push(',');
+                }
+                last.push_str(&entry);
+                cells.push((r, seconds));
             }
         }
         values
+    }
+
+    /// What the agent has acknowledged: line `i` of a report, which carried `cells`.
+    fn acknowledged(&mut self, i: usize, cells: &[(usize, usize)]) {
+        if i == 0 {
+            let handed_out = self.handed_out;
+            *self = Self {
+                handed_out,
+                ..Self::default()
+            };
+        }
+        for &(r, seconds) in cells {
+            self.handed_out[r][seconds] = 0;
+        }
     }
 }
 
@@ -233,13 +255,22 @@ async fn report_on_one_connection(
             retry_rejected: Some(pending.retry_rejected),
             handed_out: None,
         };
-        // Room for `handed_out=` on a line: what the longest first line takes besides it.
-        let room = MAX_LINE_LEN - Request::Report(first).to_string().len() - " handed_out=".len();
-        let values = pending.handed_out_values(room);
-        let mut lines = String::new();
-        for (i, value) in values.iter().enumerate() {
+        // Room for `handed_out=` on a line: what the longest first line takes besides it (a
+        // name too long for the protocol leaves little, and the agent refuses it anyway).
+        let room = MAX_LINE_LEN
+            .saturating_sub(Request::Report(first).to_string().len() + " handed_out=".len())
+            .max(16);
+        let tracking = counts.tracks_handed_out.load(Ordering::Relaxed);
+        // One line at a time, each acknowledged before the next: a connection lost midway
+        // leaves exactly what was not acknowledged to be sent again.
+        for (i, (value, cells)) in pending.handed_out_values(room).iter().enumerate() {
+            let handed_out = match (tracking, value.is_empty()) {
+                (false, _) => None,
+                (true, true) => Some("none"),
+                (true, false) => Some(value.as_str()),
+            };
             let report = Report {
-                handed_out: (!value.is_empty()).then_some(value.as_str()),
+                handed_out,
                 ..if i == 0 {
                     first
                 } else {
@@ -253,12 +284,10 @@ async fn report_on_one_connection(
                     }
                 }
             };
-            lines.push_str(&format!("{}\n", Request::Report(report)));
-        }
-        tokio::time::timeout(interval, write.write_all(lines.as_bytes()))
-            .await
-            .map_err(|_| timed_out())??;
-        for _ in &values {
+            let text = format!("{}\n", Request::Report(report));
+            tokio::time::timeout(interval, write.write_all(text.as_bytes()))
+                .await
+                .map_err(|_| timed_out())??;
             line.clear();
             let limited = tokio::io::AsyncReadExt::take(&mut reader, MAX_RESPONSE_LEN as u64 + 1);
             tokio::time::timeout(interval, read_line(limited, &mut line))
@@ -266,11 +295,10 @@ async fn report_on_one_connection(
                 .map_err(|_| timed_out())??;
             let text = String::from_utf8_lossy(&line);
             match Response::parse(text.trim_end()).map_err(|e| ClientError::Protocol(e.reason))? {
-                Response::Ok => {}
+                Response::Ok => pending.acknowledged(i, cells),
                 Response::Err(error) => return Err(ClientError::Agent(error.to_string())),
                 other => return Err(ClientError::Protocol(other.to_string())),
             }
         }
-        *pending = Pending::default();
     }
 }

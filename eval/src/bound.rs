@@ -1,28 +1,30 @@
-//! The clairvoyant bound: the best any `Retry-After` assignment could do for a scenario,
-//! knowing the future.
+//! The clairvoyant bound: what no `Retry-After` assignment can beat for a scenario, knowing the
+//! future.
 //!
-//! The bound places the scenario's own clients (the same arrivals as every run) into the
-//! fleet's capacity in arrival order, as a fluid: while anyone waits, requests start at the
-//! rate the replicas in service complete them (Σ `max_ongoing_requests` ÷ mean service time;
-//! a lost replica's share goes at its loss, an added one's comes at its addition), and a
-//! client who finds nobody ahead starts at once. Each client then takes a service time drawn
-//! from the distribution of a replica in service, weighted by its share of the capacity.
+//! The bound serves the scenario's own clients (the same arrivals as every run) first come,
+//! first served, on the fleet's request places: each replica in service takes
+//! `max_ongoing_requests` requests at once, each for a service time drawn from that replica's
+//! distribution. A client takes the place that frees first (at its arrival if one is free);
+//! places come at a replica's addition and go at its loss (work started on it before is
+//! counted as served: the bound errs on the side of the clients). Nothing waits while a place
+//! is free.
 //!
-//! A client who arrives while its proxy's queue is full (counting only the clients the bound
-//! queued, who wait there until their start) is rejected once and told to come back at
-//! exactly its start, where it is admitted. So the bound has every retry admitted, at most one
-//! retry per client, no capacity idle while anyone waits (starts never pause while there is a
-//! backlog), and the shortest waits a first-come-first-served order allows: for the p99 of the
-//! wait, no order does better with equal work per request. It is a bound for the fluid model
-//! of the fleet, not a promise for each draw: with few replicas a real run's luck in service
-//! times can beat it by a little.
+//! A client who arrives while the proxies' queues are full (counting only the clients the
+//! bound queued, who wait there until their start; the queues of all proxies together) is
+//! rejected once and told to come back at exactly its start, where it is admitted.
 //!
-//! Every client is assumed to obey its answer: the bound is about the answers, and a client
-//! that ignores them is not the answer's to place.
+//! Why it is a bound: every retry is admitted (at most one retry a client); no capacity is
+//! idle while anyone waits (0 idle replica-seconds); and no client starts later than a
+//! first-come-first-served order on every place the fleet has would start it, while a
+//! `Retry-After` can only delay a client. Its waits are the ones of a work-conserving order,
+//! so its mean wait is the least any order gets with equal work per request; its p99 is the
+//! first-come-first-served one, which an order that sends a few clients to the very back could
+//! lower a little, so read the p99 ratio as against that reference. It assumes every client
+//! obeys and waits as long as it is told: the bound is about the answers.
 
 use std::{cmp::Reverse, collections::BinaryHeap, time::Duration};
 
-use rand::{RngExt, SeedableRng, rngs::StdRng};
+use rand::{SeedableRng, rngs::StdRng};
 
 use crate::{
     figures::{Figures, mean, percentile},
@@ -36,21 +38,23 @@ pub fn bound(scenario: &Scenario, seed: u64) -> Figures {
     let warm_up = scenario.warm_up();
     let window = warm_up..scenario.length();
     let end = scenario.length() + DRAIN_LIMIT;
-    let fleet = Capacity::new(scenario);
+    let mut places = Places::new(scenario);
     let mut rng = StdRng::seed_from_u64(seed ^ 0xb00d);
     let queue_bound = scenario.max_queued_requests * scenario.proxies;
     let mut queued: BinaryHeap<Reverse<Duration>> = BinaryHeap::new();
-    let mut next_start = Duration::ZERO;
     let mut f = Figures::default();
     let mut times = Vec::new();
     let mut served_in_window = 0;
     for &arrival in &arrivals {
-        let Some(start) = fleet.next_start(arrival.max(next_start)) else {
-            f.unfinished += usize::from(arrival >= warm_up);
+        let measured = arrival >= warm_up;
+        f.clients += usize::from(measured);
+        let Some((start, replica)) = places.take(arrival) else {
+            f.unfinished += usize::from(measured);
             continue;
         };
-        next_start = start + Duration::from_secs_f64(1.0 / fleet.rate_at(start));
-        let success = start + fleet.draw_service(start, &mut rng);
+        let spec = scenario.replicas[replica].spec;
+        let success = start + spec.service_time.draw(&mut rng).mul_f64(spec.slowdown);
+        places.give_back(replica, success);
         while queued.peek().is_some_and(|s| s.0 <= arrival) {
             queued.pop();
         }
@@ -61,10 +65,9 @@ pub fn bound(scenario: &Scenario, seed: u64) -> Figures {
         if window.contains(&success) {
             served_in_window += 1;
         }
-        if arrival < warm_up {
+        if !measured {
             continue;
         }
-        f.clients += 1;
         if success > end {
             f.unfinished += 1;
             continue;
@@ -88,69 +91,63 @@ pub fn bound(scenario: &Scenario, seed: u64) -> Figures {
     f
 }
 
-/// The fleet's capacity over time, from the scenario's replicas and events.
-struct Capacity<'a> {
-    scenario: &'a Scenario,
-    /// (from, replicas in service from then on), in time order.
-    steps: Vec<(Duration, Vec<bool>)>,
+/// The fleet's request places: when each frees, per replica, within the replica's time in
+/// service.
+struct Places {
+    /// (free from, replica), earliest first.
+    free: BinaryHeap<Reverse<(Duration, usize)>>,
+    /// When each replica is in service: from its start or addition to its loss.
+    service: Vec<(Duration, Duration)>,
 }
 
-impl<'a> Capacity<'a> {
-    fn new(scenario: &'a Scenario) -> Self {
-        let mut up: Vec<bool> = scenario.replicas.iter().map(|r| r.present).collect();
-        let mut steps = vec![(Duration::ZERO, up.clone())];
-        for event in &scenario.events {
-            match event.kind {
-                EventKind::LoseReplica(r) => up[r] = false,
-                EventKind::AddReplica(r) => up[r] = true,
-            }
-            steps.push((event.at, up.clone()));
-        }
-        Self { scenario, steps }
-    }
-
-    fn up_at(&self, t: Duration) -> &[bool] {
-        let i = self.steps.partition_point(|s| s.0 <= t);
-        &self.steps[i.saturating_sub(1)].1
-    }
-
-    /// Requests per second the replicas in service at `t` start while busy.
-    fn rate_at(&self, t: Duration) -> f64 {
-        self.scenario
+impl Places {
+    fn new(scenario: &Scenario) -> Self {
+        let mut service: Vec<(Duration, Duration)> = scenario
             .replicas
             .iter()
-            .zip(self.up_at(t))
-            .filter(|(_, up)| **up)
-            .map(|(r, _)| r.capacity())
-            .sum()
-    }
-
-    /// The first moment from `t` with capacity, if any.
-    fn next_start(&self, t: Duration) -> Option<Duration> {
-        if self.rate_at(t) > 0.0 {
-            return Some(t);
-        }
-        self.steps
-            .iter()
-            .map(|s| s.0)
-            .find(|&from| from > t && self.rate_at(from) > 0.0)
-    }
-
-    /// A service time from a replica in service at `t`, drawn by capacity share.
-    fn draw_service(&self, t: Duration, rng: &mut StdRng) -> Duration {
-        let rate = self.rate_at(t);
-        let mut u = rng.random::<f64>() * rate;
-        let up = self.up_at(t);
-        let mut last = None;
-        for (r, _) in self.scenario.replicas.iter().zip(up).filter(|(_, up)| **up) {
-            last = Some(r);
-            u -= r.capacity();
-            if u < 0.0 {
-                break;
+            .map(|r| {
+                let from = if r.present {
+                    Duration::ZERO
+                } else {
+                    Duration::MAX
+                };
+                (from, Duration::MAX)
+            })
+            .collect();
+        for event in &scenario.events {
+            match event.kind {
+                EventKind::AddReplica(r) => service[r].0 = event.at,
+                EventKind::LoseReplica(r) => service[r].1 = event.at,
             }
         }
-        let r = last.expect("a replica in service");
-        r.spec.service_time.draw(rng).mul_f64(r.spec.slowdown)
+        let mut free = BinaryHeap::new();
+        for (r, replica) in scenario.replicas.iter().enumerate() {
+            if service[r].0 < service[r].1 {
+                for _ in 0..replica.max_ongoing_requests {
+                    free.push(Reverse((service[r].0, r)));
+                }
+            }
+        }
+        Self { free, service }
+    }
+
+    /// The first place free for a client arriving at `arrival`: its start and replica.
+    /// Places of replicas lost by then are gone.
+    fn take(&mut self, arrival: Duration) -> Option<(Duration, usize)> {
+        while let Some(Reverse((from, replica))) = self.free.pop() {
+            let start = from.max(arrival);
+            if start < self.service[replica].1 {
+                return Some((start, replica));
+            }
+        }
+        None
+    }
+
+    /// The place on `replica` is free again at `at`.
+    fn give_back(&mut self, replica: usize, at: Duration) {
+        if at < self.service[replica].1 {
+            self.free.push(Reverse((at, replica)));
+        }
     }
 }
 
@@ -185,5 +182,6 @@ mod tests {
         assert!((9.0..11.0).contains(&p99), "{p99}");
         // Served at capacity over the measured part.
         assert!((f.goodput - 160.0).abs() < 8.0, "{}", f.goodput);
+        assert_eq!(f.succeeded + f.unfinished, f.clients);
     }
 }

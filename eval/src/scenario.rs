@@ -121,7 +121,14 @@ impl Scenario {
 
     /// The same scenario with its measured part stretched or shrunk to `seconds` (phases and
     /// events after the warm-up scaled alike): a short run of a long scenario for a test.
+    ///
+    /// # Panics
+    /// If `seconds` is not a positive finite number (the binary checks `--seconds`).
     pub fn scaled_to(&self, seconds: f64) -> Scenario {
+        assert!(
+            seconds > 0.0 && seconds.is_finite(),
+            "a measured length of {seconds} s"
+        );
         let warm_up = self.warm_up();
         let factor = seconds / self.measured().as_secs_f64();
         let mut s = self.clone();
@@ -305,16 +312,16 @@ impl ScenarioFile {
             "1 to 100",
         )?;
         check(
-            self.warm_up_s > 0.0,
+            self.warm_up_s > 0.0 && self.warm_up_s <= 7200.0,
             "warm_up_s",
             self.warm_up_s,
-            "more than 0",
+            "more than 0, at most 7200",
         )?;
         check(
-            self.warm_up_rate >= 0.0,
+            (0.0..=100.0).contains(&self.warm_up_rate),
             "warm_up_rate",
             self.warm_up_rate,
-            "0 or more",
+            "0 to 100 (× capacity)",
         )?;
         let replicas = self.replicas()?;
         let capacity: f64 = replicas
@@ -477,19 +484,13 @@ impl ScenarioFile {
                 }
             };
             let (EventKind::LoseReplica(r) | EventKind::AddReplica(r)) = kind;
-            check(
-                r < replicas.len(),
-                &at("replica"),
-                r,
-                "the index of a replica",
-            )?;
+            let field = match kind {
+                EventKind::LoseReplica(_) => at("lose_replica"),
+                EventKind::AddReplica(_) => at("add_replica"),
+            };
+            check(r < replicas.len(), &field, r, "the index of a replica")?;
             if let EventKind::AddReplica(r) = kind {
-                check(
-                    !replicas[r].present,
-                    &at("add_replica"),
-                    r,
-                    "a replica marked absent",
-                )?;
+                check(!replicas[r].present, &field, r, "a replica marked absent")?;
             }
             events.push(Event {
                 at: Duration::from_secs_f64(self.warm_up_s + e.at_s),
@@ -497,6 +498,25 @@ impl ScenarioFile {
             });
         }
         events.sort_by_key(|e| e.at);
+        // In time order: a replica is added once, and a lost replica stays lost.
+        let mut up: Vec<bool> = replicas.iter().map(|r| r.present).collect();
+        let mut lost = vec![false; replicas.len()];
+        for e in &events {
+            let at_s = (e.at.as_secs_f64() - self.warm_up_s).max(0.0);
+            match e.kind {
+                EventKind::LoseReplica(r) => {
+                    let what = format!("lose_replica = {r} at {at_s} s");
+                    check(up[r], "events", what, "a replica in service then")?;
+                    (up[r], lost[r]) = (false, true);
+                }
+                EventKind::AddReplica(r) => {
+                    let what = format!("add_replica = {r} at {at_s} s");
+                    let expected = "a replica not yet added (a lost replica stays lost)";
+                    check(!up[r] && !lost[r], "events", what, expected)?;
+                    up[r] = true;
+                }
+            }
+        }
         Ok(events)
     }
 
@@ -517,11 +537,16 @@ impl ScenarioFile {
                 ("honour", None) => Behaviour::HonourRetryAfter,
                 ("backoff", None) => Behaviour::Backoff,
                 ("honour-capped", Some(cap)) if cap >= 1 => Behaviour::HonourCapped(cap),
-                ("honour-capped", _) => {
+                ("honour-capped", Some(cap)) => {
                     return Err(format!(
-                        "{} = {:?}: expected a cap of 1 s or more",
-                        at("cap_s"),
-                        c.cap_s
+                        "{} = {cap}: expected a cap of 1 s or more",
+                        at("cap_s")
+                    ));
+                }
+                ("honour-capped", None) => {
+                    return Err(format!(
+                        "{}: missing (\"honour-capped\" needs a cap in seconds)",
+                        at("cap_s")
                     ));
                 }
                 (b @ ("honour" | "backoff"), Some(_)) => {
@@ -579,6 +604,20 @@ phases = [{ seconds = 25, rate = 1.5 }]
             e.contains("events[0].add_replica") && e.contains("absent"),
             "{e}"
         );
+        let bad = format!(
+            "{STEADY}\n[[events]]\nat_s = 3\nlose_replica = 1\n[[events]]\nat_s = 4\nlose_replica = 1\n"
+        );
+        let e = Scenario::parse(&bad).unwrap_err();
+        assert!(
+            e.contains("lose_replica = 1 at 4 s") && e.contains("in service"),
+            "{e}"
+        );
+        let bad = STEADY.replace(
+            "max_queued_requests = 32",
+            "max_queued_requests = 32\nwarm_up_rate = inf",
+        );
+        let e = Scenario::parse(&bad).unwrap_err();
+        assert!(e.contains("warm_up_rate = inf"), "{e}");
         let bad = format!("{STEADY}\n[[clients]]\nshare = 1\nbehaviour = \"obey\"\n");
         let e = Scenario::parse(&bad).unwrap_err();
         assert!(

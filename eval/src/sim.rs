@@ -128,7 +128,12 @@ impl Counts {
                 entry
             })
             .collect();
-        (!entries.is_empty()).then(|| entries.join(","))
+        // Every rejection says what it carried, as the reference proxy's reporter does.
+        Some(if entries.is_empty() {
+            "none".to_owned()
+        } else {
+            entries.join(",")
+        })
     }
 }
 

@@ -3,7 +3,8 @@
 use std::fmt;
 
 use crate::{
-    ErrorCode, MAX_LINE_LEN, MAX_REPORT_COUNT, MAX_SERVICE_NAME_LEN, ProtocolError, policy::Rung,
+    ErrorCode, MAX_LINE_LEN, MAX_REPORT_COUNT, MAX_SERVICE_NAME_LEN, ProtocolError,
+    policy::{MAX_RETRY_AFTER_S, Rung},
     wire::Opt,
 };
 
@@ -47,8 +48,8 @@ pub struct Report<'a> {
     pub retry_admitted: Option<u64>,
     /// Of the rejected requests, those it knows were retries after a Retry-After.
     pub retry_rejected: Option<u64>,
-    /// What it handed out: `handed_out=` as sent, checked; read it with
-    /// [`Report::handed_out`].
+    /// What it handed out: `handed_out=` as sent, checked (`none`: no rejection carried a
+    /// value); read it with [`Report::handed_out`].
     pub handed_out: Option<&'a str>,
 }
 
@@ -77,12 +78,16 @@ impl HandedOut {
             _ => return None,
         };
         let (seconds, count) = entry[1..].split_once(':')?;
+        let digits = |v: &str| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit());
+        if !(digits(seconds) && digits(count)) {
+            return None;
+        }
         let parsed = Self {
             rung,
             seconds: seconds.parse().ok()?,
             count: count.parse().ok()?,
         };
-        (parsed.count <= MAX_REPORT_COUNT).then_some(parsed)
+        (parsed.seconds <= MAX_RETRY_AFTER_S && parsed.count <= MAX_REPORT_COUNT).then_some(parsed)
     }
 }
 
@@ -90,6 +95,7 @@ impl Report<'_> {
     /// The values handed out, as reported (nothing if the proxy did not say).
     pub fn handed_out(&self) -> impl Iterator<Item = HandedOut> + '_ {
         self.handed_out
+            .filter(|v| *v != "none")
             .into_iter()
             .flat_map(|v| v.split(','))
             .filter_map(HandedOut::parse)
@@ -161,8 +167,8 @@ impl<'a> Request<'a> {
                         "streak" => set(&mut report.backoff_streak, key, v),
                         "retry_admitted" => set(&mut report.retry_admitted, key, v),
                         "retry_rejected" => set(&mut report.retry_rejected, key, v),
-                        "handed_out" if report.handed_out.is_none() => {
-                            Some(if v.split(',').all(|e| HandedOut::parse(e).is_some()) {
+                        "handed_out" if report.handed_out.is_none() => Some(
+                            if v == "none" || v.split(',').all(|e| HandedOut::parse(e).is_some()) {
                                 report.handed_out = Some(v);
                                 Ok(())
                             } else {
@@ -172,8 +178,8 @@ impl<'a> Request<'a> {
                                         "handed_out={v:?} is not entries like c3:12 or s5:40 (rung c or s, seconds, count), comma-separated"
                                     ),
                                 ))
-                            })
-                        }
+                            },
+                        ),
                         _ => None,
                     },
                 )?;
@@ -194,7 +200,9 @@ impl<'a> Request<'a> {
                 if counts.into_iter().flatten().any(|n| n > MAX_REPORT_COUNT) {
                     return Err(ProtocolError::new(
                         ErrorCode::BadArgument,
-                        format!("REPORT counts are at most {MAX_REPORT_COUNT}: report more often"),
+                        format!(
+                            "REPORT counts (admitted=, rejected=, retry_admitted=, retry_rejected=) are at most {MAX_REPORT_COUNT}: report more often"
+                        ),
                     ));
                 }
                 Ok(Request::Report(report))

@@ -42,6 +42,15 @@ fn parses_every_request() {
         }))
     );
     assert_eq!(Request::parse(b"HEALTH"), Ok(Request::Health));
+    let Ok(Request::Report(none)) =
+        Request::parse(b"REPORT chat admitted=3 rejected=1 handed_out=none")
+    else {
+        panic!("a report");
+    };
+    assert_eq!(
+        (none.handed_out, none.handed_out().count()),
+        (Some("none"), 0)
+    );
     let line = b"REPORT chat admitted=3 rejected=9 handed_out=c3:5,c4:2,s5:2";
     let Ok(Request::Report(report)) = Request::parse(line) else {
         panic!("a report");
@@ -83,7 +92,17 @@ fn every_bad_line_gets_its_code() {
         ErrorCode::BadArgument
     );
     assert_eq!(code(b"HEALTH now"), ErrorCode::BadArgument);
-    for handed_out in ["x3:1", "c3", "c:1", "c3:1,", "c3:-1", "c3:10000001"] {
+    for handed_out in [
+        "x3:1",
+        "c3",
+        "c:1",
+        "c3:1,",
+        "c3:-1",
+        "c+3:1",
+        "c3:10000001",
+        "c61:1",
+        "c18446744073709551615:1",
+    ] {
         let line = format!("REPORT chat admitted=1 rejected=1 handed_out={handed_out}");
         assert_eq!(code(line.as_bytes()), ErrorCode::BadArgument, "{line}");
     }

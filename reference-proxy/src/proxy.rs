@@ -8,7 +8,9 @@
 //! * Every admission and rejection is counted for the agent ([`Reporter`]); a request marked
 //!   as a retry (`x-retry-attempt` > 1) is counted as one.
 //!
-//! A replica whose connection fails is taken out of placement and the request fails (502).
+//! A replica whose connection fails is taken out of placement, for good (until the proxy
+//! restarts), and the request fails (502). The retry backlog holds one entry per client told
+//! to come back, until its time (60 s at most): bounded by the rejection rate.
 
 use std::{
     convert::Infallible,
@@ -265,6 +267,13 @@ async fn handle(
     let Ok(index) = rx.await else {
         return Ok(reply(StatusCode::SERVICE_UNAVAILABLE, b"proxy stopping\n"));
     };
+    // Frees the replica's place however this handler ends: answered, failed, or dropped when
+    // the client goes away mid-request.
+    let mut placed = Placed {
+        state: &state,
+        index,
+        failed: false,
+    };
     let uri = format!("http://{}/", state.config.replicas[index].0);
     let forwarded = Request::get(uri)
         .body(Empty::new())
@@ -278,18 +287,33 @@ async fn handle(
             .ok(),
         Err(_) => None,
     };
-    {
-        let mut routing = state.routing();
-        routing.fleet.complete(index);
-        if result.is_none() {
-            routing.fleet.set_up(index, false);
-        }
-    }
-    state.queued.notify_one();
+    placed.failed = result.is_none();
+    drop(placed);
     Ok(match result {
         Some(body) => Response::new(Full::new(body).boxed()),
         None => reply(StatusCode::BAD_GATEWAY, b"replica failed\n"),
     })
+}
+
+/// A request's place on a replica, given back when dropped; a failed request takes the
+/// replica out of placement (until the proxy restarts).
+struct Placed<'a> {
+    state: &'a State,
+    index: usize,
+    failed: bool,
+}
+
+impl Drop for Placed<'_> {
+    fn drop(&mut self) {
+        {
+            let mut routing = self.state.routing();
+            routing.fleet.complete(self.index);
+            if self.failed {
+                routing.fleet.set_up(self.index, false);
+            }
+        }
+        self.state.queued.notify_one();
+    }
 }
 
 /// The rejection of a request that found the queue at `depth` with placement at `streak`.
@@ -314,12 +338,10 @@ fn reject(state: &State, depth: usize, streak: u32) -> Response<Body> {
             }
             HeaderPolicy::None => (None, Rung::None),
         };
-        if let Some(s) = seconds {
-            if with_backlog {
-                routing.backlog.promise(now + Duration::from_secs(s));
-            }
-            state.reporter.handed_out(rung, s);
+        if with_backlog && let Some(s) = seconds {
+            routing.backlog.promise(now + Duration::from_secs(s));
         }
+        state.reporter.handed_out(rung, seconds.unwrap_or(0));
         (seconds, rung)
     };
     let rejection = Rejection {

@@ -79,9 +79,16 @@ struct Common {
     /// The seed of arrivals, service times and every draw.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Stretch or shrink each scenario's measured part to this many seconds.
-    #[arg(long)]
+    /// Stretch or shrink each scenario's measured part to this many seconds (1 to 7200).
+    #[arg(long, value_parser = parse_seconds)]
     seconds: Option<f64>,
+}
+
+fn parse_seconds(text: &str) -> Result<f64, String> {
+    text.parse::<f64>()
+        .ok()
+        .filter(|s| (1.0..=7200.0).contains(s))
+        .ok_or_else(|| format!("{text:?}: a number of seconds from 1 to 7200"))
 }
 
 impl Common {
@@ -477,16 +484,21 @@ fn main() -> Result<()> {
             std::fs::create_dir_all(&common.out)?;
             write(&common.out.join("agreement.md"), &md)?;
             let took = started.elapsed().as_secs_f64();
-            // Real rows taken from an earlier run keep that run's own record.
-            if real_from.is_none() {
-                write_results(
-                    &common.out.join("real"),
-                    "Evaluation on real sockets",
-                    &scenarios,
-                    &with_bounds(&scenarios, real, common.seed),
-                    took,
-                )?;
-            }
+            // Real rows taken from an earlier run are written again with today's bounds.
+            let real_title = match &real_from {
+                Some(path) => format!(
+                    "Evaluation on real sockets (the real rows from {}, an earlier run)",
+                    path.display()
+                ),
+                None => "Evaluation on real sockets".to_owned(),
+            };
+            write_results(
+                &common.out.join("real"),
+                &real_title,
+                &scenarios,
+                &with_bounds(&scenarios, real, common.seed),
+                took,
+            )?;
             write_results(
                 &common.out.join("simulated"),
                 "Evaluation in the simulator",
