@@ -134,11 +134,12 @@ async fn command() -> anyhow::Result<ExitCode> {
     match Cli::parse().command {
         Command::Run { config } => {
             let config = load(config.as_ref())?;
+            // Caught before anything is attached, so a stop during start-up is a clean stop.
+            let signals =
+                shutdown::Signals::install().context("cannot install the signal handlers")?;
             let shutdown = async {
-                match shutdown::signal().await {
-                    Ok(signal) => info!(signal, "stopping"),
-                    Err(error) => tracing::error!(%error, "cannot wait for signals; stopping"),
-                }
+                let signal = signals.recv().await;
+                info!(signal, "stopping");
             };
             run::run(config, shutdown).await?;
             Ok(ExitCode::SUCCESS)

@@ -3,16 +3,33 @@
 //! The daemon stops on SIGINT or SIGTERM. `run` takes any future as its shutdown trigger, so
 //! tests and embedders decide when it stops.
 
-/// Completes when the process receives SIGINT or SIGTERM.
-///
-/// # Errors
-/// The signal handlers cannot be installed.
-pub async fn signal() -> std::io::Result<&'static str> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut interrupt = signal(SignalKind::interrupt())?;
-    let mut terminate = signal(SignalKind::terminate())?;
-    Ok(tokio::select! {
-        _ = interrupt.recv() => "SIGINT",
-        _ = terminate.recv() => "SIGTERM",
-    })
+use tokio::signal::unix::{Signal, SignalKind, signal};
+
+/// SIGINT and SIGTERM, caught from the moment [`Signals::install`] returns: a signal that
+/// comes while the daemon is still attaching stops it cleanly once it is up, instead of
+/// killing it.
+pub struct Signals {
+    interrupt: Signal,
+    terminate: Signal,
+}
+
+impl Signals {
+    /// Catch SIGINT and SIGTERM from now on. Must be called within a tokio runtime.
+    ///
+    /// # Errors
+    /// The signal handlers cannot be installed.
+    pub fn install() -> std::io::Result<Self> {
+        Ok(Self {
+            interrupt: signal(SignalKind::interrupt())?,
+            terminate: signal(SignalKind::terminate())?,
+        })
+    }
+
+    /// Completes when one of them has come (at once if one came already); says which.
+    pub async fn recv(mut self) -> &'static str {
+        tokio::select! {
+            _ = self.interrupt.recv() => "SIGINT",
+            _ = self.terminate.recv() => "SIGTERM",
+        }
+    }
 }
