@@ -86,7 +86,7 @@ pub fn bound(scenario: &Scenario, seed: u64) -> Figures {
     times.sort_by(f64::total_cmp);
     f.p50_s = percentile(&times, 0.5);
     f.p99_s = percentile(&times, 0.99);
-    f.mean_s = mean(&times);
+    f.mean_s = mean(times.iter().copied());
     f.goodput = served_in_window as f64 / scenario.measured().as_secs_f64();
     f
 }

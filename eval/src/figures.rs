@@ -75,8 +75,12 @@ fn ratio(a: usize, b: usize) -> Option<f64> {
     (b > 0).then(|| a as f64 / b as f64)
 }
 
-pub(crate) fn mean(values: &[f64]) -> Option<f64> {
-    (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
+/// The mean of `values`, if there are any.
+pub(crate) fn mean(values: impl IntoIterator<Item = f64>) -> Option<f64> {
+    let (sum, n) = values
+        .into_iter()
+        .fold((0.0, 0usize), |(s, n), v| (s + v, n + 1));
+    (n > 0).then(|| sum / n as f64)
 }
 
 pub(crate) fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
@@ -134,7 +138,7 @@ pub fn figures(run: &RunResult) -> Figures {
     f.unfinished = run.unfinished;
     f.p50_s = percentile(&times, 0.5);
     f.p99_s = percentile(&times, 0.99);
-    f.mean_s = mean(&times);
+    f.mean_s = mean(times.iter().copied());
     let window = run.warm_up..run.warm_up + std::time::Duration::from_secs_f64(run.measured_s);
     let served_in_window = run
         .attempts

@@ -23,4 +23,5 @@ pub mod record;
 pub mod report;
 pub mod run;
 pub mod scenario;
+pub mod seeds;
 pub mod sim;

@@ -11,8 +11,7 @@
 //! * [`Behaviour::Backoff`]: it ignores the header and backs off exponentially with full
 //!   jitter (a uniform draw up to `base × 2^(attempt−1)`, capped): the status quo.
 //!
-//! Each client's behaviour is drawn from the scenario's mix; each attempt goes to one of the
-//! proxies, drawn at random.
+//! Each client's behaviour is drawn from the scenario's mix.
 //!
 //! Every attempt is recorded; while a client waits to retry it is counted in
 //! [`Load::waiting`].
@@ -167,10 +166,10 @@ pub fn arrivals(phases: &[Phase], seed: u64) -> Vec<Duration> {
 }
 
 impl Load {
-    /// Start the clients of `arrivals` (each with its behaviour) against `targets`, the
-    /// proxies. Returns at once; each client runs in its own task.
+    /// Start the clients of `arrivals` (each with its behaviour) against `target`, the
+    /// proxy. Returns at once; each client runs in its own task.
     pub fn start(
-        targets: Vec<SocketAddr>,
+        target: SocketAddr,
         arrivals: Vec<(Duration, Behaviour)>,
         max_attempts: u32,
         seed: u64,
@@ -187,26 +186,22 @@ impl Load {
             clients: arrivals.len(),
             started: Instant::now(),
         };
-        let targets = Arc::new(targets);
+        let url = format!("http://{target}/");
         for (client, (at, behaviour)) in arrivals.into_iter().enumerate() {
-            let targets = targets.clone();
+            let url = url.clone();
             let http = http.clone();
             let attempts = load.attempts.clone();
             let waiting = load.waiting.clone();
             let done = Finished(load.done.clone());
             let started = load.started;
-            let seed = seed ^ (client as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            let seed = crate::seeds::client(seed, client);
             tokio::spawn(async move {
                 let _done = done;
                 tokio::time::sleep_until((started + at).into()).await;
                 let mut rng = StdRng::seed_from_u64(seed);
                 let mut after_suggested_s = None;
                 for number in 1..=max_attempts {
-                    let target = match targets.len() {
-                        1 => targets[0],
-                        n => targets[rng.random_range(0..n)],
-                    };
-                    let request = Request::get(format!("http://{target}/"))
+                    let request = Request::get(&url)
                         .header("x-retry-attempt", number.to_string())
                         .body(Empty::new())
                         .expect("a valid request");

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
-use crate::figures::Figures;
+use crate::figures::{Figures, mean};
 
 /// The label of the clairvoyant bound's rows.
 pub const BOUND: &str = "clairvoyant bound";
@@ -159,11 +159,6 @@ pub fn operators_static_pick(rows: &[Row]) -> Option<String> {
         .filter(|s| s.1 >= best - 0.05)
         .min_by(|a, b| a.2.total_cmp(&b.2))
         .map(|s| s.0)
-}
-
-fn mean(values: impl Iterator<Item = f64>) -> Option<f64> {
-    let (sum, n) = values.fold((0.0, 0usize), |(s, n), v| (s + v, n + 1));
-    (n > 0).then(|| sum / n as f64)
 }
 
 fn bound_of<'a>(rows: &'a [Row], scenario: &str) -> Option<&'a Row> {

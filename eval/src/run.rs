@@ -20,6 +20,7 @@ use crate::{
     policy::{Policy, SERVICE},
     record::{JudgeFigures, RunResult},
     scenario::{EventKind, Scenario},
+    seeds,
 };
 
 /// How long a run waits after its schedule for clients still waiting to retry.
@@ -63,7 +64,7 @@ pub fn run(
         let mut replicas = Vec::new();
         for (i, r) in scenario.replicas.iter().enumerate() {
             replicas.push(
-                Replica::start(r.spec, seed.wrapping_add(1 + i as u64))
+                Replica::start(r.spec, seeds::replica(seed, i))
                     .await
                     .expect("start a replica"),
             );
@@ -94,7 +95,7 @@ pub fn run(
                 max_queued_requests: scenario.max_queued_requests,
                 status_code: 429,
                 header: policy.header(),
-                seed,
+                seed: seeds::proxy(seed, 0),
                 record_rejections: true,
             },
             &agent.socket,
@@ -106,7 +107,7 @@ pub fn run(
                 proxy.set_replica_up(i, false);
             }
         }
-        let load = Load::start(vec![proxy.addr()], clients, scenario.attempts, seed);
+        let load = Load::start(proxy.addr(), clients, scenario.attempts, seed);
         let length = scenario.length();
         let mut idle = 0.0;
         let mut ticker = tokio::time::interval(SAMPLE_EVERY);

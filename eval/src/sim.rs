@@ -34,7 +34,9 @@ use retry_after_agent::{
 use retry_after_client::decide;
 use retry_after_policy::Rung;
 use retry_after_protocol::{EstimatePush, HandedOut, Report};
-use retry_after_reference_proxy::{Arrival, Fleet, HeaderPolicy, RetryBacklog, Router, Wake};
+use retry_after_reference_proxy::{
+    Arrival, Fleet, HeaderPolicy, RetryBacklog, Router, Wake, proxy::jitter_seed,
+};
 use retry_after_testkit::AGENT_TICK_MS;
 
 use crate::{
@@ -43,6 +45,7 @@ use crate::{
     record::{JudgeFigures, RunResult},
     run::{DRAIN_LIMIT, clients},
     scenario::{EventKind, Scenario},
+    seeds,
 };
 
 /// When the probe counts a streamed response complete, from its start: the replica sends the
@@ -187,11 +190,11 @@ impl<'a> Sim<'a> {
         }
         let proxies = (0..scenario.proxies)
             .map(|p| {
-                let seed = seed.wrapping_add(p as u64 * 7919);
+                let seed = seeds::proxy(seed, p);
                 SimProxy {
                     router: Router::new(scenario.max_queued_requests, seed),
                     backlog: RetryBacklog::default(),
-                    jitter: StdRng::seed_from_u64(seed ^ 0x6a17_7e75),
+                    jitter: StdRng::seed_from_u64(jitter_seed(seed)),
                     agent: ServiceEstimator::new(settings.clone()),
                     push: None,
                     pushes: 0,
@@ -209,9 +212,7 @@ impl<'a> Sim<'a> {
             .map(|(client, (arrival, behaviour))| Client {
                 arrival,
                 behaviour,
-                rng: StdRng::seed_from_u64(
-                    seed ^ (client as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
-                ),
+                rng: StdRng::seed_from_u64(seeds::client(seed, client)),
                 attempts: 0,
                 after_suggested_s: None,
             })
@@ -226,7 +227,7 @@ impl<'a> Sim<'a> {
             sequence: 0,
             fleet,
             replica_rngs: (0..replicas)
-                .map(|i| StdRng::seed_from_u64(seed.wrapping_add(1 + i as u64)))
+                .map(|i| StdRng::seed_from_u64(seeds::replica(seed, i)))
                 .collect(),
             epochs: vec![0; replicas],
             on_replica: vec![Vec::new(); replicas],

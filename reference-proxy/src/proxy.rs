@@ -127,6 +127,12 @@ impl State {
     }
 }
 
+/// The seed of a proxy's jitter draws, from its configured seed (the placement draws use the
+/// seed itself).
+pub fn jitter_seed(seed: u64) -> u64 {
+    seed ^ 0x6a17_7e75
+}
+
 /// A running proxy.
 pub struct Proxy {
     addr: SocketAddr,
@@ -162,7 +168,7 @@ impl Proxy {
             fleet: Fleet::new(config.replicas.iter().map(|r| r.1)),
             router: Router::new(config.max_queued_requests, config.seed),
             backlog: RetryBacklog::default(),
-            rng: StdRng::seed_from_u64(config.seed ^ 0x6a17_7e75),
+            rng: StdRng::seed_from_u64(jitter_seed(config.seed)),
         };
         let state = Arc::new(State {
             started: Instant::now(),

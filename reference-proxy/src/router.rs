@@ -88,26 +88,6 @@ impl Fleet {
         }
     }
 
-    /// Number of replicas, in service or not.
-    pub fn len(&self) -> usize {
-        self.replicas.len()
-    }
-
-    /// True if the fleet has no replica at all.
-    pub fn is_empty(&self) -> bool {
-        self.replicas.is_empty()
-    }
-
-    /// Requests ongoing on `replica`.
-    pub fn ongoing(&self, replica: usize) -> usize {
-        self.replicas.get(replica).map_or(0, |r| r.ongoing)
-    }
-
-    /// True if `replica` is in placement.
-    pub fn is_up(&self, replica: usize) -> bool {
-        self.replicas.get(replica).is_some_and(|r| r.up)
-    }
-
     /// Idle capacity: the sum over replicas in service of their free share of
     /// `max_ongoing_requests` (2.0: two replicas' worth idle).
     pub fn idle_replicas(&self) -> f64 {

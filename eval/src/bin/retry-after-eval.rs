@@ -222,22 +222,26 @@ fn run_all(
     out
 }
 
-fn bound_row(scenario: &Scenario, seed: u64) -> Row {
-    Row {
-        scenario: scenario.name.clone(),
-        policy: BOUND.to_owned(),
-        name: "bound".to_owned(),
-        source: "bound".to_owned(),
-        figures: bound(scenario, seed),
-    }
+/// The bound's row of each scenario, in order.
+fn bounds(scenarios: &[Scenario], seed: u64) -> Vec<Row> {
+    scenarios
+        .iter()
+        .map(|scenario| Row {
+            scenario: scenario.name.clone(),
+            policy: BOUND.to_owned(),
+            name: "bound".to_owned(),
+            source: "bound".to_owned(),
+            figures: bound(scenario, seed),
+        })
+        .collect()
 }
 
-/// The rows of each scenario followed by its bound.
-fn with_bounds(scenarios: &[Scenario], rows: Vec<Row>, seed: u64) -> Vec<Row> {
+/// The rows of each scenario followed by its bound (`bounds`, one per scenario in order).
+fn with_bounds(scenarios: &[Scenario], rows: &[Row], bounds: &[Row]) -> Vec<Row> {
     let mut out = Vec::new();
-    for s in scenarios {
+    for (s, bound) in scenarios.iter().zip(bounds) {
         out.extend(rows.iter().filter(|r| r.scenario == s.name).cloned());
-        out.push(bound_row(s, seed));
+        out.push(bound.clone());
     }
     out
 }
@@ -428,7 +432,7 @@ fn evaluate(place: Place, common: &Common, static_sweep: bool, started: Instant)
         started,
     };
     let rows = run_all(place, &scenarios, &policies, common.seed, &mut progress);
-    let rows = with_bounds(&scenarios, rows, common.seed);
+    let rows = with_bounds(&scenarios, &rows, &bounds(&scenarios, common.seed));
     let title = match place {
         Place::Real => "Evaluation on real sockets",
         Place::Simulated => "Evaluation in the simulator",
@@ -471,6 +475,7 @@ fn main() -> Result<()> {
                 ),
             };
             let (table, w) = agreement_table(&real, &simulated);
+            let bound_rows = bounds(&scenarios, common.seed);
             let command: String = std::env::args().skip(1).map(|a| format!(" {a}")).collect();
             let md = format!(
                 "# The simulator against real sockets\n\nMade by `retry-after-eval{command}` in {:.0} s: every scenario under every policy, once on real sockets with the real agent and once in the simulator, with the same seed. Within tolerance, of {} rows: admitted share within 5 points, {}; goodput within 10%, {}; p50 time to success within 20%, {}; all three, {}.\n\n{table}",
@@ -496,14 +501,14 @@ fn main() -> Result<()> {
                 &common.out.join("real"),
                 &real_title,
                 &scenarios,
-                &with_bounds(&scenarios, real, common.seed),
+                &with_bounds(&scenarios, &real, &bound_rows),
                 took,
             )?;
             write_results(
                 &common.out.join("simulated"),
                 "Evaluation in the simulator",
                 &scenarios,
-                &with_bounds(&scenarios, simulated, common.seed),
+                &with_bounds(&scenarios, &simulated, &bound_rows),
                 took,
             )
         }
