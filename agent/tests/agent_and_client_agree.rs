@@ -13,7 +13,7 @@ use retry_after_agent::{
         Scope, ServiceEstimator, ServiceLoad, ServiceSettings, SideLoad,
     },
 };
-use retry_after_protocol::{EstimatePush, Response};
+use retry_after_protocol::{EstimatePush, Request, Response, policy::OverloadRule};
 
 fn settings(
     scope: Scope,
@@ -52,6 +52,8 @@ fn constants() -> impl Strategy<Value = PolicyConstants> {
             jitter,
             min_retry_after_s: lo.min(hi),
             max_retry_after_s: lo.max(hi),
+            overload_rule: OverloadRule::Latest,
+            overload_horizon_factor: None,
         })
 }
 
@@ -59,7 +61,10 @@ proptest! {
     #[test]
     fn the_clients_answer_from_a_push_is_the_agents_answer(
         scope in prop_oneof![Just(Scope::Proxy), Just(Scope::Replica)],
-        computed in any::<bool>(),
+        policy in prop::sample::select(RetryAfterPolicy::ALL.to_vec()),
+        pick_rule in prop::sample::select(OverloadRule::ALL.to_vec()),
+        horizon_factor in prop::option::of(0.1..10.0f64),
+        promised in prop::collection::vec((0u64..2_000, 1u64..=60), 0..40),
         constants in constants(),
         static_s in prop::option::of(1u64..600),
         frontend in any::<bool>(),
@@ -67,7 +72,11 @@ proptest! {
         rates in prop::collection::vec((0u64..5_000, 0u64..200, 0u64..400), 1..8),
         queries in prop::collection::vec((prop::option::of(0u64..100_000), prop::option::of(0u32..20), 0.0..1.0f64), 1..16),
     ) {
-        let policy = if computed { RetryAfterPolicy::RouterQueueDrainRate } else { RetryAfterPolicy::Static };
+        let constants = PolicyConstants {
+            overload_rule: pick_rule,
+            overload_horizon_factor: horizon_factor,
+            ..constants
+        };
         let mut agent = ServiceEstimator::new(settings(scope, policy, constants, static_s, frontend, max_ongoing));
         let t0 = Instant::now();
         let mut completed = 0;
@@ -80,6 +89,20 @@ proptest! {
                 frontend_in_flight: frontend.then_some(*frontend_in_flight),
             });
         }
+        // Returns promised through a report (arrivals and values handed out), then a tick.
+        let last = t0 + Duration::from_millis(700 * rates.len() as u64);
+        let handed_out: Vec<String> = promised.iter().map(|(n, s)| format!("c{s}:{n}")).collect();
+        let handed_out = if handed_out.is_empty() { "none".to_owned() } else { handed_out.join(",") };
+        let report = format!("REPORT api admitted=40 rejected=90 handed_out={handed_out}");
+        let Ok(Request::Report(report)) = Request::parse(report.as_bytes()) else {
+            panic!("not a report: {report}");
+        };
+        agent.report(last - Duration::from_millis(500), last, &report);
+        agent.observe_load(last + Duration::from_millis(700), ServiceLoad {
+            scope,
+            backends: vec![BackendLoad { client: SideLoad { in_flight: 1, completed_total: completed + 9 }, server: SideLoad { in_flight: 1, completed_total: completed + 9 }, max_ongoing_requests: max_ongoing }],
+            frontend_in_flight: frontend.then_some(3),
+        });
         // Through the wire, as a subscriber receives it.
         let line = agent.push(1).to_string();
         let Ok(Response::Estimate(push)) = Response::parse(&line) else {
@@ -87,14 +110,14 @@ proptest! {
         };
         for (depth, streak, unit) in queries {
             let theirs = agent.answer(Query { queue_depth: depth, backoff_streak: streak }, unit);
-            let ours = retry_after_client::decide(&push, depth, streak, unit);
+            let ours = retry_after_client::decide(&push, depth, streak, &push.pushed_schedule(), unit);
             prop_assert_eq!(
                 (ours.seconds, ours.millis, ours.rung, ours.reason, ours.status_code),
                 (theirs.seconds, theirs.millis, theirs.rung, theirs.reason, 503),
                 "{}", line
             );
         }
-        prop_assert_eq!(EstimatePush::parse(&line).unwrap(), push);
+        prop_assert_eq!(EstimatePush::parse(&line).unwrap(), *push);
     }
 }
 

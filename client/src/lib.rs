@@ -35,12 +35,16 @@ use std::{
     time::{Duration, Instant},
 };
 
+mod own_returns;
 mod report;
 
 use arc_swap::ArcSwapOption;
+pub use own_returns::OwnReturns;
 pub use report::Reporter;
 pub use retry_after_protocol::policy::{FallbackReason, Rung};
-use retry_after_protocol::{EstimatePush, MAX_RESPONSE_LEN, QueryResponse, Request, Response};
+use retry_after_protocol::{
+    EstimatePush, MAX_RESPONSE_LEN, QueryResponse, Request, Response, Schedule,
+};
 use tokio::{
     io::{AsyncBufReadExt, AsyncWriteExt, BufReader as AsyncBufReader},
     net::UnixStream,
@@ -101,6 +105,9 @@ pub struct Subscription {
     held: Arc<ArcSwapOption<Held>>,
     options: ClientOptions,
     task: JoinHandle<()>,
+    /// The returns this subscriber promised (`scheduled_returns`), on a clock from `epoch`.
+    own: OwnReturns,
+    epoch: Instant,
 }
 
 impl Subscription {
@@ -118,6 +125,8 @@ impl Subscription {
             held,
             options,
             task,
+            own: OwnReturns::default(),
+            epoch: Instant::now(),
         }
     }
 
@@ -128,8 +137,9 @@ impl Subscription {
 
     /// The Retry-After for one rejection, computed with the proxy's own queue depth and
     /// backoff streak where given: exactly what the agent would answer to
-    /// `QUERY <service> depth= streak=` with the same jitter draw. Never blocks: one atomic
-    /// load, one random draw and the formula.
+    /// `QUERY <service> depth= streak=` with the same jitter draw and schedule. Never blocks:
+    /// one atomic load, one random draw and the formula; with `scheduled_returns`, also a read
+    /// of this proxy's own promises and one atomic add for the new one.
     pub fn retry_after_with(
         &self,
         queue_depth: Option<u64>,
@@ -140,11 +150,25 @@ impl Subscription {
         let Some(held) = guard.as_ref() else {
             return self.fallback(self.options.status_code);
         };
-        if held.received.elapsed() > self.options.stale_after {
+        // One clock read: the estimate's age and, for the schedule, the time now.
+        let now = Instant::now();
+        if now.saturating_duration_since(held.received) > self.options.stale_after {
             return self.fallback(held.push.status_code);
         }
         let unit: f64 = rand::RngExt::random(rng);
-        decide(&held.push, queue_depth, backoff_streak, unit)
+        self.own.decide(
+            &held.push,
+            held.received.saturating_duration_since(self.epoch),
+            now.saturating_duration_since(self.epoch),
+            (queue_depth, backoff_streak),
+            unit,
+        )
+    }
+
+    /// Returns promised by this subscriber that its schedule could not hold (none in
+    /// practice: a bin holds 4 billion).
+    pub fn returns_dropped(&self) -> u64 {
+        self.own.dropped()
     }
 
     /// Age of the estimate held, if any.
@@ -179,15 +203,17 @@ impl Drop for Subscription {
 }
 
 /// The answer to one rejection from a pushed estimate: the shared ladder
-/// ([`EstimatePush::answer`]) with the proxy's own depth and streak where given, and `unit`,
-/// a uniform draw from [0, 1), for the jitter.
+/// ([`EstimatePush::answer`]) with the proxy's own depth and streak where given, `schedule`
+/// as the promised returns and the overload's age (see [`EstimatePush::schedule`]; read by
+/// `scheduled_returns` only), and `unit`, a uniform draw from [0, 1), for the jitter.
 pub fn decide(
     push: &EstimatePush,
     queue_depth: Option<u64>,
     backoff_streak: Option<u32>,
+    schedule: &Schedule,
     unit: f64,
 ) -> Decision {
-    let answer = push.answer(queue_depth, backoff_streak, unit);
+    let answer = push.answer(queue_depth, backoff_streak, schedule, unit);
     Decision {
         seconds: answer.seconds,
         millis: answer.millis,
@@ -260,7 +286,7 @@ async fn subscribe_once(
         let text = String::from_utf8_lossy(&line);
         match Response::parse(&text).map_err(|e| ClientError::Protocol(e.reason))? {
             Response::Estimate(push) => held.store(Some(Arc::new(Held {
-                push,
+                push: *push,
                 received: Instant::now(),
             }))),
             Response::Err(error) => return Err(ClientError::Agent(error.to_string())),
@@ -398,7 +424,7 @@ mod tests {
         let mut rng = SmallRng::seed_from_u64(3);
         let mut seen = std::collections::BTreeSet::new();
         for _ in 0..1000 {
-            let d = decide(&push(), None, None, rng.random());
+            let d = decide(&push(), None, None, &push().pushed_schedule(), rng.random());
             assert_eq!((d.rung, d.status_code), (Rung::Computed, 503));
             let s = d.seconds.unwrap();
             assert!((8..=12).contains(&s), "{s}");
@@ -412,10 +438,16 @@ mod tests {
         let mut no_jitter = push();
         no_jitter.constants.jitter = 0.0;
         // 12 / 4 × (1 + 0.25 × min(5/5, 1)) = 3.75 → 4
-        let d = decide(&no_jitter, Some(12), Some(5), 0.5);
+        let d = decide(
+            &no_jitter,
+            Some(12),
+            Some(5),
+            &push().pushed_schedule(),
+            0.5,
+        );
         assert_eq!((d.seconds, d.millis), (Some(4), Some(3750)));
         // A streak without a depth still counts: 40 / 4 × 1.25 = 12.5 → 13.
-        let d = decide(&no_jitter, None, Some(5), 0.5);
+        let d = decide(&no_jitter, None, Some(5), &push().pushed_schedule(), 0.5);
         assert_eq!((d.seconds, d.millis), (Some(13), Some(12_500)));
     }
 
@@ -423,13 +455,13 @@ mod tests {
     fn the_ladder_falls_to_static_then_none_with_its_reason() {
         let mut cold = push();
         cold.drain_rate = None;
-        let d = decide(&cold, Some(3), None, 0.5);
+        let d = decide(&cold, Some(3), None, &push().pushed_schedule(), 0.5);
         assert_eq!(
             (d.seconds, d.reason),
             (Some(5), Some(FallbackReason::DrainNotWarm))
         );
         cold.static_s = None;
-        let d = decide(&cold, None, None, 0.5);
+        let d = decide(&cold, None, None, &push().pushed_schedule(), 0.5);
         assert_eq!((d.seconds, d.rung), (None, Rung::None));
     }
 }

@@ -3,6 +3,7 @@
 
 use std::{fmt, str::FromStr};
 
+use retry_after_policy::OverloadRule;
 use retry_after_reference_proxy::HeaderPolicy;
 
 /// What the rejecting proxy tells clients.
@@ -19,6 +20,10 @@ pub enum Policy {
     /// Computed with the defaults, the proxy counting the clients it has told to come back and
     /// that are not due yet as part of its queue (a candidate change, not the proposal's).
     ComputedRetryBacklog,
+    /// The agent's `scheduled_returns`, with this overload rule and, if given, this
+    /// `overload_horizon_factor` (the clients' schedule kept by the agent and by the proxy's
+    /// client library).
+    ScheduledReturns(OverloadRule, Option<u32>),
 }
 
 impl Policy {
@@ -43,6 +48,16 @@ impl Policy {
             Policy::ComputedSimple => "computed, w1=w2=0".to_owned(),
             Policy::ComputedDefaults => "computed, defaults".to_owned(),
             Policy::ComputedRetryBacklog => "computed + retry backlog".to_owned(),
+            Policy::ScheduledReturns(rule, factor) => {
+                let mut label = "scheduled returns".to_owned();
+                if *rule != OverloadRule::LatestWithRoom {
+                    label.push_str(&format!(", {rule}"));
+                }
+                if let Some(k) = factor {
+                    label.push_str(&format!(", horizon {k}× age"));
+                }
+                label
+            }
         }
     }
 
@@ -79,6 +94,12 @@ impl Policy {
             Policy::ComputedDefaults | Policy::ComputedRetryBacklog => format!(
                 "{common}retry_after_policy = \"router_queue_drain_rate\"\nretry_after_s = 5\n"
             ),
+            Policy::ScheduledReturns(rule, factor) => format!(
+                "{common}retry_after_policy = \"scheduled_returns\"\nretry_after_s = 5\noverload_rule = \"{rule}\"\n{}",
+                factor.map_or(String::new(), |k| format!(
+                    "overload_horizon_factor = {k}.0\n"
+                ))
+            ),
         }
     }
 
@@ -107,7 +128,8 @@ impl Policy {
 pub const SERVICE: &str = "eval";
 
 /// The `--policy` names: `none`, `static-N`, `computed-simple`, `computed`,
-/// `computed-retry-backlog`.
+/// `computed-retry-backlog`, `scheduled-returns[-latest|-fill][-hN]` (the default overload
+/// rule, or another; with `overload_horizon_factor` N).
 impl fmt::Display for Policy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -116,6 +138,18 @@ impl fmt::Display for Policy {
             Policy::ComputedSimple => f.write_str("computed-simple"),
             Policy::ComputedDefaults => f.write_str("computed"),
             Policy::ComputedRetryBacklog => f.write_str("computed-retry-backlog"),
+            Policy::ScheduledReturns(rule, factor) => {
+                f.write_str("scheduled-returns")?;
+                match rule {
+                    OverloadRule::LatestWithRoom => {}
+                    OverloadRule::Latest => f.write_str("-latest")?,
+                    OverloadRule::FillCapacity => f.write_str("-fill")?,
+                }
+                match factor {
+                    Some(k) => write!(f, "-h{k}"),
+                    None => Ok(()),
+                }
+            }
         }
     }
 }
@@ -129,11 +163,16 @@ impl FromStr for Policy {
             "computed-simple" => Policy::ComputedSimple,
             "computed" => Policy::ComputedDefaults,
             "computed-retry-backlog" => Policy::ComputedRetryBacklog,
+            scheduled if scheduled.starts_with("scheduled-returns") => {
+                parse_scheduled(scheduled).ok_or_else(|| {
+                    format!("no policy {name:?}; scheduled returns are scheduled-returns[-latest|-fill][-hN] (N from 1 to 100)")
+                })?
+            }
             other => match other.strip_prefix("static-").map(str::parse::<u64>) {
                 Some(Ok(s)) if (1..=60).contains(&s) => Policy::Static(s),
                 _ => {
                     return Err(format!(
-                        "no policy {name:?}; there are none, static-N (N from 1 to 60), computed-simple, computed, computed-retry-backlog"
+                        "no policy {name:?}; there are none, static-N (N from 1 to 60), computed-simple, computed, computed-retry-backlog, scheduled-returns[-latest|-fill][-hN]"
                     ));
                 }
             },
@@ -142,16 +181,40 @@ impl FromStr for Policy {
     }
 }
 
+/// `scheduled-returns[-latest|-fill][-hN]`.
+fn parse_scheduled(name: &str) -> Option<Policy> {
+    let mut rest = name.strip_prefix("scheduled-returns")?;
+    let mut rule = OverloadRule::LatestWithRoom;
+    for (suffix, r) in [
+        ("-latest", OverloadRule::Latest),
+        ("-fill", OverloadRule::FillCapacity),
+    ] {
+        if let Some(after) = rest.strip_prefix(suffix) {
+            (rest, rule) = (after, r);
+        }
+    }
+    let factor = match rest.strip_prefix("-h") {
+        Some(k) => Some(k.parse::<u32>().ok().filter(|k| (1..=100).contains(k))?),
+        None if rest.is_empty() => None,
+        None => return None,
+    };
+    Some(Policy::ScheduledReturns(rule, factor))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn every_name_parses_back() {
-        for p in Policy::ALL
-            .into_iter()
-            .chain([Policy::ComputedRetryBacklog, Policy::Static(60)])
-        {
+        for p in Policy::ALL.into_iter().chain([
+            Policy::ComputedRetryBacklog,
+            Policy::Static(60),
+            Policy::ScheduledReturns(OverloadRule::Latest, None),
+            Policy::ScheduledReturns(OverloadRule::FillCapacity, Some(3)),
+            Policy::ScheduledReturns(OverloadRule::LatestWithRoom, None),
+            Policy::ScheduledReturns(OverloadRule::LatestWithRoom, Some(2)),
+        ]) {
             assert_eq!(p.to_string().parse::<Policy>(), Ok(p));
         }
         assert!(

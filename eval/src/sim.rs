@@ -31,7 +31,7 @@ use retry_after_agent::{
     config::Config,
     estimate::{BackendLoad, ServiceEstimator, ServiceLoad, ServiceSettings, SideLoad},
 };
-use retry_after_client::decide;
+use retry_after_client::OwnReturns;
 use retry_after_policy::Rung;
 use retry_after_protocol::{EstimatePush, HandedOut, Report};
 use retry_after_reference_proxy::{
@@ -147,6 +147,10 @@ struct SimProxy {
     agent: ServiceEstimator,
     push: Option<EstimatePush>,
     pushes: u64,
+    /// When the push arrived.
+    pushed_at: Duration,
+    /// The returns this proxy promised, as the client library keeps them.
+    own: OwnReturns,
     /// This proxy's requests in flight and completed, per replica (its agent's client side).
     in_flight: Vec<u64>,
     completed: Vec<u64>,
@@ -198,6 +202,8 @@ impl<'a> Sim<'a> {
                     agent: ServiceEstimator::new(settings.clone()),
                     push: None,
                     pushes: 0,
+                    pushed_at: Duration::ZERO,
+                    own: OwnReturns::default(),
                     in_flight: vec![0; replicas],
                     completed: vec![0; replicas],
                     wake: None,
@@ -386,7 +392,13 @@ impl<'a> Sim<'a> {
         // its own: no header, as the real proxy.
         let push = proxy.push.as_ref()?;
         let unit: f64 = proxy.jitter.random();
-        let decision = decide(push, Some(counted as u64), Some(streak), unit);
+        let decision = proxy.own.decide(
+            push,
+            proxy.pushed_at,
+            self.now,
+            (Some(counted as u64), Some(streak)),
+            unit,
+        );
         let seconds = decision.seconds?;
         if with_backlog {
             proxy.backlog.promise(now + Duration::from_secs(seconds));
@@ -542,6 +554,7 @@ impl<'a> Sim<'a> {
             proxy.agent.observe_load(now, load);
             proxy.pushes += 1;
             proxy.push = Some(proxy.agent.push(proxy.pushes));
+            proxy.pushed_at = self.now;
         }
     }
 
@@ -684,6 +697,7 @@ mod tests {
             Policy::Static(5),
             Policy::ComputedDefaults,
             Policy::ComputedRetryBacklog,
+            Policy::ScheduledReturns(retry_after_policy::OverloadRule::LatestWithRoom, None),
         ] {
             let result = simulate(&scenario(""), policy, 1);
             check_bookkeeping(&result);

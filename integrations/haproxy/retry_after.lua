@@ -5,7 +5,9 @@
 -- HAProxy's own backend queue length as the queue depth, by the same ladder, formula, jitter,
 -- rounding and clamp as the agent (checked against vectors from the agent's implementation).
 -- When no estimate newer than RETRY_AFTER_STALE_MS is held (the agent is unreachable), the
--- static value. A second task reports admissions and rejections to the agent every second.
+-- static value. A second task reports admissions, rejections and the values handed out to
+-- the agent every second. With scheduled_returns, the returns this proxy promised count in
+-- its own answers at once, before the agent's schedule holds them.
 --
 -- Configuration (global section of haproxy.cfg), see docs/integrations/haproxy.md:
 --   lua-load /etc/haproxy/retry_after.lua
@@ -21,7 +23,7 @@
 local M = {}
 
 local MAX_RETRY_AFTER_S = 60
-local MAX_LINE = 1024
+local MAX_LINE = 2048
 
 -- Splits a response line into its leading words and its key=value options.
 function M.parse_fields(line)
@@ -36,10 +38,37 @@ end
 local function opt_int(v) if v == nil or v == "none" then return nil end return math.tointeger(tonumber(v)) end
 local function opt_float(v) if v == nil or v == "none" then return nil end return tonumber(v) + 0.0 end
 
+-- Bins of a schedule of promised returns: one per second, a minute ahead and some.
+M.RETURN_BINS = 64
+
+-- Parses a returns= schedule (counts per second from the push, comma-separated), or nil.
+function M.parse_returns(v)
+  local counts = {}
+  if v == nil or v == "none" then return counts end
+  for count in string.gmatch(v .. ",", "([^,]*),") do
+    if not string.match(count, "^%d+$") or #counts >= M.RETURN_BINS then return nil end
+    counts[#counts + 1] = math.tointeger(tonumber(count))
+  end
+  return counts
+end
+
+-- What to answer with elapsed_s seconds after the push: { returns, overload_age }, the push's
+-- returns from then on (shifted by the whole seconds elapsed), bin by bin no less than own
+-- (this proxy's own promises from now on), and the overload's age then.
+function M.schedule(push, elapsed_s, own)
+  local returns, skip = {}, math.floor(elapsed_s)
+  for i = 1, M.RETURN_BINS do
+    returns[i] = math.max(push.returns[i + skip] or 0, own[i] or 0)
+  end
+  local age = push.overload_age and (push.overload_age + elapsed_s + 0.0) or nil
+  return { returns = returns, overload_age = age }
+end
+
 -- Parses an ESTIMATE line into a table, or nil.
 function M.parse_estimate(line)
   local words, o = M.parse_fields(line)
   if words[1] ~= "ESTIMATE" or words[2] == nil then return nil end
+  if M.parse_returns(o.returns) == nil then return nil end
   return {
     service = words[2],
     policy = o.policy or "static",
@@ -54,6 +83,11 @@ function M.parse_estimate(line)
     jitter = opt_float(o.jitter) or 0.2,
     min = opt_int(o.min) or 1,
     max = opt_int(o.max) or 60,
+    arrivals = opt_float(o.arrivals),
+    returns = M.parse_returns(o.returns),
+    overload = o.overload or "latest_with_room",
+    overload_age = opt_float(o.overload_age),
+    horizon_factor = opt_float(o.horizon_factor),
   }
 end
 
@@ -80,8 +114,57 @@ local function rounded(value, min_s, max_s)
   return seconds, millis
 end
 
+-- The first second s in low..high with room_per_s * (s + 1) >= depth + 1 + promised[0..s].
+-- (Bin i of a schedule is promised[i + 1]: Lua counts from 1.)
+local function earliest_second(depth, room_per_s, promised, low, high)
+  if not (finite(room_per_s) and room_per_s > 0.0) then return nil end
+  local ahead = depth + 0.0 + 1.0
+  for s = 0, high do
+    ahead = ahead + (promised[s + 1] or 0)
+    if s >= low and room_per_s * (s + 1.0) >= ahead then return s end
+  end
+  return nil
+end
+
+local function latest_second_with_room(drain, promised, low, high)
+  for s = high, low, -1 do
+    if (promised[s + 1] or 0) + 1.0 <= drain then return s end
+  end
+  return nil
+end
+
+-- The latest second considered in an overload of this age: ceil(factor * age) in the clamp.
+local function overload_horizon(push, age, low, high)
+  local factor = push.horizon_factor
+  if factor == nil or age == nil or not finite(factor * age) then return high end
+  local h = math.ceil(factor * age)
+  if h < 0 then h = 0 end
+  if h >= 2.0^62 then return high end
+  return clamp(math.tointeger(h) or high, low, high)
+end
+
+-- scheduled_returns' second (docs/estimator.md): room after the fresh arrivals for the queue,
+-- the returns promised and this one; else the overload rule up to the horizon; else the
+-- horizon.
+local function scheduled_returns(push, depth, seen)
+  local promised = seen.returns
+  local arrivals = push.arrivals
+  if arrivals == nil or not finite(arrivals) or arrivals <= 0.0 then arrivals = 0.0 end
+  local high = clamp(push.max, 1, MAX_RETRY_AFTER_S)
+  local low = clamp(push.min, 1, high)
+  local horizon = overload_horizon(push, seen.overload_age, low, high)
+  local s = earliest_second(depth, push.drain - arrivals, promised, low, high)
+  if s == nil and push.overload == "fill_capacity" then
+    s = earliest_second(depth, push.drain, promised, low, horizon)
+  elseif s == nil and push.overload == "latest_with_room" then
+    s = latest_second_with_room(push.drain, promised, math.max(horizon // 2, low), horizon)
+  end
+  return (s or horizon) + 0.0
+end
+
 -- The ladder for one rejection: seconds (or nil: no header), millis, rung, reason (or nil).
-function M.answer(push, depth, streak, unit)
+-- seen: the promised returns and the overload's age (default the push's own; see M.schedule).
+function M.answer(push, depth, streak, unit, seen)
   if depth == nil then depth = push.depth end
   streak = streak or 0
   local reason
@@ -91,6 +174,11 @@ function M.answer(push, depth, streak, unit)
     reason = "drain_not_warm"
   elseif depth == nil then
     reason = "queue_invisible"
+  elseif push.policy == "scheduled_returns" then
+    local base = scheduled_returns(push, depth, seen or { returns = push.returns, overload_age = push.overload_age })
+    local u = finite(unit) and clamp(unit, 0.0, 0.999) or 0.5
+    local seconds, millis = rounded(math.max(base - u, 0.0), push.min, push.max)
+    return seconds, millis, "computed", nil
   else
     local occupancy = push.occupancy
     if occupancy == nil or not finite(occupancy) then occupancy = 0.0 else occupancy = clamp(occupancy, 0.0, 1.0) end
@@ -160,6 +248,33 @@ local function follow(name, state)
   end
 end
 
+-- This proxy's own promised returns (scheduled_returns), by whole second: bins of
+-- { second, count }, bounded at RETURN_BINS.
+local function own_ahead(state, second)
+  local own = {}
+  for i = 1, M.RETURN_BINS do
+    local bin = state.own[(second + i - 1) % M.RETURN_BINS]
+    own[i] = (bin and bin[1] == second + i - 1) and bin[2] or 0
+  end
+  return own
+end
+
+local function own_promise(state, due)
+  local key = due % M.RETURN_BINS
+  local bin = state.own[key]
+  if bin == nil or bin[1] ~= due then bin = { due, 0 } state.own[key] = bin end
+  bin[2] = bin[2] + 1
+end
+
+-- handed_out= for a report: what rejections carried, or "none".
+local function handed_out_field(counts)
+  local entries = {}
+  for value, count in pairs(counts) do entries[#entries + 1] = value .. ":" .. count end
+  table.sort(entries)
+  if #entries == 0 then return "none" end
+  return table.concat(entries, ",")
+end
+
 -- Reports what each service's rejection rule did, every second, on one connection.
 local function reporter()
   local sock
@@ -168,13 +283,19 @@ local function reporter()
     if sock == nil then sock = connect() end
     if sock then
       for name, state in pairs(services) do
-        local admitted, rejected = state.admitted, state.rejected
-        local line = string.format("REPORT %s admitted=%d rejected=%d", name, admitted, rejected)
+        local admitted, rejected, handed_out = state.admitted, state.rejected, state.handed_out
+        state.handed_out = {}
+        local line = string.format("REPORT %s admitted=%d rejected=%d handed_out=%s",
+          name, admitted, rejected, handed_out_field(handed_out))
         local depth = backend_queue(state.backend)
         if depth then line = line .. string.format(" depth=%d", depth) end
         if sock:send(line .. "\n") and sock:receive("*l") == "OK" then
           state.admitted, state.rejected = state.admitted - admitted, state.rejected - rejected
         else
+          -- Kept for the next report.
+          for value, count in pairs(handed_out) do
+            state.handed_out[value] = (state.handed_out[value] or 0) + count
+          end
           sock:close()
           sock = nil
           break
@@ -191,7 +312,9 @@ core.register_init(function()
   reconnect_max_ms = tonumber(os.getenv("RETRY_AFTER_RECONNECT_MAX_MS") or "") or reconnect_max_ms
   for item in string.gmatch(os.getenv("RETRY_AFTER_SERVICES") or "", "[^,]+") do
     local name, backend = string.match(item, "^%s*([^:%s]+):([^%s]+)%s*$")
-    if name then services[name] = { backend = backend, admitted = 0, rejected = 0 } end
+    if name then
+      services[name] = { backend = backend, admitted = 0, rejected = 0, handed_out = {}, own = {} }
+    end
   end
   if next(services) == nil then
     core.Alert("retry_after.lua: RETRY_AFTER_SERVICES names no service:backend; only the static value will be used")
@@ -204,13 +327,25 @@ end)
 -- txn.retry_after (seconds; unset when no header is to be sent) and txn.retry_after_status.
 core.register_action("retry_after", { "http-req" }, function(txn, name)
   local state = services[name]
-  local seconds, status = static_s, 429
+  local seconds, status, rung = static_s, 429, "static"
   if state then
     state.rejected = state.rejected + 1
     if state.push then status = state.push.status end
-    if state.push and now_ms() - state.received_ms <= stale_ms then
+    local now = now_ms()
+    if state.push and now - state.received_ms <= stale_ms then
       local depth = txn.f:queue(state.backend)
-      seconds = M.answer(state.push, depth, 0, math.random())
+      local seen
+      if state.push.policy == "scheduled_returns" then
+        local elapsed_s = (now - state.received_ms) / 1000
+        seen = M.schedule(state.push, elapsed_s, own_ahead(state, now // 1000))
+      end
+      local answered, _millis, answered_rung = M.answer(state.push, depth, 0, math.random(), seen)
+      seconds, rung = answered, answered_rung
+      if seconds and seen then own_promise(state, (now + seconds * 1000) // 1000) end
+    end
+    if seconds then
+      local value = (rung == "static" and "s" or "c") .. seconds
+      state.handed_out[value] = (state.handed_out[value] or 0) + 1
     end
   end
   if seconds then txn:set_var("txn.retry_after", seconds) end

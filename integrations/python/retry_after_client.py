@@ -43,10 +43,11 @@ __all__ = [
     "query",
     "query_or_static",
     "report",
+    "schedule",
 ]
 
 #: Longest answer line the agent sends (bytes, without the newline).
-MAX_RESPONSE_LEN = 1024
+MAX_RESPONSE_LEN = 2048
 #: The widest clamp: common client SDKs ignore Retry-After above 60 s.
 MAX_RETRY_AFTER_S = 60
 _U64_MAX = 2**64 - 1
@@ -91,6 +92,47 @@ class Estimate:
     jitter: float
     min_s: int
     max_s: int
+    #: Fresh arrivals per second, if proxies report them.
+    arrival_rate: Optional[float] = None
+    #: Returns promised per second from the push on (bin 0 first).
+    returns: Tuple[int, ...] = ()
+    #: What ``scheduled_returns`` answers when no second has room.
+    overload_rule: str = "latest_with_room"
+    #: How long fresh arrivals have matched the drain rate, seconds, while they do.
+    overload_age_s: Optional[float] = None
+    #: ``overload_horizon_factor``: an overload looks this many times its age ahead at most.
+    horizon_factor: Optional[float] = None
+
+
+#: Bins of a schedule of promised returns: one per second, a minute ahead and some.
+RETURN_BINS = 64
+_U32_MAX = 2**32 - 1
+
+
+def _parse_returns(value: Optional[str]) -> Tuple[int, ...]:
+    if value is None or value == "none":
+        return ()
+    counts = value.split(",")
+    if len(counts) > RETURN_BINS or not all(c.isdigit() and c.isascii() for c in counts):
+        raise AgentError(f"returns={value[:80]!r} is not a schedule")
+    parsed = tuple(int(c) for c in counts)
+    if any(c > _U32_MAX for c in parsed):
+        raise AgentError(f"returns={value[:80]!r} has a count beyond 2^32 - 1")
+    return parsed
+
+
+def schedule(push: Estimate, elapsed_s: float, own=()) -> Tuple[Tuple[int, ...], Optional[float]]:
+    """What to answer with ``elapsed_s`` seconds after ``push``: its returns from then on
+    (shifted by the whole seconds elapsed), bin by bin no less than ``own`` (this proxy's own
+    promises from now on), and the overload's age then."""
+    skip = int(elapsed_s)
+    pushed = list(push.returns[skip:]) if skip < len(push.returns) else []
+    length = min(max(len(pushed), len(own)), RETURN_BINS)
+    returns = tuple(
+        max(pushed[i] if i < len(pushed) else 0, own[i] if i < len(own) else 0) for i in range(length)
+    )
+    age = None if push.overload_age_s is None else push.overload_age_s + float(elapsed_s)
+    return returns, age
 
 
 def parse_fields(line: str) -> Tuple[list, Dict[str, str]]:
@@ -130,6 +172,11 @@ def parse_estimate(line: str) -> Estimate:
         jitter=float(o.get("jitter", "0.2")),
         min_s=int(o.get("min", "1")),
         max_s=int(o.get("max", "60")),
+        arrival_rate=_opt(o.get("arrivals"), float),
+        returns=_parse_returns(o.get("returns")),
+        overload_rule=o.get("overload", "latest_with_room"),
+        overload_age_s=_opt(o.get("overload_age"), float),
+        horizon_factor=_opt(o.get("horizon_factor"), float),
     )
 
 
@@ -166,15 +213,71 @@ def header_value(base_s: float, jitter: float, unit: float, min_s: int, max_s: i
     return _rounded(base_s * _jitter_factor(jitter, unit), min_s, max_s)
 
 
+def _clamp(push: Estimate) -> Tuple[int, int]:
+    top = min(max(push.max_s, 1), MAX_RETRY_AFTER_S)
+    return min(max(push.min_s, 1), top), top
+
+
+def _earliest_second(depth: int, room_per_s: float, promised, low: int, high: int) -> Optional[int]:
+    """The first second ``s`` in ``low..=high`` with ``room_per_s·(s+1) ≥ depth + 1 + Σ promised[..=s]``."""
+    if not (math.isfinite(room_per_s) and room_per_s > 0.0):
+        return None
+    ahead = float(depth) + 1.0
+    for s in range(high + 1):
+        ahead += float(promised[s]) if s < len(promised) else 0.0
+        if s >= low and room_per_s * float(s + 1) >= ahead:
+            return s
+    return None
+
+
+def _latest_second_with_room(drain: float, promised, low: int, high: int) -> Optional[int]:
+    for s in range(high, low - 1, -1):
+        due = promised[s] if s < len(promised) else 0
+        if float(due) + 1.0 <= drain:
+            return s
+    return None
+
+
+def _overload_horizon(push: Estimate, age: Optional[float]) -> int:
+    low, high = _clamp(push)
+    factor = push.horizon_factor
+    if factor is None or age is None or not math.isfinite(factor * age):
+        return high
+    return min(max(int(max(math.ceil(factor * age), 0)), low), high)
+
+
+def _scheduled_returns(push: Estimate, depth: int, promised, age: Optional[float]) -> float:
+    """``scheduled_returns``' second (docs/estimator.md): room after the fresh arrivals for the
+    queue, the returns promised and this one; else the overload rule up to the horizon; else
+    the horizon."""
+    arrivals = push.arrival_rate
+    arrivals = arrivals if arrivals is not None and math.isfinite(arrivals) and arrivals > 0.0 else 0.0
+    low, high = _clamp(push)
+    horizon = _overload_horizon(push, age)
+    second = _earliest_second(depth, push.drain_rate - arrivals, promised, low, high)
+    if second is None and push.overload_rule == "fill_capacity":
+        second = _earliest_second(depth, push.drain_rate, promised, low, horizon)
+    elif second is None and push.overload_rule == "latest_with_room":
+        second = _latest_second_with_room(push.drain_rate, promised, max(horizon // 2, low), horizon)
+    return float(horizon if second is None else second)
+
+
+def _within_second(base: float, unit: float) -> float:
+    u = min(max(unit, 0.0), 0.999) if math.isfinite(unit) else 0.5
+    return max(base - u, 0.0)
+
+
 def answer(
     push: Estimate,
     queue_depth: Optional[int] = None,
     backoff_streak: Optional[int] = None,
     unit: float = 0.5,
+    seen=None,
 ) -> Decision:
     """The ladder for one rejection: the pushed signals with the proxy's own depth and streak
-    where given, and ``unit`` (uniform in [0, 1)) as the jitter draw. What the agent answers to
-    ``QUERY <service> depth= streak=`` with the same draw."""
+    where given, ``seen`` as the promised returns and the overload's age (default: the
+    push's; see :func:`schedule`), and ``unit`` (uniform in [0, 1)) as the jitter draw. What
+    the agent answers to ``QUERY <service> depth= streak=`` with the same draw."""
     depth = queue_depth if queue_depth is not None else push.queue_depth
     streak = backoff_streak or 0
     reason = None
@@ -184,6 +287,11 @@ def answer(
         reason = "drain_not_warm"
     elif depth is None:
         reason = "queue_invisible"
+    elif push.policy == "scheduled_returns":
+        returns, age = (push.returns, push.overload_age_s) if seen is None else seen
+        base = _scheduled_returns(push, depth, returns, age)
+        value = _rounded(_within_second(base, unit), push.min_s, push.max_s)
+        return Decision(value[0], value[1], "computed", None, push.status_code)
     else:
         occupancy = push.occupancy
         occupancy = (
@@ -297,13 +405,22 @@ def report(
     rejected: int,
     queue_depth: Optional[int] = None,
     timeout: float = 0.05,
+    handed_out: Optional[Dict[Tuple[str, int], int]] = None,
 ) -> None:
     """Tell the agent what this proxy did since its previous report (``REPORT``): the judge's
-    evidence. A report on a new connection covers the time since the connection opened, so
-    proxies that report should keep one :class:`Subscription` and call its ``report``."""
+    evidence and, with ``scheduled_returns``, the agent's schedule. ``handed_out`` maps
+    (rung, seconds) to how many rejections carried that value (``{}``: none carried one;
+    ``None``: not tracked). :meth:`Subscription.report` fills it in."""
     request = f"REPORT {service} admitted={int(admitted)} rejected={int(rejected)}"
     if queue_depth is not None:
         request += f" depth={int(queue_depth)}"
+    if handed_out is not None:
+        entries = [
+            f"{'s' if rung == 'static' else 'c'}{int(seconds)}:{int(count)}"
+            for (rung, seconds), count in sorted(handed_out.items())
+            if rung in ("static", "computed") and count > 0
+        ]
+        request += " handed_out=" + (",".join(entries) if entries else "none")
     _request(path, request, timeout)
 
 
@@ -332,6 +449,11 @@ class Subscription:
         self.reconnect_max = reconnect_max
         # (Estimate, monotonic time received), replaced whole: one load on the reject path.
         self._held: Optional[Tuple[Estimate, float]] = None
+        # This proxy's own promised returns (scheduled_returns): [second, count] per bin,
+        # by whole monotonic second, bounded at RETURN_BINS.
+        self._own = [[-1, 0] for _ in range(RETURN_BINS)]
+        # What rejections carried since the last report: (rung, seconds) → count.
+        self._handed_out: Dict[Tuple[str, int], int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._follow, name=f"retry-after {service}", daemon=True)
         self._thread.start()
@@ -348,8 +470,42 @@ class Subscription:
         if held is None or time.monotonic() - held[1] > self.stale_after:
             status = held[0].status_code if held is not None else self.status_code
             s = self.static_retry_after_s
-            return Decision(s, None if s is None else s * 1000, "static" if s is not None else "none", None, status)
-        return answer(held[0], queue_depth, backoff_streak, rng.random())
+            decision = Decision(s, None if s is None else s * 1000, "static" if s is not None else "none", None, status)
+        else:
+            decision = self._answer(held, queue_depth, backoff_streak, rng.random())
+        if decision.seconds is not None:
+            key = (decision.rung, decision.seconds)
+            self._handed_out[key] = self._handed_out.get(key, 0) + 1
+        return decision
+
+    def _answer(self, held, queue_depth, backoff_streak, unit) -> Decision:
+        push, received = held
+        if push.policy != "scheduled_returns":
+            return answer(push, queue_depth, backoff_streak, unit)
+        now = time.monotonic()
+        second = int(now)
+        own = tuple(count if held_s == second + i else 0 for i, (held_s, count) in
+                    ((i, self._own[(second + i) % RETURN_BINS]) for i in range(RETURN_BINS)))
+        seen = schedule(push, now - received, own)
+        decision = answer(push, queue_depth, backoff_streak, unit, seen)
+        if decision.seconds is not None:
+            due = int(now + decision.seconds)
+            slot = self._own[due % RETURN_BINS]
+            if slot[0] != due:
+                slot[0], slot[1] = due, 0
+            slot[1] = min(slot[1] + 1, _U32_MAX)
+        return decision
+
+    def report(self, admitted: int, rejected: int, queue_depth: Optional[int] = None, timeout: float = 0.05) -> None:
+        """:func:`report` with the values this subscription handed out since its last report
+        (kept if the report fails, to go with the next one)."""
+        handed_out, self._handed_out = self._handed_out, {}
+        try:
+            report(self.path, self.service, admitted, rejected, queue_depth, timeout, handed_out)
+        except (AgentError, OSError):
+            for key, count in handed_out.items():
+                self._handed_out[key] = self._handed_out.get(key, 0) + count
+            raise
 
     def age(self) -> Optional[float]:
         """Seconds since the held push arrived, if any."""

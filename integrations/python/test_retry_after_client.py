@@ -30,8 +30,11 @@ class SharedVectors(unittest.TestCase):
         checked = 0
         with open(env("RETRY_AFTER_VECTORS")) as vectors:
             for number, line in enumerate(vectors, 1):
-                push, depth, streak, unit, seconds, millis, rung, reason = line.rstrip("\n").split("\t")
-                got = client.answer(client.parse_estimate(push), opt(depth), opt(streak), float(unit))
+                push, depth, streak, unit, elapsed, own, seconds, millis, rung, reason = line.rstrip("\n").split("\t")
+                push = client.parse_estimate(push)
+                own = () if own == "none" else tuple(int(c) for c in own.split(","))
+                seen = client.schedule(push, int(elapsed), own)
+                got = client.answer(push, opt(depth), opt(streak), float(unit), seen)
                 want = (opt(seconds), opt(millis), rung, None if reason == "none" else reason)
                 self.assertEqual(
                     (got.seconds, got.millis, got.rung, got.reason), want, f"vector {number}: {line}"

@@ -7,6 +7,7 @@
 
 use crate::{
     Computed, FallbackReason, MAX_RETRY_AFTER_S, PolicyConstants, RetryAfterPolicy, Rung, Signals,
+    Spread,
 };
 
 /// The answer for one rejection.
@@ -41,9 +42,14 @@ pub fn answer(
     let computed = policy.compute(&signals, constants);
     let reason = match computed {
         Ok(c) => {
-            let factor = jitter_factor(constants.jitter, unit);
+            let value = spread(&c, constants.jitter, unit);
+            let factor = if c.base_s > 0.0 {
+                value / c.base_s
+            } else {
+                1.0
+            };
             match rounded(
-                c.base_s * factor,
+                value,
                 constants.min_retry_after_s,
                 constants.max_retry_after_s,
             ) {
@@ -100,6 +106,22 @@ pub fn header_value(
     rounded(base_s * jitter_factor(jitter, unit), min_s, max_s)
 }
 
+/// The estimate after the jitter draw `unit`: scaled by [`jitter_factor`] (relative), or
+/// placed within the second that ends at it, `base_s − unit` (within the second).
+fn spread(computed: &Computed, jitter: f64, unit: f64) -> f64 {
+    match computed.spread {
+        Spread::Relative => computed.base_s * jitter_factor(jitter, unit),
+        Spread::WithinSecond => {
+            let u = if unit.is_finite() {
+                unit.clamp(0.0, 0.999)
+            } else {
+                0.5
+            };
+            (computed.base_s - u).max(0.0)
+        }
+    }
+}
+
 /// A jittered value in seconds, rounded up to whole seconds and milliseconds and clamped.
 fn rounded(value: f64, min_s: u64, max_s: u64) -> Option<(u64, u64)> {
     if !(value.is_finite() && value >= 0.0) {
@@ -144,6 +166,9 @@ mod tests {
             drain_rate: drain,
             occupancy: None,
             backoff_streak: 0,
+            arrival_rate: None,
+            promised: crate::PromisedReturns::NONE,
+            overload_age_s: None,
         }
     }
 

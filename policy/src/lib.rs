@@ -11,6 +11,10 @@
 //! saturation_factor = 1 + w1·occupancy + w2·min(backoff_streak / B, 1)
 //! ```
 //!
+//! `scheduled_returns` answers instead with the earliest second at which the drain rate, less
+//! the fresh arrivals, has room for the queue ahead, the returns already promised by then
+//! ([`PromisedReturns`], kept in a [`ReturnBook`]) and this one; see [`RetryAfterPolicy`].
+//!
 //! Ladder: computed (the policy computes, the drain rate is warm and positive, the queue is
 //! visible) → the static `retry_after_s` → no header. Every step down names its
 //! [`FallbackReason`].
@@ -18,10 +22,12 @@
 mod ladder;
 mod names;
 mod policy;
+mod returns;
 
 pub use ladder::{Answer, answer, header_value, jitter_factor};
-pub use names::{FallbackReason, QueueDepthSource, Rung, UnknownName};
-pub use policy::{Computed, PolicyConstants, QueueDepth, RetryAfterPolicy, Signals};
+pub use names::{FallbackReason, OverloadRule, QueueDepthSource, Rung, UnknownName};
+pub use policy::{Computed, PolicyConstants, QueueDepth, RetryAfterPolicy, Signals, Spread};
+pub use returns::{PromisedReturns, RETURN_BINS, ReturnBook, ReturnDropped};
 
 /// The widest clamp of a header value: common client SDKs ignore Retry-After above 60 s.
 pub const MAX_RETRY_AFTER_S: u64 = 60;

@@ -102,6 +102,27 @@ names! {
     }
 }
 
+names! {
+    /// What `scheduled_returns` answers when no second within the clamp has room for a return
+    /// after the fresh arrivals forecast (docs/estimator.md).
+    #[derive(Default)]
+    OverloadRule, "overload rule" {
+        /// The horizon (the clamp's top): the latest time a client will still honour.
+        Latest = "latest",
+        /// The earliest second up to the horizon with room were there no fresh arrivals (the
+        /// returns fill the capacity in turn, competing with whatever arrives then), else the
+        /// horizon.
+        FillCapacity = "fill_capacity",
+        /// The latest second in the later half of the horizon that a second of the drain rate
+        /// can still take (the returns fill the capacity backwards from the horizon, betting
+        /// the overload ends before they land), else the horizon. The default: on the
+        /// evaluation's suite it admits the largest share of the three, with less idle
+        /// capacity than `latest`.
+        #[default]
+        LatestWithRoom = "latest_with_room",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,7 +7,7 @@
 
 use std::{fmt, str::FromStr};
 
-use crate::{FallbackReason, QueueDepthSource, UnknownName};
+use crate::{FallbackReason, OverloadRule, PromisedReturns, QueueDepthSource, UnknownName};
 
 /// A named Retry-After policy.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -19,17 +19,26 @@ pub enum RetryAfterPolicy {
     /// calls it `queue_drain_rate` (it runs wherever the rejection happens, router or
     /// replica); both names select it.
     RouterQueueDrainRate,
+    /// The earliest second at which the drain rate, less the fresh arrivals forecast, has
+    /// room for the queue ahead, every return already promised by then and this one (not the
+    /// proposal's; see [`scheduled_returns`]).
+    ScheduledReturns,
 }
 
 impl RetryAfterPolicy {
     /// Every policy.
-    pub const ALL: [RetryAfterPolicy; 2] = [Self::Static, Self::RouterQueueDrainRate];
+    pub const ALL: [RetryAfterPolicy; 3] = [
+        Self::Static,
+        Self::RouterQueueDrainRate,
+        Self::ScheduledReturns,
+    ];
 
     /// The canonical name.
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::Static => "static",
             Self::RouterQueueDrainRate => "router_queue_drain_rate",
+            Self::ScheduledReturns => "scheduled_returns",
         }
     }
 }
@@ -41,10 +50,11 @@ impl FromStr for RetryAfterPolicy {
         match name {
             "static" => Ok(Self::Static),
             "router_queue_drain_rate" | "queue_drain_rate" => Ok(Self::RouterQueueDrainRate),
+            "scheduled_returns" => Ok(Self::ScheduledReturns),
             other => Err(UnknownName {
                 what: "policy",
                 name: other.to_owned(),
-                expected: "\"static\" \"router_queue_drain_rate\" (alias \"queue_drain_rate\")",
+                expected: "\"static\" \"router_queue_drain_rate\" (alias \"queue_drain_rate\") \"scheduled_returns\"",
             }),
         }
     }
@@ -72,6 +82,12 @@ pub struct PolicyConstants {
     pub min_retry_after_s: u64,
     /// Upper clamp of the header value, seconds (60; never more).
     pub max_retry_after_s: u64,
+    /// What `scheduled_returns` answers when no second within the clamp has room.
+    pub overload_rule: OverloadRule,
+    /// In an overload, `scheduled_returns` looks no further than this many times the
+    /// overload's age so far (an overload is expected to last about as long again as it has);
+    /// `None`: up to the clamp's top.
+    pub overload_horizon_factor: Option<f64>,
 }
 
 impl Default for PolicyConstants {
@@ -83,6 +99,8 @@ impl Default for PolicyConstants {
             jitter: 0.2,
             min_retry_after_s: 1,
             max_retry_after_s: crate::MAX_RETRY_AFTER_S,
+            overload_rule: OverloadRule::LatestWithRoom,
+            overload_horizon_factor: None,
         }
     }
 }
@@ -96,6 +114,25 @@ impl PolicyConstants {
             backoff_weight: 0.0,
             ..Self::default()
         }
+    }
+
+    /// The latest second `scheduled_returns` considers in an overload that has lasted
+    /// `overload_age_s`: `ceil(factor · age)` within the clamp, or the clamp's top without a
+    /// factor, an age, or a finite product.
+    pub fn overload_horizon(&self, overload_age_s: Option<f64>) -> u64 {
+        let (min, max) = self.clamp();
+        match (self.overload_horizon_factor, overload_age_s) {
+            (Some(factor), Some(age)) if (factor * age).is_finite() => {
+                ((factor * age).ceil().max(0.0) as u64).clamp(min, max)
+            }
+            _ => max,
+        }
+    }
+
+    /// The clamp as applied: `[min, max]` kept within [1, 60].
+    pub fn clamp(&self) -> (u64, u64) {
+        let max = self.max_retry_after_s.clamp(1, crate::MAX_RETRY_AFTER_S);
+        (self.min_retry_after_s.clamp(1, max), max)
     }
 
     /// `1 + w1·occupancy + w2·min(streak / B, 1)`, and the backoff signal `min(streak / B, 1)`.
@@ -134,6 +171,14 @@ pub struct Signals {
     pub occupancy: Option<f64>,
     /// The proxy's current placement backoff streak (0 if it passed none).
     pub backoff_streak: u32,
+    /// Fresh arrivals per second (requests that are not returns), or `None` while no proxy
+    /// reports them.
+    pub arrival_rate: Option<f64>,
+    /// The returns already promised, per second from now.
+    pub promised: PromisedReturns,
+    /// How long fresh arrivals have matched or exceeded the drain rate, seconds, or `None`
+    /// when they do not (or either rate is unknown).
+    pub overload_age_s: Option<f64>,
 }
 
 /// A policy's base estimate and the terms it was made of.
@@ -145,6 +190,18 @@ pub struct Computed {
     pub saturation_factor: f64,
     /// min(streak / B, 1).
     pub backoff_signal: f64,
+    /// How the jitter spreads this estimate.
+    pub spread: Spread,
+}
+
+/// How the jitter draw spreads an estimate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Spread {
+    /// By the relative `jitter` around the value (the proposal's ±20%).
+    Relative,
+    /// Across the second that ends at the value: the header stays that second, the
+    /// milliseconds fall anywhere within it (the slot of `scheduled_returns`).
+    WithinSecond,
 }
 
 impl RetryAfterPolicy {
@@ -160,8 +217,20 @@ impl RetryAfterPolicy {
         match self {
             Self::Static => Err(FallbackReason::StaticPolicy),
             Self::RouterQueueDrainRate => queue_drain_rate(signals, constants),
+            Self::ScheduledReturns => scheduled_returns(signals, constants),
         }
     }
+}
+
+/// The drain rate and the queue both computing policies need, or why one is missing: a
+/// drain rate that is unknown, zero or not finite; a queue no source can see.
+fn drain_and_queue(signals: &Signals) -> Result<(f64, QueueDepth), FallbackReason> {
+    let drain_rate = signals
+        .drain_rate
+        .filter(|d| d.is_finite() && *d > 0.0)
+        .ok_or(FallbackReason::DrainNotWarm)?;
+    let queue = signals.queue_depth.ok_or(FallbackReason::QueueInvisible)?;
+    Ok((drain_rate, queue))
 }
 
 /// `queue_depth / drain_rate × saturation_factor`. Declines when the drain rate is unknown,
@@ -171,11 +240,7 @@ fn queue_drain_rate(
     signals: &Signals,
     constants: &PolicyConstants,
 ) -> Result<Computed, FallbackReason> {
-    let drain_rate = signals
-        .drain_rate
-        .filter(|d| d.is_finite() && *d > 0.0)
-        .ok_or(FallbackReason::DrainNotWarm)?;
-    let queue = signals.queue_depth.ok_or(FallbackReason::QueueInvisible)?;
+    let (drain_rate, queue) = drain_and_queue(signals)?;
     let (saturation_factor, backoff_signal) =
         constants.saturation_factor(signals.occupancy, signals.backoff_streak);
     let base_s = queue.depth as f64 / drain_rate * saturation_factor;
@@ -186,7 +251,96 @@ fn queue_drain_rate(
         base_s,
         saturation_factor,
         backoff_signal,
+        spread: Spread::Relative,
     })
+}
+
+/// The earliest whole second `s` within the clamp such that, by the end of second `s`, the
+/// drain rate less the fresh arrivals forecast, `(drain_rate − arrival_rate) · (s + 1)`, has
+/// drained the queue ahead, every return promised up to second `s`, and this one. When no
+/// such second exists within the clamp (fresh arrivals alone take the capacity, or the
+/// schedule is full to the horizon), [`OverloadRule`] decides, up to the overload horizon
+/// ([`PolicyConstants::overload_horizon`]). Declines like
+/// `queue_drain_rate` when the drain rate is not warm or the queue is invisible; an unknown
+/// arrival rate counts as none.
+fn scheduled_returns(
+    signals: &Signals,
+    constants: &PolicyConstants,
+) -> Result<Computed, FallbackReason> {
+    let (drain_rate, queue) = drain_and_queue(signals)?;
+    let arrival_rate = signals
+        .arrival_rate
+        .filter(|a| a.is_finite() && *a > 0.0)
+        .unwrap_or(0.0);
+    let (min, max) = constants.clamp();
+    let slot = |arrivals: f64, top: u64| {
+        earliest_second(
+            queue.depth,
+            drain_rate - arrivals,
+            &signals.promised,
+            min,
+            top,
+        )
+    };
+    let horizon = constants.overload_horizon(signals.overload_age_s);
+    let seconds = slot(arrival_rate, max)
+        .or_else(|| match constants.overload_rule {
+            OverloadRule::Latest => None,
+            OverloadRule::FillCapacity => slot(0.0, horizon),
+            OverloadRule::LatestWithRoom => latest_second_with_room(
+                drain_rate,
+                &signals.promised,
+                (horizon / 2).max(min),
+                horizon,
+            ),
+        })
+        .unwrap_or(horizon);
+    Ok(Computed {
+        base_s: seconds as f64,
+        saturation_factor: 1.0,
+        backoff_signal: 0.0,
+        spread: Spread::WithinSecond,
+    })
+}
+
+/// The latest second `s` in `low..=high` whose promised returns leave room for one more
+/// within a second of the drain rate.
+fn latest_second_with_room(
+    drain_rate: f64,
+    promised: &PromisedReturns,
+    low: u64,
+    high: u64,
+) -> Option<u64> {
+    (low..=high)
+        .rev()
+        .find(|&s| f64::from(promised.due(s as usize)) + 1.0 <= drain_rate)
+}
+
+/// The first second `s` in `min..=max` with `room_per_s · (s + 1) ≥ depth + 1 + Σ promised[..=s]`.
+fn earliest_second(
+    depth: u64,
+    room_per_s: f64,
+    promised: &PromisedReturns,
+    min: u64,
+    max: u64,
+) -> Option<u64> {
+    if !(room_per_s.is_finite() && room_per_s > 0.0) {
+        return None;
+    }
+    let mut ahead = depth as f64 + 1.0;
+    for s in 0..=max {
+        ahead += f64::from(promised.due(s as usize));
+        let capacity = room_per_s * (s + 1) as f64;
+        if s >= min && capacity >= ahead {
+            return Some(s);
+        }
+        // `ahead` never shrinks: if even the capacity of every second left cannot cover it,
+        // no later second can (a shortcut; the answer is the same).
+        if ahead - capacity > room_per_s * (max - s) as f64 {
+            return None;
+        }
+    }
+    None
 }
 
 #[cfg(test)]
@@ -202,6 +356,9 @@ mod tests {
             drain_rate: Some(drain),
             occupancy: None,
             backoff_streak: 0,
+            arrival_rate: None,
+            promised: PromisedReturns::NONE,
+            overload_age_s: None,
         }
     }
 
@@ -252,6 +409,71 @@ mod tests {
         };
         let c = COMPUTED.compute(&s, &PolicyConstants::simple()).unwrap();
         assert_eq!(c.base_s, 3.5);
+    }
+
+    #[test]
+    fn scheduled_returns_by_hand() {
+        let scheduled = RetryAfterPolicy::ScheduledReturns;
+        let constants = PolicyConstants::default();
+        // Drain 4/s, fresh arrivals 2/s: 2/s of room. 5 queued ahead, 2 returns due in
+        // second 1 and 3 in second 2: with this one, 11 need room, and 2 · (s + 1) ≥ 11
+        // first at s = 5.
+        let s = Signals {
+            arrival_rate: Some(2.0),
+            promised: PromisedReturns::from_bins([0, 2, 3]),
+            ..signals(5, 4.0)
+        };
+        let c = scheduled.compute(&s, &constants).unwrap();
+        assert_eq!((c.base_s, c.spread), (5.0, Spread::WithinSecond));
+        // An empty queue and schedule: the first second the clamp allows.
+        let idle = Signals {
+            arrival_rate: Some(1.0),
+            ..signals(0, 4.0)
+        };
+        assert_eq!(scheduled.compute(&idle, &constants).unwrap().base_s, 1.0);
+        // Fresh arrivals beyond the drain rate: the latest second, or the capacity filled in
+        // turn as if no one else arrived (6 + 2 need room, 4 · 2 ≥ 8 at s = 1).
+        let overload = Signals {
+            arrival_rate: Some(5.0),
+            ..s
+        };
+        assert_eq!(
+            scheduled.compute(&overload, &constants).unwrap().base_s,
+            60.0
+        );
+        let fill = PolicyConstants {
+            overload_rule: OverloadRule::FillCapacity,
+            ..constants
+        };
+        assert_eq!(scheduled.compute(&overload, &fill).unwrap().base_s, 1.0);
+        // With a horizon factor, an overload 4 s old looks 2 × 4 = 8 s ahead at most.
+        let young = Signals {
+            overload_age_s: Some(4.0),
+            ..overload
+        };
+        let horizon = PolicyConstants {
+            overload_horizon_factor: Some(2.0),
+            ..constants
+        };
+        assert_eq!(scheduled.compute(&young, &horizon).unwrap().base_s, 8.0);
+        assert_eq!(scheduled.compute(&young, &constants).unwrap().base_s, 60.0);
+        // It declines as the proposal's policy does.
+        let cold = Signals {
+            drain_rate: None,
+            ..s
+        };
+        assert_eq!(
+            scheduled.compute(&cold, &constants),
+            Err(FallbackReason::DrainNotWarm)
+        );
+    }
+
+    #[test]
+    fn overload_rules_parse_and_print() {
+        for rule in OverloadRule::ALL {
+            assert_eq!(rule.to_string().parse::<OverloadRule>(), Ok(*rule));
+        }
+        assert!("soon".parse::<OverloadRule>().is_err());
     }
 
     #[test]

@@ -2,8 +2,8 @@
 
 use proptest::prelude::*;
 use retry_after_policy::{
-    FallbackReason, PolicyConstants, QueueDepth, QueueDepthSource, RetryAfterPolicy, Rung, Signals,
-    answer,
+    FallbackReason, OverloadRule, PolicyConstants, PromisedReturns, QueueDepth, QueueDepthSource,
+    RetryAfterPolicy, Rung, Signals, answer,
 };
 
 fn any_float() -> impl Strategy<Value = f64> {
@@ -24,14 +24,22 @@ fn constants() -> impl Strategy<Value = PolicyConstants> {
         0.0..0.5f64,
         1u64..=60,
         1u64..=60,
+        prop::sample::select(OverloadRule::ALL.to_vec()),
+        prop::option::of(prop_oneof![
+            Just(f64::NAN),
+            Just(f64::INFINITY),
+            0.0..10.0f64
+        ]),
     )
-        .prop_map(|(b, w1, w2, jitter, a, z)| PolicyConstants {
+        .prop_map(|(b, w1, w2, jitter, a, z, rule, factor)| PolicyConstants {
             backoff_streak_saturation: b,
             occupancy_weight: w1,
             backoff_weight: w2,
             jitter,
             min_retry_after_s: a.min(z),
             max_retry_after_s: a.max(z),
+            overload_rule: rule,
+            overload_horizon_factor: factor,
         })
 }
 
@@ -45,14 +53,21 @@ proptest! {
         constants in constants(),
         static_s in prop::option::of(1u64..3600),
         unit in any_float(),
+        policy in prop::sample::select(RetryAfterPolicy::ALL.to_vec()),
+        arrivals in prop::option::of(any_float()),
+        promised in prop::collection::vec(any::<u32>(), 0..70),
+        age in prop::option::of(any_float()),
     ) {
         let signals = Signals {
             queue_depth: depth.map(|depth| QueueDepth { depth, source: QueueDepthSource::Proxy }),
             drain_rate: drain,
             occupancy,
             backoff_streak: streak,
+            arrival_rate: arrivals,
+            promised: PromisedReturns::from_bins(promised),
+            overload_age_s: age,
         };
-        let a = answer(RetryAfterPolicy::RouterQueueDrainRate, &constants, static_s, signals, unit);
+        let a = answer(policy, &constants, static_s, signals, unit);
         match a.rung {
             Rung::Computed => {
                 let s = a.seconds.unwrap();
@@ -70,7 +85,9 @@ proptest! {
                 prop_assert!(a.reason.is_some());
             }
         }
-        if depth.is_none() && a.rung != Rung::Computed {
+        if policy == RetryAfterPolicy::Static {
+            prop_assert_eq!(a.reason, Some(FallbackReason::StaticPolicy));
+        } else if depth.is_none() && a.rung != Rung::Computed {
             prop_assert!(matches!(
                 a.reason,
                 Some(FallbackReason::QueueInvisible | FallbackReason::DrainNotWarm)
@@ -91,6 +108,9 @@ proptest! {
                 drain_rate: Some(drain),
                 occupancy: Some(occupancy),
                 backoff_streak: streak,
+                arrival_rate: None,
+                promised: PromisedReturns::NONE,
+            overload_age_s: None,
             };
             answer(RetryAfterPolicy::RouterQueueDrainRate, &constants, None, signals, 0.5).seconds.unwrap()
         };
@@ -108,11 +128,51 @@ proptest! {
             drain_rate: Some(drain),
             occupancy: Some(1.0),
             backoff_streak: 9,
+            arrival_rate: None,
+            promised: PromisedReturns::NONE,
+            overload_age_s: None,
         };
         let a = answer(RetryAfterPolicy::RouterQueueDrainRate, &constants, None, signals, 0.5);
         let base = depth as f64 / drain;
         prop_assert_eq!(a.computed.unwrap().base_s, base);
         let expected = ((base * 1e6).round() as u64).div_ceil(1_000_000).clamp(1, 60);
         prop_assert_eq!(a.seconds, Some(expected));
+    }
+}
+
+proptest! {
+    #[test]
+    fn scheduled_returns_never_answers_earlier_for_more_ahead(
+        depth in 0u64..10_000, more in 0u64..1000,
+        drain in 0.1..1000.0f64, arrivals in 0.0..1000.0f64,
+        promised in prop::collection::vec(0u32..100, 0..64),
+        bin in 0usize..64, extra in 0u32..100,
+        rule in prop::sample::select(OverloadRule::ALL.to_vec()),
+    ) {
+        let constants = PolicyConstants { overload_rule: rule, ..PolicyConstants::default() };
+        let at = |depth: u64, promised: PromisedReturns| {
+            let signals = Signals {
+                queue_depth: Some(QueueDepth { depth, source: QueueDepthSource::Proxy }),
+                drain_rate: Some(drain),
+                occupancy: None,
+                backoff_streak: 0,
+                arrival_rate: Some(arrivals),
+                promised,
+                overload_age_s: None,
+            };
+            answer(RetryAfterPolicy::ScheduledReturns, &constants, None, signals, 0.0).seconds.unwrap()
+        };
+        let base = PromisedReturns::from_bins(promised.clone());
+        let mut added = promised;
+        added.resize(64, 0);
+        added[bin] += extra;
+        let fewer = at(depth, base);
+        if rule == OverloadRule::Latest {
+            // (With `fill_capacity`, more ahead can tip an answer from the horizon back to the
+            // filled capacity; only the latest rule is monotone.)
+            prop_assert!(at(depth + more, base) >= fewer);
+            prop_assert!(at(depth, PromisedReturns::from_bins(added)) >= fewer);
+        }
+        prop_assert!((1..=60).contains(&fewer));
     }
 }

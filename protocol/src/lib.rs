@@ -28,7 +28,7 @@ mod wire;
 
 pub use error::{ErrorCode, ProtocolError};
 pub use request::{HandedOut, Report, Request};
-pub use response::{EstimatePush, HealthResponse, QueryResponse, Response};
+pub use response::{EstimatePush, HealthResponse, QueryResponse, Response, Schedule};
 pub use retry_after_policy as policy;
 
 /// Longest request line accepted, in bytes, without its newline.
@@ -36,7 +36,7 @@ pub const MAX_LINE_LEN: usize = 512;
 
 /// Longest response line the agent sends, in bytes, without its newline (clients may refuse
 /// longer ones).
-pub const MAX_RESPONSE_LEN: usize = 1024;
+pub const MAX_RESPONSE_LEN: usize = 2048;
 
 /// Largest count a `REPORT` may carry in one field (ten million: 10,000 rejections a second
 /// reported every 1,000 s); more is refused as `bad_argument`.

@@ -1,15 +1,15 @@
 //! Responses, agent → proxy: printed by the agent, parsed by clients.
 
-use std::fmt;
+use std::{fmt, time::Duration};
 
 use retry_after_policy::{
-    Answer, FallbackReason, PolicyConstants, QueueDepth, QueueDepthSource, RetryAfterPolicy, Rung,
-    Signals,
+    Answer, FallbackReason, PolicyConstants, PromisedReturns, QueueDepth, QueueDepthSource,
+    RETURN_BINS, RetryAfterPolicy, Rung, Signals,
 };
 
 use crate::{
     ErrorCode, ProtocolError,
-    wire::{Fields, Float, Opt, float, opt, opt_float, req},
+    wire::{Fields, Float, Opt, Returns, float, opt, opt_float, req, returns},
 };
 
 /// Any line the agent sends.
@@ -17,8 +17,8 @@ use crate::{
 pub enum Response {
     /// The answer to `QUERY`.
     RetryAfter(QueryResponse),
-    /// A push to a subscriber.
-    Estimate(EstimatePush),
+    /// A push to a subscriber (boxed: its schedule makes it the largest by far).
+    Estimate(Box<EstimatePush>),
     /// The answer to `HEALTH`.
     Health(HealthResponse),
     /// The answer to `REPORT`.
@@ -36,7 +36,7 @@ impl Response {
         let line = line.trim_end_matches(['\r', '\n']);
         match line.split(' ').next() {
             Some("RETRY-AFTER") => QueryResponse::parse(line).map(Self::RetryAfter),
-            Some("ESTIMATE") => EstimatePush::parse(line).map(Self::Estimate),
+            Some("ESTIMATE") => EstimatePush::parse(line).map(|p| Self::Estimate(Box::new(p))),
             Some("HEALTH") => HealthResponse::parse(line).map(Self::Health),
             Some("OK") if line == "OK" => Ok(Self::Ok),
             Some("ERR") => {
@@ -175,18 +175,33 @@ impl fmt::Display for QueryResponse {
     }
 }
 
+/// The part of a `scheduled_returns` answer that moves between pushes: the promised returns
+/// from now on and the overload's age now (see [`EstimatePush::schedule`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Schedule {
+    /// Returns promised, per second from now.
+    pub returns: PromisedReturns,
+    /// The overload's age now, seconds, while it lasts.
+    pub overload_age_s: Option<f64>,
+}
+
 /// What a subscriber receives each tick: everything its reject path needs to answer on its
 /// own, exactly as the agent would, with its own jitter draw and, if it has them, its own
-/// queue depth and backoff streak ([`EstimatePush::answer`]). One line:
+/// queue depth, backoff streak and promised returns ([`EstimatePush::answer`]). One line:
 ///
 /// ```text
 /// ESTIMATE <service> seq=<n> policy=<name> status=<code> static=<s|none>
 ///   depth=<n|none> source=<src|none> drain=<f|none> occupancy=<f|none>
+///   arrivals=<f|none> returns=<n,n,...|none> overload=<rule> overload_age=<f|none>
+///   horizon_factor=<f|none>
 ///   occupancy_weight=<f> backoff_weight=<f> backoff_saturation=<n> jitter=<f> min=<s> max=<s>
 ///   base_ms=<n|none> reason=<reason|none>
 /// ```
-/// `base_ms` and `reason` describe the agent's own answer without jitter or streak (for
-/// people and logs); the other fields are the inputs.
+/// `returns` is the schedule of promised returns per second from the push on (bin 0 first,
+/// trailing zeros left out); `arrivals` the fresh arrival rate; `overload_age` how long fresh
+/// arrivals have matched the drain rate. `base_ms` and `reason`
+/// describe the agent's own answer without jitter or streak (for people and logs); the other
+/// fields are the inputs.
 #[derive(Clone, Debug, PartialEq)]
 pub struct EstimatePush {
     /// The service.
@@ -205,6 +220,12 @@ pub struct EstimatePush {
     pub drain_rate: Option<f64>,
     /// Occupancy, if capacity is known.
     pub occupancy: Option<f64>,
+    /// Fresh arrivals per second, if proxies report them.
+    pub arrival_rate: Option<f64>,
+    /// The returns promised, per second from the push on.
+    pub returns: PromisedReturns,
+    /// How long the overload has lasted at the push, seconds, while it lasts.
+    pub overload_age_s: Option<f64>,
     /// The formula's and the ladder's constants.
     pub constants: PolicyConstants,
     /// The agent's own computed value before jitter and clamp, milliseconds.
@@ -215,12 +236,14 @@ pub struct EstimatePush {
 
 impl EstimatePush {
     /// The answer to one rejection: the agent's signals, with the proxy's own queue depth and
-    /// streak where given, through the same ladder the agent runs. `unit` is a uniform draw
-    /// from [0, 1) for the jitter.
+    /// streak where given and `schedule` as the schedule and the overload's age (see
+    /// [`EstimatePush::schedule`]), through the same ladder the agent runs. `unit` is a
+    /// uniform draw from [0, 1) for the jitter.
     pub fn answer(
         &self,
         queue_depth: Option<u64>,
         backoff_streak: Option<u32>,
+        schedule: &Schedule,
         unit: f64,
     ) -> Answer {
         let signals = Signals {
@@ -233,8 +256,33 @@ impl EstimatePush {
             drain_rate: self.drain_rate,
             occupancy: self.occupancy,
             backoff_streak: backoff_streak.unwrap_or(0),
+            arrival_rate: self.arrival_rate,
+            promised: schedule.returns,
+            overload_age_s: schedule.overload_age_s,
         };
         retry_after_policy::answer(self.policy, &self.constants, self.static_s, signals, unit)
+    }
+
+    /// What a subscriber answers with `since_push` after this push: the push's schedule from
+    /// then on (shifted by the whole seconds elapsed), bin by bin no less than `own`, the
+    /// returns this subscriber promised itself from then on (which the push may already
+    /// count, once reported); and the overload's age then.
+    pub fn schedule(&self, since_push: Duration, own: &PromisedReturns) -> Schedule {
+        let skip = usize::try_from(since_push.as_secs()).unwrap_or(RETURN_BINS);
+        Schedule {
+            returns: self.returns.shifted_max(skip, own),
+            overload_age_s: self
+                .overload_age_s
+                .map(|age| age + since_push.as_secs_f64()),
+        }
+    }
+
+    /// The push's own schedule, as the agent answers with it.
+    pub fn pushed_schedule(&self) -> Schedule {
+        Schedule {
+            returns: self.returns,
+            overload_age_s: self.overload_age_s,
+        }
     }
 
     /// Parse an `ESTIMATE` line.
@@ -253,6 +301,9 @@ impl EstimatePush {
             queue_depth: None,
             drain_rate: None,
             occupancy: None,
+            arrival_rate: None,
+            returns: PromisedReturns::NONE,
+            overload_age_s: None,
             constants: PolicyConstants::default(),
             base_ms: None,
             reason: None,
@@ -269,6 +320,11 @@ impl EstimatePush {
                 "source" => opt(v).map(|x| source = x),
                 "drain" => opt_float(v).map(|x| p.drain_rate = x),
                 "occupancy" => opt_float(v).map(|x| p.occupancy = x),
+                "arrivals" => opt_float(v).map(|x| p.arrival_rate = x),
+                "returns" => returns(v).map(|x| p.returns = x),
+                "overload" => req(v).map(|x| c.overload_rule = x),
+                "overload_age" => opt_float(v).map(|x| p.overload_age_s = x),
+                "horizon_factor" => opt_float(v).map(|x| c.overload_horizon_factor = x),
                 "occupancy_weight" => float(v).map(|x| c.occupancy_weight = x),
                 "backoff_weight" => float(v).map(|x| c.backoff_weight = x),
                 "backoff_saturation" => req(v).map(|x| c.backoff_streak_saturation = x),
@@ -300,7 +356,7 @@ impl fmt::Display for EstimatePush {
         let c = &self.constants;
         write!(
             f,
-            "ESTIMATE {} seq={} policy={} status={} static={} depth={} source={} drain={} occupancy={} occupancy_weight={} backoff_weight={} backoff_saturation={} jitter={} min={} max={} base_ms={} reason={}",
+            "ESTIMATE {} seq={} policy={} status={} static={} depth={} source={} drain={} occupancy={} arrivals={} returns={} overload={} overload_age={} horizon_factor={} occupancy_weight={} backoff_weight={} backoff_saturation={} jitter={} min={} max={} base_ms={} reason={}",
             self.service,
             self.seq,
             self.policy,
@@ -310,6 +366,11 @@ impl fmt::Display for EstimatePush {
             Opt(&self.queue_depth.map(|q| q.source)),
             Float(self.drain_rate),
             Float(self.occupancy),
+            Float(self.arrival_rate),
+            Returns(&self.returns),
+            c.overload_rule,
+            Float(self.overload_age_s),
+            Float(c.overload_horizon_factor),
             Float(Some(c.occupancy_weight)),
             Float(Some(c.backoff_weight)),
             c.backoff_streak_saturation,

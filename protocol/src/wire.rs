@@ -3,6 +3,8 @@
 
 use std::{fmt, str::FromStr};
 
+use retry_after_policy::{PromisedReturns, RETURN_BINS};
+
 use crate::ProtocolError;
 
 /// An optional value on the wire: the value, or `none`.
@@ -28,6 +30,45 @@ impl fmt::Display for Float {
             None => f.write_str("none"),
         }
     }
+}
+
+/// A schedule of promised returns: counts per second joined by commas, trailing zeros left
+/// out; `none` when nothing is promised.
+pub(crate) struct Returns<'a>(pub &'a PromisedReturns);
+
+impl fmt::Display for Returns<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let bins = self.0.trimmed();
+        if bins.is_empty() {
+            return f.write_str("none");
+        }
+        for (i, count) in bins.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{count}")?;
+        }
+        Ok(())
+    }
+}
+
+/// [`Returns`] read back: at most [`RETURN_BINS`] counts, digits only.
+pub(crate) fn returns(value: &str) -> Result<PromisedReturns, ()> {
+    if value == "none" {
+        return Ok(PromisedReturns::NONE);
+    }
+    let counts = value.split(',');
+    if counts.clone().count() > RETURN_BINS {
+        return Err(());
+    }
+    let mut bins = Vec::with_capacity(RETURN_BINS);
+    for count in counts {
+        if count.is_empty() || !count.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(());
+        }
+        bins.push(count.parse::<u32>().map_err(|_| ())?);
+    }
+    Ok(PromisedReturns::from_bins(bins))
 }
 
 /// A response line split into its leading words and its `key=value` options.

@@ -5,7 +5,8 @@ use retry_after_protocol::{
     ErrorCode, EstimatePush, HealthResponse, MAX_LINE_LEN, MAX_REPORT_COUNT, MAX_SERVICE_NAME_LEN,
     ProtocolError, QueryResponse, Report, Request, Response,
     policy::{
-        FallbackReason, PolicyConstants, QueueDepth, QueueDepthSource, RetryAfterPolicy, Rung,
+        FallbackReason, OverloadRule, PolicyConstants, PromisedReturns, QueueDepth,
+        QueueDepthSource, RetryAfterPolicy, Rung,
     },
 };
 
@@ -158,14 +159,30 @@ fn responses_print_as_documented() {
         }),
         drain_rate: Some(50.0 / 3.0),
         occupancy: Some(1.0),
+        arrival_rate: Some(2.5),
+        returns: PromisedReturns::from_bins([0, 3, 0, 12]),
+        overload_age_s: Some(4.5),
         constants: PolicyConstants::default(),
         base_ms: Some(750),
         reason: None,
     };
     assert_eq!(
         push.to_string(),
-        "ESTIMATE chat seq=7 policy=router_queue_drain_rate status=503 static=5 depth=10 source=frontend drain=16.666666666666668 occupancy=1 occupancy_weight=0.25 backoff_weight=0.25 backoff_saturation=5 jitter=0.2 min=1 max=60 base_ms=750 reason=none"
+        "ESTIMATE chat seq=7 policy=router_queue_drain_rate status=503 static=5 depth=10 source=frontend drain=16.666666666666668 occupancy=1 arrivals=2.5 returns=0,3,0,12 overload=latest_with_room overload_age=4.5 horizon_factor=none occupancy_weight=0.25 backoff_weight=0.25 backoff_saturation=5 jitter=0.2 min=1 max=60 base_ms=750 reason=none"
     );
+    // The longest schedule fits a response line.
+    let full = EstimatePush {
+        service: "s".repeat(retry_after_protocol::MAX_SERVICE_NAME_LEN),
+        returns: PromisedReturns::from_bins([u32::MAX; retry_after_protocol::policy::RETURN_BINS]),
+        ..push.clone()
+    };
+    assert!(full.to_string().len() < retry_after_protocol::MAX_RESPONSE_LEN);
+    assert_eq!(EstimatePush::parse(&full.to_string()), Ok(full));
+    // A schedule is counts only, at most one per bin.
+    for bad in ["returns=1,,2", "returns=-1", "returns=1.5", "returns="] {
+        let line = format!("{push} {bad}");
+        assert!(EstimatePush::parse(&line).is_err(), "{bad}");
+    }
     // An older or newer agent's extra fields are skipped.
     let extra = format!("{push} future_field=3");
     assert_eq!(EstimatePush::parse(&extra), Ok(push));
@@ -228,8 +245,15 @@ fn push() -> impl Strategy<Value = EstimatePush> {
             prop::option::of(any::<u64>()),
         ),
         prop::option::of((any::<u64>(), prop::sample::select(QueueDepthSource::ALL))),
-        (prop::option::of(finite()), prop::option::of(finite())),
         (
+            prop::option::of(finite()),
+            prop::option::of(finite()),
+            prop::option::of(finite()),
+            prop::collection::vec(any::<u32>(), 0..64),
+            (prop::option::of(finite()), prop::option::of(finite())),
+        ),
+        (
+            prop::sample::select(OverloadRule::ALL.to_vec()),
             finite(),
             finite(),
             any::<u32>(),
@@ -246,8 +270,8 @@ fn push() -> impl Strategy<Value = EstimatePush> {
             |(
                 (service, seq, policy, status_code, static_s),
                 queue,
-                (drain_rate, occupancy),
-                (w1, w2, b, jitter, min, max),
+                (drain_rate, occupancy, arrival_rate, returns, (overload_age_s, horizon)),
+                (overload_rule, w1, w2, b, jitter, min, max),
                 (base_ms, reason),
             )| EstimatePush {
                 service,
@@ -258,6 +282,9 @@ fn push() -> impl Strategy<Value = EstimatePush> {
                 queue_depth: queue.map(|(depth, source)| QueueDepth { depth, source }),
                 drain_rate,
                 occupancy,
+                arrival_rate,
+                returns: PromisedReturns::from_bins(returns),
+                overload_age_s,
                 constants: PolicyConstants {
                     backoff_streak_saturation: b,
                     occupancy_weight: w1,
@@ -265,6 +292,8 @@ fn push() -> impl Strategy<Value = EstimatePush> {
                     jitter,
                     min_retry_after_s: min,
                     max_retry_after_s: max,
+                    overload_rule,
+                    overload_horizon_factor: horizon,
                 },
                 base_ms,
                 reason,
@@ -296,7 +325,7 @@ fn health() -> impl Strategy<Value = HealthResponse> {
 fn response() -> impl Strategy<Value = Response> {
     prop_oneof![
         query_response().prop_map(Response::RetryAfter),
-        push().prop_map(Response::Estimate),
+        push().prop_map(|p| Response::Estimate(Box::new(p))),
         health().prop_map(Response::Health),
         Just(Response::Ok),
         (prop::sample::select(ErrorCode::ALL.to_vec()), "[ -~]{0,40}")

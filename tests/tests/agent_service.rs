@@ -419,6 +419,63 @@ fn the_client_library_answers_through_an_agent_restart() {
     assert!(subscription.age().unwrap() < Duration::from_secs(1));
 }
 
+/// The promised returns in the agent's push for `service`, as a subscriber receives them.
+fn promised_in_push(agent: &AgentProcess, service: &str) -> u64 {
+    let line = agent.request(&format!("SUBSCRIBE {service}")).unwrap();
+    match Response::parse(&line) {
+        Ok(Response::Estimate(push)) => push.returns.total(),
+        other => panic!("not an estimate: {line} ({other:?})"),
+    }
+}
+
+#[test]
+fn an_agent_restart_loses_the_schedule_and_the_proxies_next_reports_rebuild_it() {
+    let mut agent = AgentProcess::start(
+        "",
+        "[[service]]\nname = \"api\"\nbackends = [{ address = \"127.0.0.1:1\" }]\n[service.backpressure]\nretry_after_policy = \"scheduled_returns\"\nretry_after_s = 5\n",
+    );
+    let report = |agent: &AgentProcess| {
+        let ok = agent
+            .request("REPORT api admitted=4 rejected=40 handed_out=c20:30,c40:10")
+            .unwrap();
+        assert_eq!(ok, "OK");
+    };
+    // What a proxy handed out, and what the agent answers itself, are both promised returns.
+    report(&agent);
+    assert_eq!(promised_in_push(&agent, "api"), 40);
+    let answer = answer(&agent.request("QUERY api depth=3").unwrap());
+    assert_eq!(
+        (answer.seconds, answer.rung),
+        (Some(5), Rung::Static),
+        "not warm: the fallback"
+    );
+    assert_eq!(promised_in_push(&agent, "api"), 41);
+    // A tick later the operator sees them too.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while sample(
+        &agent.metrics(),
+        "retry_after_service_returns_promised{service=\"api\"}",
+    ) != 41.0
+    {
+        assert!(Instant::now() < deadline, "{}", agent.metrics());
+        thread::sleep(Duration::from_millis(100));
+    }
+
+    // A restart loses the schedule; the proxy's next report (one interval later) rebuilds it.
+    agent.restart();
+    assert_eq!(promised_in_push(&agent, "api"), 0);
+    report(&agent);
+    assert_eq!(promised_in_push(&agent, "api"), 40);
+    let metrics = agent.metrics();
+    assert_eq!(
+        sample(
+            &metrics,
+            "retry_after_service_returns_dropped_total{service=\"api\"}"
+        ),
+        0.0
+    );
+}
+
 #[test]
 fn metrics_parse_and_carry_every_series() {
     let backend = HttpServer::start("127.0.0.1:0", ServerOptions::default());
@@ -598,6 +655,36 @@ fn check_names_the_bad_field_and_value() {
     assert!(ok, "{text}");
     assert!(
         text.contains("WARN    service api: no frontend") && text.contains("queue_invisible"),
+        "{text}"
+    );
+    // It says which policy a service uses, and recommends scheduled_returns otherwise.
+    assert!(
+        text.contains(
+            "NOTE    service api: policy router_queue_drain_rate; scheduled_returns is recommended"
+        ),
+        "{text}"
+    );
+    std::fs::write(
+        &config,
+        "[agent]\nsocket_path = \"/tmp/retry-after-check/agent.sock\"\n[[service]]\nname = \"api\"\nfrontend = \"127.0.0.1:8000\"\nbackends = [{ address = \"*:80\" }]\n[service.backpressure]\nretry_after_policy = \"scheduled_returns\"\noverload_rule = \"latest\"\n",
+    )
+    .unwrap();
+    let (ok, text) = check(&config);
+    assert!(ok, "{text}");
+    assert!(
+        text.contains("ok      service api: policy scheduled_returns (overload_rule latest)")
+            && !text.contains("NOTE"),
+        "{text}"
+    );
+    // A bad overload rule is named with its field.
+    std::fs::write(
+        &config,
+        "[[service]]\nname = \"api\"\nbackends = [{ address = \"*:80\" }]\n[service.backpressure]\nretry_after_policy = \"scheduled_returns\"\noverload_rule = \"soon\"\n",
+    )
+    .unwrap();
+    let (ok, text) = check(&config);
+    assert!(
+        !ok && text.contains("service[0].backpressure.overload_rule") && text.contains("\"soon\""),
         "{text}"
     );
     let _ = std::fs::remove_dir_all(&dir);

@@ -306,6 +306,137 @@ fn haproxy_rejections_carry_the_computed_value_then_the_static_one_then_the_comp
     assert!(rejected > 0.0 && admitted > 0.0);
 }
 
+/// What the urllib3 clients of `tests/clients/retrying_clients.py` recorded, and HAProxy's own
+/// counters for the same run.
+#[derive(Debug)]
+struct ClientRun {
+    clients: u64,
+    succeeded: u64,
+    gave_up: u64,
+    retries: u64,
+    retries_admitted: u64,
+    p99_to_success_s: f64,
+    haproxy_2xx: u64,
+    haproxy_4xx: u64,
+}
+
+impl ClientRun {
+    fn admitted_share(&self) -> f64 {
+        self.retries_admitted as f64 / self.retries.max(1) as f64
+    }
+}
+
+/// Clients arriving at 1.5× the capacity of two replicas (2 × 2 places, 250 ms: 16/s) for
+/// 20 s, through HAProxy and the Lua, each retrying up to 3 times as urllib3's Retry does,
+/// honouring Retry-After; the agent configured with `backpressure` for the service.
+fn urllib3_clients_through_haproxy(backpressure: &str) -> ClientRun {
+    let (r1, r2) = (replica(), replica());
+    let fe = free_port();
+    let agent = AgentProcess::start(
+        "",
+        &format!(
+            "[[service]]\nname = \"api\"\nbackends = [{{ address = \"{}\", max_ongoing_requests = 2 }}, {{ address = \"{}\", max_ongoing_requests = 2 }}]\n[service.backpressure]\n{backpressure}",
+            r1.addr(),
+            r2.addr()
+        ),
+    );
+    let lua =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../integrations/haproxy/retry_after.lua");
+    let haproxy = Haproxy::start_with_global(
+        &format!(
+            "    lua-load {}\n    setenv RETRY_AFTER_SOCKET {}\n    setenv RETRY_AFTER_SERVICES api:be_api\n    setenv RETRY_AFTER_STATIC 5\n",
+            lua.canonicalize().unwrap().display(),
+            agent.socket.display()
+        ),
+        &frontend("api", fe, 8, &[&r1, &r2]),
+        None,
+    );
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients/retrying_clients.py");
+    let out = retry_after_testkit::run_ok(
+        std::process::Command::new("python3")
+            .arg(script)
+            .args([
+                "--url",
+                &format!("http://{fe}/"),
+                "--rate",
+                "24",
+                "--seconds",
+                "20",
+            ])
+            .args(["--retries", "3", "--seed", "7"]),
+    );
+    let record: serde_json::Value = serde_json::from_str(out.trim()).expect("the clients' record");
+    let count = |key: &str| {
+        record[key]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{key} in {out}"))
+    };
+    let times: Vec<f64> = record["time_to_success_s"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_f64().unwrap())
+        .collect();
+    let run = ClientRun {
+        clients: count("clients"),
+        succeeded: count("succeeded"),
+        gave_up: count("gave_up"),
+        retries: count("retries"),
+        retries_admitted: count("retries_admitted"),
+        p99_to_success_s: times
+            .get((times.len() * 99 / 100).min(times.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(f64::NAN),
+        haproxy_2xx: haproxy.stat("fe_api", "FRONTEND", "hrsp_2xx"),
+        haproxy_4xx: haproxy.stat("fe_api", "FRONTEND", "hrsp_4xx"),
+    };
+    assert_eq!(count("errors"), 0, "{out}");
+    run
+}
+
+#[test]
+fn urllib3_clients_told_scheduled_returns_get_in_and_fewer_give_up_than_with_static_5s() {
+    let static_5s =
+        urllib3_clients_through_haproxy("retry_after_policy = \"static\"\nretry_after_s = 5\n");
+    let scheduled = urllib3_clients_through_haproxy(
+        "retry_after_policy = \"scheduled_returns\"\nretry_after_s = 5\n",
+    );
+    for (name, run) in [
+        ("static 5 s", &static_5s),
+        ("scheduled_returns", &scheduled),
+    ] {
+        eprintln!(
+            "{name}: {:.0}% of retries admitted, {} of {} clients gave up, p99 to success {:.1} s ({run:?})",
+            100.0 * run.admitted_share(),
+            run.gave_up,
+            run.clients,
+            run.p99_to_success_s
+        );
+    }
+    for run in [&static_5s, &scheduled] {
+        // HAProxy's own counters agree with the clients' record: every attempt answered, the
+        // successes as 2xx, every rejection as 4xx.
+        assert_eq!(run.haproxy_2xx, run.succeeded, "{run:?}");
+        assert_eq!(
+            run.haproxy_2xx + run.haproxy_4xx,
+            run.clients + run.retries,
+            "{run:?}"
+        );
+        assert!(run.retries > 50, "the load overloads: {run:?}");
+    }
+    assert!(
+        scheduled.admitted_share() >= 0.8,
+        "retries admitted at the suggested time: {:.0}%",
+        100.0 * scheduled.admitted_share()
+    );
+    assert!(
+        scheduled.gave_up < static_5s.gave_up,
+        "clients giving up: {} with scheduled_returns, {} with static 5 s",
+        scheduled.gave_up,
+        static_5s.gave_up
+    );
+}
+
 #[test]
 fn the_example_configuration_is_valid_for_the_distributions_haproxy() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../integrations/haproxy");

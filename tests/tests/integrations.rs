@@ -3,12 +3,15 @@
 //! client answer with), checked by `lua5.3` and `python3`; and the Python client against the
 //! real agent.
 
-use std::{io::Write, path::PathBuf, process::Command};
+use std::{io::Write, path::PathBuf, process::Command, time::Duration};
 
 use rand::{Rng, RngExt, SeedableRng, rngs::SmallRng};
 use retry_after_protocol::{
     EstimatePush,
-    policy::{PolicyConstants, QueueDepth, QueueDepthSource, RetryAfterPolicy},
+    policy::{
+        OverloadRule, PolicyConstants, PromisedReturns, QueueDepth, QueueDepthSource, RETURN_BINS,
+        RetryAfterPolicy,
+    },
 };
 use retry_after_testkit::{AgentProcess, run_ok};
 
@@ -53,11 +56,16 @@ fn random_push(rng: &mut impl Rng) -> EstimatePush {
     EstimatePush {
         service: "api".into(),
         seq: rng.random_range(0..1000),
-        policy: if rng.random_bool(0.85) {
-            RetryAfterPolicy::RouterQueueDrainRate
-        } else {
-            RetryAfterPolicy::Static
-        },
+        policy: pick(
+            rng,
+            &[
+                RetryAfterPolicy::RouterQueueDrainRate,
+                RetryAfterPolicy::RouterQueueDrainRate,
+                RetryAfterPolicy::ScheduledReturns,
+                RetryAfterPolicy::ScheduledReturns,
+                RetryAfterPolicy::Static,
+            ],
+        ),
         status_code: pick(rng, &[429, 503]),
         static_s: rng.random_bool(0.7).then(|| rng.random_range(1..=120)),
         queue_depth: rng.random_bool(0.7).then(|| QueueDepth {
@@ -70,6 +78,11 @@ fn random_push(rng: &mut impl Rng) -> EstimatePush {
         drain_rate: drain,
         occupancy: pick(rng, &[None, Some(0.0), Some(1.0), Some(1.7)])
             .or_else(|| rng.random_bool(0.5).then(|| rng.random_range(0.0..1.0))),
+        arrival_rate: pick(rng, &[None, Some(0.0), Some(-1.0)])
+            .or_else(|| Some(rng.random_range(0.0..6000.0))),
+        returns: random_returns(rng),
+        overload_age_s: pick(rng, &[None, Some(0.0)])
+            .or_else(|| Some(rng.random_range(0.0..200.0))),
         constants: PolicyConstants {
             backoff_streak_saturation: rng.random_range(1..10),
             occupancy_weight: pick_with(rng, &[0.0, 0.25], |rng| rng.random_range(0.0..2.0)),
@@ -77,14 +90,31 @@ fn random_push(rng: &mut impl Rng) -> EstimatePush {
             jitter: pick_with(rng, &[0.0, 0.2, 0.5], |rng| rng.random_range(0.0..0.5)),
             min_retry_after_s: lo.min(hi),
             max_retry_after_s: lo.max(hi),
+            overload_rule: pick(rng, OverloadRule::ALL),
+            overload_horizon_factor: pick(rng, &[None, Some(1.0), Some(2.0)])
+                .or_else(|| Some(rng.random_range(0.01..20.0))),
         },
         base_ms: None,
         reason: None,
     }
 }
 
-/// Tab-separated vectors: push line, depth, streak, unit, then the agent's seconds, millis,
-/// rung and reason (`none` for absent values).
+/// A schedule of promised returns: empty, sparse or dense, small or huge counts.
+fn random_returns(rng: &mut impl Rng) -> PromisedReturns {
+    let len = pick(rng, &[0, 3, 20, RETURN_BINS]);
+    let max = pick(rng, &[2, 50, 5000, u32::MAX]);
+    PromisedReturns::from_bins((0..len).map(|_| {
+        if rng.random_bool(0.4) {
+            0
+        } else {
+            rng.random_range(0..=max)
+        }
+    }))
+}
+
+/// Tab-separated vectors: push line, depth, streak, unit, whole seconds since the push, the
+/// proxy's own promises (comma-separated counts from now, or `none`), then the agent's
+/// seconds, millis, rung and reason (`none` for absent values).
 fn write_vectors(count: usize) -> tempfile::TempPath {
     let mut rng = SmallRng::seed_from_u64(20_261_130);
     let mut file = tempfile::NamedTempFile::new().unwrap();
@@ -100,12 +130,26 @@ fn write_vectors(count: usize) -> tempfile::TempPath {
         };
         let streak = rng.random_bool(0.5).then(|| rng.random_range(0..12u32));
         let unit: f64 = pick_with(&mut rng, &[0.0, 0.5, 0.999_999_9], |rng| rng.random());
-        let answer = push.answer(depth, streak, unit);
+        let elapsed_s = pick(&mut rng, &[0, 1, 5, 70]);
+        let own = random_returns(&mut rng);
+        let schedule = push.schedule(Duration::from_secs(elapsed_s), &own);
+        let answer = push.answer(depth, streak, &schedule, unit);
+        let own_text = own
+            .trimmed()
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
         writeln!(
             file,
-            "{push}\t{}\t{}\t{unit}\t{}\t{}\t{}\t{}",
+            "{push}\t{}\t{}\t{unit}\t{elapsed_s}\t{}\t{}\t{}\t{}\t{}",
             none(depth),
             none(streak.map(u64::from)),
+            if own_text.is_empty() {
+                "none"
+            } else {
+                &own_text
+            },
             none(answer.seconds),
             none(answer.millis),
             answer.rung,

@@ -99,7 +99,7 @@ fn main() -> Result<()> {
 }
 
 /// What `./dev evaluate` runs without arguments.
-const DEFAULT_EVALUATION: [&str; 17] = [
+const DEFAULT_EVALUATION: [&str; 19] = [
     "agreement",
     "--policy",
     "none",
@@ -115,6 +115,8 @@ const DEFAULT_EVALUATION: [&str; 17] = [
     "computed",
     "--policy",
     "computed-retry-backlog",
+    "--policy",
+    "scheduled-returns",
     "--out",
     "docs/evaluation-run",
 ];

@@ -12,6 +12,7 @@
 //!   the agent's), and `nginx` with `apache2-utils` (ab): a real backend and one-request
 //!   connections whose own counters judge the kernel's; `openssl` makes the certificates of
 //!   the TLS tests.
+//! * Python packages, pinned (`PYTHON_PACKAGES`), with the machine's python3.
 
 use std::{
     ffi::OsString,
@@ -25,9 +26,12 @@ use anyhow::{Context as _, Result, bail};
 
 /// bpf-linker release built here.
 const BPF_LINKER_VERSION: &str = "0.13.0";
-/// Python packages the tests run (pinned): the Kubernetes schema validator for deploy/.
-const PYTHON_PACKAGES: [(&str, &str, &str); 1] =
-    [("kubernetes-validate", "1.37.0", "kubernetes_validate")];
+/// Python packages the tests run (pinned): the Kubernetes schema validator for deploy/, and
+/// urllib3, whose own Retry (honouring Retry-After) is the client of the end-to-end tests.
+const PYTHON_PACKAGES: [(&str, &str, &str); 2] = [
+    ("kubernetes-validate", "1.37.0", "kubernetes_validate"),
+    ("urllib3", "2.7.0", "urllib3"),
+];
 
 /// Debian packages the tests and benchmarks run.
 const DEBIAN_PACKAGES: [&str; 7] = [
@@ -43,8 +47,12 @@ const DEBIAN_PACKAGES: [&str; 7] = [
 /// Install the pinned Python packages that are missing, with the machine's python3.
 fn ensure_python_packages() -> Result<()> {
     for (package, version, module) in PYTHON_PACKAGES {
+        // Importable, and the pinned version.
+        let check = format!(
+            "import {module}, importlib.metadata as m; assert m.version({package:?}) == {version:?}"
+        );
         let installed = Command::new("python3")
-            .args(["-c", &format!("import {module}")])
+            .args(["-c", &check])
             .output()
             .is_ok_and(|out| out.status.success());
         if installed {

@@ -93,6 +93,8 @@ pub struct BackpressureFile {
     pub jitter: f64,
     pub min_retry_after_s: u64,
     pub max_retry_after_s: u64,
+    pub overload_rule: String,
+    pub overload_horizon_factor: Option<f64>,
 }
 
 impl Default for BackpressureFile {
@@ -113,6 +115,8 @@ impl Default for BackpressureFile {
             jitter: c.jitter,
             min_retry_after_s: c.min_retry_after_s,
             max_retry_after_s: c.max_retry_after_s,
+            overload_rule: c.overload_rule.to_string(),
+            overload_horizon_factor: c.overload_horizon_factor,
         }
     }
 }

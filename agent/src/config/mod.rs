@@ -18,7 +18,7 @@ use std::{
 };
 
 use retry_after_common::MAX_WATCHED_ENDPOINTS;
-use retry_after_policy::{MAX_RETRY_AFTER_S, PolicyConstants, RetryAfterPolicy};
+use retry_after_policy::{MAX_RETRY_AFTER_S, OverloadRule, PolicyConstants, RetryAfterPolicy};
 use retry_after_protocol::MAX_SERVICE_NAME_LEN;
 
 use self::file::{AgentFile, BackpressureFile, ConfigFile, ServiceFile};
@@ -492,6 +492,18 @@ fn backpressure(at: &str, b: BackpressureFile) -> Result<BackpressureConfig, Con
         b.min_retry_after_s,
         1..=b.max_retry_after_s,
     )?;
+    let overload_rule = b
+        .overload_rule
+        .parse::<OverloadRule>()
+        .map_err(|e| invalid(field("overload_rule"), e.to_string()))?;
+    if let Some(factor) = b.overload_horizon_factor
+        && !(factor > 0.0 && factor <= 100.0)
+    {
+        return Err(invalid(
+            field("overload_horizon_factor"),
+            format!("{factor} is outside (0, 100]"),
+        ));
+    }
     Ok(BackpressureConfig {
         status_code: b.status_code,
         policy,
@@ -508,6 +520,8 @@ fn backpressure(at: &str, b: BackpressureFile) -> Result<BackpressureConfig, Con
             jitter: b.jitter,
             min_retry_after_s,
             max_retry_after_s: b.max_retry_after_s,
+            overload_rule,
+            overload_horizon_factor: b.overload_horizon_factor,
         },
     })
 }
@@ -526,7 +540,7 @@ mod tests {
         assert_eq!(config.agent, AgentConfig::default());
         assert!(!config.watched_endpoints().is_empty());
         let backpressure = &config.services[0].backpressure;
-        assert_eq!(backpressure.policy, RetryAfterPolicy::RouterQueueDrainRate);
+        assert_eq!(backpressure.policy, RetryAfterPolicy::ScheduledReturns);
         assert_eq!(backpressure.retry_after_s, Some(5));
     }
 

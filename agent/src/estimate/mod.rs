@@ -14,6 +14,7 @@
 pub mod drain_rate;
 pub mod judge;
 pub mod load;
+pub mod returns;
 
 use std::{
     collections::BTreeMap,
@@ -31,6 +32,7 @@ pub use self::{
     drain_rate::{DrainRate, DrainRateConstants},
     judge::{Judge, JudgeStats, RungStats, Settled},
     load::{BackendLoad, Scope, ServiceLoad, SideLoad},
+    returns::Returns,
 };
 use crate::{
     config::{Config, ServiceConfig},
@@ -124,6 +126,9 @@ pub struct ServiceEstimator {
     drain: DrainRate,
     judge: Judge,
     load: ServiceLoad,
+    returns: Returns,
+    /// The latest instant seen (a tick, a query or a report): the "now" of the schedule.
+    now: Option<Instant>,
 }
 
 impl ServiceEstimator {
@@ -136,6 +141,8 @@ impl ServiceEstimator {
                 scope: settings.scope,
                 ..ServiceLoad::default()
             },
+            returns: Returns::default(),
+            now: None,
             settings,
         }
     }
@@ -156,6 +163,8 @@ impl ServiceEstimator {
     pub fn observe_load(&mut self, at: Instant, load: ServiceLoad) -> Vec<Settled> {
         let completed = load.completed_total();
         self.drain.observe(at, completed, load.in_flight());
+        self.returns.tick(at, self.drain.rate());
+        self.advance(at);
         self.load = load;
         self.judge.observe(at, completed)
     }
@@ -167,6 +176,11 @@ impl ServiceEstimator {
             drain_rate: self.drain.rate(),
             occupancy: self.load.occupancy(),
             backoff_streak: query.backoff_streak.unwrap_or(0),
+            arrival_rate: self.now.and_then(|now| self.returns.arrival_rate(now)),
+            promised: self
+                .now
+                .map_or_else(Default::default, |now| self.returns.ahead(now)),
+            overload_age_s: self.now.and_then(|now| self.returns.overload_age_s(now)),
         }
     }
 
@@ -185,9 +199,20 @@ impl ServiceEstimator {
     /// The Retry-After for a rejection at `at` (`unit`: a uniform draw from [0, 1) for the
     /// jitter); never fails. The answer is recorded for the judge.
     pub fn estimate(&mut self, at: Instant, query: Query, unit: f64) -> Answer {
+        self.advance(at);
         let answer = self.answer(query, unit);
         self.judge_answer(at, &answer, 1);
+        if let Some(seconds) = answer.seconds {
+            self.returns.promise(at, seconds, 1);
+        }
         answer
+    }
+
+    /// Move the schedule's present to `at`, if later.
+    fn advance(&mut self, at: Instant) {
+        if self.now.is_none_or(|now| at > now) {
+            self.now = Some(at);
+        }
     }
 
     /// A proxy's report of what it did since `from`: its admissions and rejections are the
@@ -196,6 +221,8 @@ impl ServiceEstimator {
     /// proxy computed them from; otherwise the answer it would have computed from the
     /// subscription (its depth and streak, without jitter). Returns that answer.
     pub fn report(&mut self, from: Instant, at: Instant, report: &Report<'_>) -> Answer {
+        self.advance(at);
+        self.schedule_reported(from, at, report);
         let answer = self.answer(
             Query {
                 queue_depth: report.queue_depth,
@@ -223,6 +250,17 @@ impl ServiceEstimator {
         answer
     }
 
+    /// A report's requests are arrivals, and the values it handed out are returns due,
+    /// counted from the middle of the interval they were handed out in.
+    fn schedule_reported(&mut self, from: Instant, at: Instant, report: &Report<'_>) {
+        self.returns
+            .reported(at, report.admitted.saturating_add(report.rejected));
+        let handed_out_at = from + at.saturating_duration_since(from) / 2;
+        for h in report.handed_out() {
+            self.returns.promise(handed_out_at, h.seconds, h.count);
+        }
+    }
+
     fn judge_answer(&mut self, at: Instant, answer: &Answer, weight: u64) {
         if let (Some(seconds), Some(queue)) = (answer.seconds, answer.signals.queue_depth) {
             self.judge
@@ -244,6 +282,9 @@ impl ServiceEstimator {
             queue_depth: own.signals.queue_depth,
             drain_rate: own.signals.drain_rate,
             occupancy: own.signals.occupancy,
+            arrival_rate: own.signals.arrival_rate,
+            returns: own.signals.promised,
+            overload_age_s: own.signals.overload_age_s,
             constants: s.constants,
             base_ms: own
                 .computed
@@ -255,6 +296,11 @@ impl ServiceEstimator {
     /// The drain rate EWMA, whether warm or not (for metrics).
     pub fn drain_rate_ewma(&self) -> f64 {
         self.drain.ewma()
+    }
+
+    /// Promised returns that did not fit the schedule, since start (for metrics).
+    pub fn returns_dropped(&self) -> u64 {
+        self.returns.dropped()
     }
 
     /// The judge's running results.

@@ -45,6 +45,9 @@ pub struct Metrics {
     judge_admitted_ratio: GaugeVec,
     judge_observed_over_suggested: WeightedHistogramVec,
     judge_dropped: IntCounterVec,
+    arrival_rate: GaugeVec,
+    returns_promised: IntGaugeVec,
+    returns_dropped: IntCounterVec,
     proxy_requests: IntCounterVec,
     proxy_retries: IntCounterVec,
     socket_connections: IntGauge,
@@ -58,6 +61,7 @@ pub struct Metrics {
     ticks: IntCounter,
     last_counters: std::sync::Mutex<HashMap<(String, &'static str), EndpointCounters>>,
     last_judge_dropped: std::sync::Mutex<HashMap<String, u64>>,
+    last_returns_dropped: std::sync::Mutex<HashMap<String, u64>>,
 }
 
 const ENDPOINT_COUNTERS: [(&str, &str); 7] = [
@@ -142,6 +146,9 @@ impl Metrics {
             judge_admitted_ratio: reg(&registry, GaugeVec::new(Opts::new("retry_after_judge_admitted_ratio", "Share of judged answers after which a retry at the suggested time was admitted, from what the proxies reported they did then."), &service_rung).unwrap()),
             judge_observed_over_suggested: reg(&registry, WeightedHistogramVec::new("retry_after_judge_observed_over_suggested_ratio", "Observed time for the queue of an answer to drain (completions after the answer) over the suggested delay.", &service_rung, RATIO_BUCKETS.to_vec())),
             judge_dropped: reg(&registry, IntCounterVec::new(Opts::new("retry_after_judge_dropped_total", "Answers the judge could not follow (too many waiting)."), &service).unwrap()),
+            arrival_rate: reg(&registry, GaugeVec::new(Opts::new("retry_after_service_arrival_rate_per_second", "Fresh arrivals per second (reported requests less the returns due), absent while no proxy reports."), &service).unwrap()),
+            returns_promised: reg(&registry, IntGaugeVec::new(Opts::new("retry_after_service_returns_promised", "Clients told to come back whose time has not come yet (the scheduled_returns schedule)."), &service).unwrap()),
+            returns_dropped: reg(&registry, IntCounterVec::new(Opts::new("retry_after_service_returns_dropped_total", "Promised returns the schedule could not hold."), &service).unwrap()),
             proxy_requests: reg(&registry, IntCounterVec::new(Opts::new("retry_after_proxy_requests_total", "Requests the proxies reported admitting or rejecting."), &["service", "outcome"]).unwrap()),
             proxy_retries: reg(&registry, IntCounterVec::new(Opts::new("retry_after_proxy_retries_total", "Retries after a Retry-After that the proxies reported admitting or rejecting (where they can tell)."), &["service", "outcome"]).unwrap()),
             socket_connections: reg(&registry, IntGauge::new("retry_after_socket_connections", "Open connections on the proxy socket.").unwrap()),
@@ -156,6 +163,7 @@ impl Metrics {
             registry,
             last_counters: std::sync::Mutex::new(HashMap::new()),
             last_judge_dropped: std::sync::Mutex::new(HashMap::new()),
+            last_returns_dropped: std::sync::Mutex::new(HashMap::new()),
         }
     }
 
@@ -280,7 +288,30 @@ impl Metrics {
                 self.proxy_requests.with_label_values(&[name, outcome]);
                 self.proxy_retries.with_label_values(&[name, outcome]);
             }
+            self.record_schedule(name, &signals, service.returns_dropped());
         }
+    }
+
+    /// The schedule of promised returns and the fresh arrivals of one service.
+    fn record_schedule(&self, name: &str, signals: &crate::estimate::Signals, dropped: u64) {
+        match signals.arrival_rate {
+            Some(rate) => self.arrival_rate.with_label_values(&[name]).set(rate),
+            None => {
+                let _ = self.arrival_rate.remove_label_values(&[name]);
+            }
+        }
+        self.returns_promised
+            .with_label_values(&[name])
+            .set(i64::try_from(signals.promised.total()).unwrap_or(i64::MAX));
+        let before = self
+            .last_returns_dropped
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(name.to_owned(), dropped)
+            .unwrap_or(0);
+        self.returns_dropped
+            .with_label_values(&[name])
+            .inc_by(dropped.saturating_sub(before));
     }
 
     /// Record answers given for a service: one per query, or the rejections of a report.

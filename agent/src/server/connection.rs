@@ -64,7 +64,7 @@ pub async fn serve(
                 for service in &subscriptions {
                     pushes += 1;
                     if let Some(push) = command::push(shared, service, pushes) {
-                        out.line(&Response::Estimate(push)).await?;
+                        out.line(&Response::Estimate(Box::new(push))).await?;
                     }
                 }
             }
@@ -118,7 +118,7 @@ pub async fn serve(
                                 if !subscriptions.iter().any(|s| s == service) {
                                     subscriptions.push(service.to_owned());
                                 }
-                                Response::Estimate(push)
+                                Response::Estimate(Box::new(push))
                             }
                         }
                     }

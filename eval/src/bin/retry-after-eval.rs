@@ -53,10 +53,12 @@ enum Command {
     Agreement {
         #[command(flatten)]
         common: Common,
-        /// Take the real-socket rows from this results.json of an earlier run (its `real/`)
-        /// instead of running them again: for work on the simulator.
+        /// Take the real-socket rows from this results.json of an earlier run (its `real/`, or
+        /// a `real` run's) instead of running them again: for work on the simulator, or to add
+        /// a policy's real rows to stored ones. Repeatable: a later file's row replaces an
+        /// earlier one's for the same scenario and policy.
         #[arg(long)]
-        real_from: Option<PathBuf>,
+        real_from: Vec<PathBuf>,
     },
 }
 
@@ -347,19 +349,27 @@ fn write_results(
     Ok(())
 }
 
-/// The real-socket rows of an earlier run, for the scenarios and policies of `simulated`.
-fn read_real_rows(path: &Path, simulated: &[Row]) -> Result<Vec<Row>> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("--real-from {}", path.display()))?;
-    let rows: Vec<Row> = serde_json::from_str(&text)
-        .with_context(|| format!("--real-from {}: not a results.json", path.display()))?;
-    Ok(rows
-        .into_iter()
-        .filter(|r| r.source == "real")
-        .filter(|r| {
-            simulated
-                .iter()
-                .any(|s| s.scenario == r.scenario && s.policy == r.policy)
+/// The real-socket rows of earlier runs, for the scenarios and policies of `simulated`; a
+/// later file's row replaces an earlier one's for the same scenario and policy.
+fn read_real_rows(paths: &[PathBuf], simulated: &[Row]) -> Result<Vec<Row>> {
+    let mut rows: Vec<Row> = Vec::new();
+    for path in paths {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("--real-from {}", path.display()))?;
+        let read: Vec<Row> = serde_json::from_str(&text)
+            .with_context(|| format!("--real-from {}: not a results.json", path.display()))?;
+        for row in read.into_iter().filter(|r| r.source == "real") {
+            rows.retain(|r| !(r.scenario == row.scenario && r.policy == row.policy));
+            rows.push(row);
+        }
+    }
+    // In the simulated runs' order, so the tables read the same either way.
+    Ok(simulated
+        .iter()
+        .filter_map(|s| {
+            rows.iter()
+                .find(|r| r.scenario == s.scenario && r.policy == s.policy)
+                .cloned()
         })
         .collect())
 }
@@ -464,15 +474,15 @@ fn main() -> Result<()> {
                 common.seed,
                 &mut progress,
             );
-            let real = match &real_from {
-                Some(path) => read_real_rows(path, &simulated)?,
-                None => run_all(
+            let real = match real_from.as_slice() {
+                [] => run_all(
                     Place::Real,
                     &scenarios,
                     &policies,
                     common.seed,
                     &mut progress,
                 ),
+                files => read_real_rows(files, &simulated)?,
             };
             let (table, w) = agreement_table(&real, &simulated);
             let bound_rows = bounds(&scenarios, common.seed);
@@ -490,12 +500,15 @@ fn main() -> Result<()> {
             write(&common.out.join("agreement.md"), &md)?;
             let took = started.elapsed().as_secs_f64();
             // Real rows taken from an earlier run are written again with today's bounds.
-            let real_title = match &real_from {
-                Some(path) => format!(
-                    "Evaluation on real sockets (the real rows from {}, an earlier run)",
-                    path.display()
-                ),
-                None => "Evaluation on real sockets".to_owned(),
+            let real_title = if real_from.is_empty() {
+                "Evaluation on real sockets".to_owned()
+            } else {
+                let files: Vec<String> =
+                    real_from.iter().map(|p| p.display().to_string()).collect();
+                format!(
+                    "Evaluation on real sockets (the real rows from {}, earlier runs)",
+                    files.join(" and ")
+                )
             };
             write_results(
                 &common.out.join("real"),

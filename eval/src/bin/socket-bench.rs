@@ -42,6 +42,14 @@ backends = [{ address = "127.0.0.1:9", max_ongoing_requests = 4 }]
 [service.backpressure]
 retry_after_policy = "router_queue_drain_rate"
 retry_after_s = 5
+
+[[service]]
+name = "scheduled"
+rejected_at = "replica"
+backends = [{ address = "127.0.0.1:9", max_ongoing_requests = 4 }]
+[service.backpressure]
+retry_after_policy = "scheduled_returns"
+retry_after_s = 5
 "#;
 
 fn main() {
@@ -96,22 +104,7 @@ fn main() {
 
     // The reject path.
     let _guard = runtime.enter();
-    let subscription = retry_after_client::Subscription::spawn(
-        &agent_socket,
-        "api",
-        retry_after_client::ClientOptions {
-            static_retry_after_s: Some(5),
-            ..Default::default()
-        },
-    );
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while subscription.age().is_none() {
-        assert!(
-            Instant::now() < deadline,
-            "no estimate from the in-process agent"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let subscription = follow(&agent_socket, "api");
     let mut rng = rand::rng();
     let decision = subscription.retry_after(&mut rng);
     assert_eq!(
@@ -131,6 +124,13 @@ fn main() {
     let with_depth = per_call_ns(calls, || {
         black_box(subscription.retry_after_with(Some(black_box(17)), Some(2), &mut rng));
     });
+    // scheduled_returns reads the schedule and adds each value handed out to it: as the
+    // calls fill it, later ones walk all of its 60 seconds.
+    let scheduled = follow(&agent_socket, "scheduled");
+    let mut rng = rand::rng();
+    let with_schedule = per_call_ns(calls, || {
+        black_box(scheduled.retry_after_with(Some(black_box(17)), None, &mut rng));
+    });
     println!();
     println!("| reject path | ns per call | ratio to baseline |");
     println!("|---|---|---|");
@@ -143,10 +143,35 @@ fn main() {
         "| `retry_after_with` (own depth and streak) | {with_depth:.1} | {:.2} |",
         with_depth / baseline
     );
+    println!(
+        "| `retry_after_with`, `scheduled_returns` (own depth, schedule filling) | {with_schedule:.1} | {:.2} |",
+        with_schedule / baseline
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// An estimator for "api", warmed: 10 ticks of 40 completions per second, 12 in flight.
+/// A subscription to `service` that holds its first estimate (within a tokio runtime).
+fn follow(socket: &Path, service: &str) -> retry_after_client::Subscription {
+    let subscription = retry_after_client::Subscription::spawn(
+        socket,
+        service,
+        retry_after_client::ClientOptions {
+            static_retry_after_s: Some(5),
+            ..Default::default()
+        },
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while subscription.age().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "no estimate from the in-process agent"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    subscription
+}
+
+/// An estimator for "api" and "scheduled", warmed: 10 ticks of 40 completions per second, 12 in flight.
 fn warm_estimator() -> Estimator {
     let config = Config::parse(CONFIG).unwrap();
     let mut estimator = Estimator::from_config(&config);

@@ -1,0 +1,270 @@
+//! What `scheduled_returns` reads besides the load: the returns already promised and the
+//! fresh arrivals forecast, per service.
+//!
+//! * **Promised returns** are kept in a [`ReturnBook`] of one-second bins: every answer the
+//!   agent gives to `QUERY`, and every value a proxy says it handed out (`REPORT … handed_out=`),
+//!   is a client due back at the time named. A bin is freed when its second passes, so a proxy
+//!   that stops reporting leaves nothing behind after a minute. What does not fit (a counter
+//!   full) is counted in [`Returns::dropped`].
+//! * **Fresh arrivals** are the requests proxies report (`admitted + rejected`) less the
+//!   returns that fell due meanwhile. Each tick turns what arrived since the last one into a
+//!   rate, averaged with a time constant of [`ARRIVALS_TIME_CONSTANT`] (2 s). With no report for
+//!   [`ARRIVALS_STALE_AFTER`], the rate is unknown (and `scheduled_returns` counts no fresh
+//!   arrivals).
+//! * **The overload's age**: since when fresh arrivals have matched or exceeded the drain rate,
+//!   until they have stayed below it for [`OVERLOAD_OVER_AFTER`].
+//!
+//! After an agent restart both are empty: answers count only the queue until the proxies'
+//! next reports (one report interval for arrivals, and every value handed out from then on).
+
+use std::time::{Duration, Instant};
+
+use retry_after_policy::{PromisedReturns, ReturnBook};
+
+/// How fast the fresh arrival rate follows a change: the weight of older samples falls by e
+/// every 2 s (5 s admitted 78% of the retries on the real-socket scenarios in the simulator,
+/// 2 s 90%, 1 s 90% with noisier samples).
+pub const ARRIVALS_TIME_CONSTANT: Duration = Duration::from_secs(2);
+/// A fresh arrival rate with no report for this long is unknown.
+pub const ARRIVALS_STALE_AFTER: Duration = Duration::from_secs(10);
+/// An overload (fresh arrivals at or above the drain rate) is over once arrivals have stayed
+/// below the drain rate for this long: a second of respite is not the end of it.
+pub const OVERLOAD_OVER_AFTER: Duration = Duration::from_secs(5);
+
+/// One service's promised returns and fresh arrivals.
+#[derive(Debug)]
+pub struct Returns {
+    book: ReturnBook,
+    /// The clock's zero: the first instant seen.
+    epoch: Option<Instant>,
+    /// Arrivals reported since the last tick, less the returns that fell due.
+    pending: f64,
+    /// Fresh arrivals per second (EWMA), once a tick has followed a report.
+    rate: Option<f64>,
+    last_tick: Option<Instant>,
+    /// Every second before this one has had its returns subtracted from the arrivals.
+    due_counted_to: u64,
+    last_report: Option<Instant>,
+    dropped: u64,
+    /// Since when fresh arrivals have matched the drain rate, if they do.
+    overloaded_since: Option<Instant>,
+    /// The last tick at which they did.
+    last_overloaded: Option<Instant>,
+}
+
+impl Clone for Returns {
+    fn clone(&self) -> Self {
+        let book = ReturnBook::new();
+        let now = self.due_counted_to;
+        for (i, count) in self.book.ahead(now).bins().iter().enumerate() {
+            if *count > 0 {
+                let _ = book.promise(now, now + i as u64, *count);
+            }
+        }
+        Self {
+            book,
+            epoch: self.epoch,
+            pending: self.pending,
+            rate: self.rate,
+            last_tick: self.last_tick,
+            due_counted_to: self.due_counted_to,
+            last_report: self.last_report,
+            dropped: self.dropped,
+            overloaded_since: self.overloaded_since,
+            last_overloaded: self.last_overloaded,
+        }
+    }
+}
+
+impl Default for Returns {
+    fn default() -> Self {
+        Self {
+            book: ReturnBook::new(),
+            epoch: None,
+            pending: 0.0,
+            rate: None,
+            last_tick: None,
+            due_counted_to: 0,
+            last_report: None,
+            dropped: 0,
+            overloaded_since: None,
+            last_overloaded: None,
+        }
+    }
+}
+
+impl Returns {
+    /// `count` clients told at `at` to come back after `seconds`.
+    pub fn promise(&mut self, at: Instant, seconds: u64, count: u64) {
+        let now = self.second(at);
+        let due = self.second(at + Duration::from_secs(seconds));
+        let count32 = u32::try_from(count).unwrap_or(u32::MAX);
+        self.dropped += match self.book.promise(now, due, count32) {
+            Ok(()) => count - u64::from(count32),
+            Err(_) => count,
+        };
+    }
+
+    /// A proxy reported `arrivals` requests (admitted or rejected) at `at`.
+    pub fn reported(&mut self, at: Instant, arrivals: u64) {
+        self.second(at);
+        self.pending += arrivals as f64;
+        self.last_report = Some(at);
+    }
+
+    /// A tick at `at`: the returns that fell due since the last one are taken from the
+    /// arrivals, what is left becomes a sample of the fresh arrival rate, and the overload's
+    /// age follows the arrivals against `drain_rate`.
+    pub fn tick(&mut self, at: Instant, drain_rate: Option<f64>) {
+        self.sample_arrivals(at);
+        let overloaded = match (self.arrival_rate(at), drain_rate) {
+            (Some(arrivals), Some(drain)) => arrivals >= drain,
+            _ => false,
+        };
+        if overloaded {
+            self.overloaded_since.get_or_insert(at);
+            self.last_overloaded = Some(at);
+        } else if self
+            .last_overloaded
+            .is_none_or(|last| at.saturating_duration_since(last) >= OVERLOAD_OVER_AFTER)
+        {
+            self.overloaded_since = None;
+        }
+    }
+
+    /// Seconds since the overload began at `at`, while it lasts.
+    pub fn overload_age_s(&self, at: Instant) -> Option<f64> {
+        self.overloaded_since
+            .map(|since| at.saturating_duration_since(since).as_secs_f64())
+    }
+
+    fn sample_arrivals(&mut self, at: Instant) {
+        let now = self.second(at);
+        if now > self.due_counted_to {
+            self.pending -= self.book.due_between(self.due_counted_to, now) as f64;
+            self.due_counted_to = now;
+        }
+        let Some(last) = self.last_tick.replace(at) else {
+            self.pending = 0.0;
+            return;
+        };
+        let dt = at.saturating_duration_since(last).as_secs_f64();
+        if dt <= 0.0 || self.last_report.is_none() {
+            return;
+        }
+        let sample = self.pending / dt;
+        let weight = 1.0 - (-dt / ARRIVALS_TIME_CONSTANT.as_secs_f64()).exp();
+        self.rate = Some(match self.rate {
+            Some(rate) => rate + weight * (sample - rate),
+            None => sample,
+        });
+        self.pending = 0.0;
+    }
+
+    /// Fresh arrivals per second at `at`, if a proxy reported lately.
+    pub fn arrival_rate(&self, at: Instant) -> Option<f64> {
+        let recent = self
+            .last_report
+            .is_some_and(|r| at.saturating_duration_since(r) <= ARRIVALS_STALE_AFTER);
+        self.rate.filter(|_| recent).map(|r| r.max(0.0))
+    }
+
+    /// The schedule from `at` on.
+    pub fn ahead(&self, at: Instant) -> PromisedReturns {
+        match self.epoch {
+            Some(epoch) => self
+                .book
+                .ahead(at.saturating_duration_since(epoch).as_secs()),
+            None => PromisedReturns::NONE,
+        }
+    }
+
+    /// Promises that did not fit the schedule, since start.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
+    /// Whole seconds from the epoch to `at` (the first instant seen is the epoch).
+    fn second(&mut self, at: Instant) -> u64 {
+        let epoch = *self.epoch.get_or_insert(at);
+        at.saturating_duration_since(epoch).as_secs()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(n: f64) -> Duration {
+        Duration::from_secs_f64(n)
+    }
+
+    #[test]
+    fn promises_land_in_the_second_they_are_due() {
+        let t0 = Instant::now();
+        let mut returns = Returns::default();
+        returns.tick(t0, None);
+        returns.promise(t0 + s(0.5), 3, 2);
+        returns.promise(t0 + s(0.7), 3, 1);
+        let ahead = returns.ahead(t0 + s(1.0));
+        assert_eq!((ahead.due(2), ahead.total()), (3, 3));
+        // Once due, they are gone.
+        assert_eq!(returns.ahead(t0 + s(4.0)).total(), 0);
+        assert_eq!(returns.dropped(), 0);
+    }
+
+    #[test]
+    fn fresh_arrivals_are_reported_requests_less_the_returns_due() {
+        let t0 = Instant::now();
+        let mut returns = Returns::default();
+        returns.tick(t0, None);
+        // 10 arrive each second, 4 of them returns promised earlier.
+        for second in 0..60u64 {
+            returns.promise(t0 + s(second as f64), 1, 4);
+        }
+        for second in 1..60u64 {
+            let at = t0 + s(second as f64);
+            returns.reported(at, 10);
+            returns.tick(at, Some(8.0));
+        }
+        let rate = returns.arrival_rate(t0 + s(59.0)).unwrap();
+        assert!((rate - 6.0).abs() < 0.1, "{rate}");
+        // 6/s fresh against a drain of 8/s: no overload.
+        assert_eq!(returns.overload_age_s(t0 + s(59.0)), None);
+        // Reports stop: the rate is unknown after a while, and the promises run out.
+        assert!(returns.arrival_rate(t0 + s(80.0)).is_none());
+        assert_eq!(returns.ahead(t0 + s(61.0)).total(), 0);
+    }
+
+    #[test]
+    fn an_overload_ages_until_arrivals_stay_below_the_drain_for_a_while() {
+        let t0 = Instant::now();
+        let mut returns = Returns::default();
+        returns.tick(t0, None);
+        let mut tick = |second: u64, arrivals: u64, drain: f64| {
+            let at = t0 + s(second as f64);
+            returns.reported(at, arrivals);
+            returns.tick(at, Some(drain));
+            returns.overload_age_s(at)
+        };
+        assert_eq!(tick(1, 20, 10.0), Some(0.0), "begins");
+        assert_eq!(tick(2, 20, 10.0), Some(1.0));
+        // One quiet second does not end it (the average is still above the drain).
+        assert_eq!(tick(3, 0, 10.0), Some(2.0));
+        let mut last = None;
+        for second in 4..20 {
+            last = tick(second, 0, 10.0);
+        }
+        assert_eq!(last, None, "over once arrivals stayed below the drain");
+    }
+
+    #[test]
+    fn what_does_not_fit_is_counted() {
+        let t0 = Instant::now();
+        let mut returns = Returns::default();
+        returns.promise(t0, 5, u64::from(u32::MAX) + 7);
+        assert_eq!(returns.dropped(), 7);
+        returns.promise(t0, 600, 3);
+        assert_eq!(returns.dropped(), 10);
+    }
+}
