@@ -1,5 +1,5 @@
 //! Compiles the eBPF programs (the `retry-after-ebpf` crate) for the BPF target, so the agent
-//! can embed the object file. Needs `bpf-linker` on PATH (`cargo xtask setup` installs it).
+//! can embed the object file. Needs `bpf-linker` on PATH (`./dev setup` installs it).
 
 use anyhow::{Context as _, anyhow};
 use aya_build::Toolchain;

@@ -5,7 +5,7 @@ fn main() {
     match which::which("bpf-linker") {
         Ok(path) => println!("cargo:rerun-if-changed={}", path.display()),
         Err(err) => {
-            println!("cargo:warning=bpf-linker not found on PATH ({err}); run `cargo xtask setup`")
+            println!("cargo:warning=bpf-linker not found on PATH ({err}); run `./dev setup`")
         }
     }
 }

@@ -1,11 +1,14 @@
 //! The eBPF programs of retry-after-agent.
 //!
-//! Three programs, all attached to the root of the cgroup v2 hierarchy, so they see every
-//! TCP socket on the node without touching any application:
+//! Four programs. Three attach to the root of the cgroup v2 hierarchy (or to the cgroups of
+//! `agent.attach_cgroups`), so they see every TCP socket there without touching any
+//! application; the fourth is a tracepoint:
 //!
 //! * `ra_sockops` (sock_ops): a connection to or from a watched endpoint is established →
 //!   count it, start tracking it in its socket's own storage, and ask for state callbacks; it
 //!   reaches TCP_CLOSE → close its open turn, count the close, forget it.
+//! * `ra_destroy` (tp_btf `tcp_destroy_sock`): the close of a connection that was adopted
+//!   after it opened, which asked for no state callbacks.
 //! * `ra_ingress` / `ra_egress` (cgroup_skb): every TCP segment a tracked socket receives or
 //!   sends → feed the turn state machine of `retry_after_common::turn`, through the TLS record
 //!   framing of `retry_after_common::tls` on an encrypted connection. Segments are seen as
