@@ -69,6 +69,18 @@ pub struct AttachedProbe {
     _turn: MutexGuard<'static, ()>,
 }
 
+/// Fail the test at once, saying why, when not run as root: the integration tests attach the
+/// real eBPF programs (`./dev test` runs them as root).
+pub fn require_root() {
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    assert!(
+        euid == 0,
+        "the integration tests attach the real eBPF programs and must run as root (uid {euid} \
+         here): run `./dev test` as root"
+    );
+}
+
 impl AttachedProbe {
     /// Attach the real programs. Panics (failing the test loudly) if that is not possible,
     /// e.g. when not run as root.
@@ -78,6 +90,7 @@ impl AttachedProbe {
 
     /// [`AttachedProbe::attach`] with `options` (a smaller connection map, say).
     pub fn attach_with(options: &ProbeOptions) -> Self {
+        require_root();
         let turn = ATTACHED
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -217,6 +230,7 @@ impl AgentProcess {
 
     /// [`AgentProcess::start`], launched as `launch` says.
     pub fn start_with(agent_lines: &str, services: &str, launch: Launch) -> Self {
+        require_root();
         let turn = ATTACHED
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());

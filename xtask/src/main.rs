@@ -1,14 +1,15 @@
 //! Project tasks, run through `./dev` (which first installs the pinned toolchain):
 //!
 //! * `setup`: everything a fresh Debian machine needs beyond rustup: bpf-linker built against
-//!   the pinned toolchain's own LLVM, and the Debian packages the tests and benchmarks use.
-//!   Idempotent: a second run only checks.
-//! * `run`: setup, then the agent with the embedded default configuration.
+//!   the pinned toolchain's own LLVM, and the Debian and Python packages the tests and
+//!   benchmarks use (`setup --for run`: bpf-linker only). Idempotent: a second run only checks.
+//! * `run`: bpf-linker, then the agent with the embedded default configuration (nothing the
+//!   tests use is installed).
 //! * `test`: setup, then formatting, lints (host crates and the eBPF crate) and every test,
 //!   including the integration tests that attach the real programs (needs root).
 //! * `bench`: setup, then the data-path benchmark (see docs/evaluation.md).
 //! * `evaluate`: setup, then `retry-after-eval` with the arguments given; with none, the
-//!   five scenarios under seven policies on real sockets and in the simulator, side by side
+//!   five scenarios under eight policies on real sockets and in the simulator, side by side
 //!   (writes docs/evaluation-run/, see docs/evaluation.md).
 
 mod bench;
@@ -32,9 +33,16 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Task {
-    /// Install bpf-linker (against the pinned toolchain's LLVM) and the Debian packages used.
-    Setup,
-    /// Set up, then run the agent (release build) with the embedded default configuration.
+    /// Install bpf-linker (against the pinned toolchain's LLVM) and the Debian and Python
+    /// packages the tests use.
+    Setup {
+        /// `run`: only what building and running the agent needs; `test` (the default):
+        /// everything.
+        #[arg(long = "for", value_parser = ["run", "test"], default_value = "test")]
+        purpose: String,
+    },
+    /// Install bpf-linker, then run the agent (release build) with the embedded default
+    /// configuration.
     Run {
         /// Arguments after `run` for the agent, e.g. `--config my.toml`.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -56,9 +64,14 @@ enum Task {
 fn main() -> Result<()> {
     let cli = Cli::parse();
     let root = workspace_root();
-    let env = setup::setup(&root)?;
+    let needs = match &cli.task {
+        Task::Run { .. } => setup::Needs::Run,
+        Task::Setup { purpose } if purpose == "run" => setup::Needs::Run,
+        _ => setup::Needs::Everything,
+    };
+    let env = setup::setup(&root, needs)?;
     match cli.task {
-        Task::Setup => Ok(()),
+        Task::Setup { .. } => Ok(()),
         Task::Run { args } => {
             let mut command = env.cargo(&root);
             command.args([

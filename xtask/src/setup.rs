@@ -90,8 +90,17 @@ impl Env {
     }
 }
 
-/// Make sure everything is installed; return the environment to run in.
-pub fn setup(root: &Path) -> Result<Env> {
+/// What a task needs installed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Needs {
+    /// Building and running the agent: bpf-linker.
+    Run,
+    /// The tests, benchmarks and evaluation: bpf-linker, the Debian and the Python packages.
+    Everything,
+}
+
+/// Make sure what `needs` asks for is installed; return the environment to run in.
+pub fn setup(root: &Path, needs: Needs) -> Result<Env> {
     let tools = root.join(".tools");
     let bin = tools.join("bin");
     let mut path = OsString::from(&bin);
@@ -100,8 +109,10 @@ pub fn setup(root: &Path) -> Result<Env> {
         path.push(existing);
     }
     ensure_bpf_linker(root, &tools)?;
-    ensure_debian_packages()?;
-    ensure_python_packages()?;
+    if needs == Needs::Everything {
+        ensure_debian_packages()?;
+        ensure_python_packages()?;
+    }
     Ok(Env { path })
 }
 
