@@ -15,7 +15,7 @@ use rand::{RngExt, SeedableRng, rngs::SmallRng};
 use retry_after_agent::{
     endpoint::Endpoint,
     estimate::{
-        BackendLoad, DrainRateConstants, PolicyConstants, Query, RetryAfterPolicy, Scope,
+        BackendLoad, DrainRateConstants, PolicyConstants, Query, RejectedAt, RetryAfterPolicy,
         ServiceEstimator, ServiceLoad, ServiceSettings, SideLoad,
     },
 };
@@ -80,7 +80,7 @@ fn warm_estimator(t0: Instant) -> ServiceEstimator {
         .collect();
     let mut estimator = ServiceEstimator::new(ServiceSettings {
         name: "bench".into(),
-        scope: Scope::Proxy,
+        rejected_at: RejectedAt::Proxy,
         policy: RetryAfterPolicy::RouterQueueDrainRate,
         constants: PolicyConstants::default(),
         drain: DrainRateConstants::default(),
@@ -95,7 +95,7 @@ fn warm_estimator(t0: Instant) -> ServiceEstimator {
             completed_total: tick * 10,
         };
         let load = ServiceLoad {
-            scope: Scope::Proxy,
+            rejected_at: RejectedAt::Proxy,
             backends: (0..4)
                 .map(|_| BackendLoad {
                     client: side,

@@ -11,7 +11,7 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use retry_after_agent::{
     config::{Config, ConfigError, DEFAULT_CONFIG},
-    estimate::{RetryAfterPolicy, Scope, ServiceSettings},
+    estimate::{RejectedAt, RetryAfterPolicy, ServiceSettings},
     instance::{InstanceError, InstanceLock},
     kernel::{Probe, ProbeOptions, find_cgroup2_root},
     run,
@@ -219,21 +219,21 @@ fn check(config: Option<&PathBuf>) -> ExitCode {
                 ),
             );
             for service in &config.services {
-                let settings = ServiceSettings::from_config(service);
+                let settings = service.settings();
                 println!("{}", policy_note(&settings));
                 if settings.policy != RetryAfterPolicy::Static && settings.queue_needs_proxy_depth()
                 {
                     warn(
                         &format!("service {}", service.name),
-                        match settings.scope {
-                            Scope::Proxy => {
+                        match settings.rejected_at {
+                            RejectedAt::Proxy => {
                                 "no frontend: the kernel cannot see the proxy's queue, so \
                                 Retry-After is computed only when the proxy passes depth=; \
                                 otherwise it is the static value (reason queue_invisible). \
                                 Declare `frontend` (the proxy's listener) or pass the depth"
                                     .into()
                             }
-                            Scope::Replica => {
+                            RejectedAt::Replica => {
                                 "a backend has no max_ongoing_requests: the queue at \
                                 the replicas cannot be seen, so Retry-After is computed only \
                                 when the replica passes depth=; otherwise it is the static \

@@ -118,7 +118,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         };
         probe.watch_scoped(endpoint, scope)?;
     }
-    let shared = Arc::new(Shared::new(Estimator::from_config(&config)));
+    let shared = Arc::new(Shared::new(config.estimator()));
     shared
         .endpoints
         .store(probe.watched().count(), Ordering::Relaxed);

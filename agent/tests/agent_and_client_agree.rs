@@ -9,14 +9,14 @@ use rand::{RngExt, SeedableRng, rngs::SmallRng};
 use retry_after_agent::{
     endpoint::Endpoint,
     estimate::{
-        BackendLoad, DrainRate, DrainRateConstants, PolicyConstants, Query, RetryAfterPolicy,
-        Scope, ServiceEstimator, ServiceLoad, ServiceSettings, SideLoad,
+        BackendLoad, DrainRate, DrainRateConstants, PolicyConstants, Query, RejectedAt,
+        RetryAfterPolicy, ServiceEstimator, ServiceLoad, ServiceSettings, SideLoad,
     },
 };
 use retry_after_protocol::{EstimatePush, Request, Response, policy::OverloadRule};
 
 fn settings(
-    scope: Scope,
+    rejected_at: RejectedAt,
     policy: RetryAfterPolicy,
     constants: PolicyConstants,
     static_s: Option<u64>,
@@ -25,7 +25,7 @@ fn settings(
 ) -> ServiceSettings {
     ServiceSettings {
         name: "api".into(),
-        scope,
+        rejected_at,
         policy,
         constants,
         drain: DrainRateConstants::default(),
@@ -60,7 +60,7 @@ fn constants() -> impl Strategy<Value = PolicyConstants> {
 proptest! {
     #[test]
     fn the_clients_answer_from_a_push_is_the_agents_answer(
-        scope in prop_oneof![Just(Scope::Proxy), Just(Scope::Replica)],
+        rejected_at in prop_oneof![Just(RejectedAt::Proxy), Just(RejectedAt::Replica)],
         policy in prop::sample::select(RetryAfterPolicy::ALL.to_vec()),
         pick_rule in prop::sample::select(OverloadRule::ALL.to_vec()),
         horizon_factor in prop::option::of(0.1..10.0f64),
@@ -77,14 +77,14 @@ proptest! {
             overload_horizon_factor: horizon_factor,
             ..constants
         };
-        let mut agent = ServiceEstimator::new(settings(scope, policy, constants, static_s, frontend, max_ongoing));
+        let mut agent = ServiceEstimator::new(settings(rejected_at, policy, constants, static_s, frontend, max_ongoing));
         let t0 = Instant::now();
         let mut completed = 0;
         for (tick, (done, in_flight, frontend_in_flight)) in rates.iter().enumerate() {
             completed += done;
             let side = SideLoad { in_flight: *in_flight, completed_total: completed };
             agent.observe_load(t0 + Duration::from_millis(700 * tick as u64), ServiceLoad {
-                scope,
+                rejected_at,
                 backends: vec![BackendLoad { client: side, server: side, max_ongoing_requests: max_ongoing }],
                 frontend_in_flight: frontend.then_some(*frontend_in_flight),
             });
@@ -99,7 +99,7 @@ proptest! {
         };
         agent.report(last - Duration::from_millis(500), last, &report);
         agent.observe_load(last + Duration::from_millis(700), ServiceLoad {
-            scope,
+            rejected_at,
             backends: vec![BackendLoad { client: SideLoad { in_flight: 1, completed_total: completed + 9 }, server: SideLoad { in_flight: 1, completed_total: completed + 9 }, max_ongoing_requests: max_ongoing }],
             frontend_in_flight: frontend.then_some(3),
         });

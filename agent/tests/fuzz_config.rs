@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 use retry_after_agent::{
     config::{Config, ConfigError},
-    estimate::{BackendLoad, Estimator, Query, ServiceLoad, SideLoad},
+    estimate::{BackendLoad, Query, ServiceLoad, SideLoad},
 };
 
 /// Values a key might be given, well-formed or not.
@@ -121,7 +121,7 @@ fn config_text() -> impl Strategy<Value = String> {
 
 /// Build the estimator a configuration implies, run it through ticks of load and answer.
 fn exercise(config: &Config) {
-    let mut estimator = Estimator::from_config(config);
+    let mut estimator = config.estimator();
     let t0 = Instant::now();
     let names: Vec<String> = config.services.iter().map(|s| s.name.clone()).collect();
     for name in &names {
@@ -135,7 +135,7 @@ fn exercise(config: &Config) {
             service.observe_load(
                 t0 + Duration::from_millis(137 * tick),
                 ServiceLoad {
-                    scope: service.settings().scope,
+                    rejected_at: service.settings().rejected_at,
                     backends: vec![
                         BackendLoad {
                             client: side,

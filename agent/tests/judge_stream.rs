@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use retry_after_agent::{
     endpoint::Endpoint,
     estimate::{
-        BackendLoad, DrainRateConstants, PolicyConstants, Query, RetryAfterPolicy, Rung, Scope,
-        ServiceEstimator, ServiceLoad, ServiceSettings, SideLoad,
+        BackendLoad, DrainRateConstants, PolicyConstants, Query, RejectedAt, RetryAfterPolicy,
+        Rung, ServiceEstimator, ServiceLoad, ServiceSettings, SideLoad,
     },
 };
 use retry_after_protocol::Report;
@@ -22,7 +22,7 @@ fn ms(n: u64) -> Duration {
 fn service() -> ServiceEstimator {
     ServiceEstimator::new(ServiceSettings {
         name: "api".into(),
-        scope: Scope::Proxy,
+        rejected_at: RejectedAt::Proxy,
         policy: RetryAfterPolicy::RouterQueueDrainRate,
         constants: PolicyConstants {
             jitter: 0.0,
@@ -55,7 +55,7 @@ fn load(t: u64) -> ServiceLoad {
         max_ongoing_requests: Some(2),
     };
     ServiceLoad {
-        scope: Scope::Proxy,
+        rejected_at: RejectedAt::Proxy,
         backends: vec![backend, backend],
         frontend_in_flight: Some(24),
     }

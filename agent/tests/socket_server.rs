@@ -6,7 +6,6 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use retry_after_agent::{
     config::Config,
-    estimate::Estimator,
     server::{self, ServerOptions, Shared},
 };
 use retry_after_protocol::{ErrorCode, Request, Response, policy::Rung};
@@ -35,7 +34,7 @@ impl TestServer {
         ));
         let path = dir.join("agent.sock");
         let config = Config::parse(SERVICES).unwrap();
-        let shared = Arc::new(Shared::new(Estimator::from_config(&config)));
+        let shared = Arc::new(Shared::new(config.estimator()));
         let listener = server::bind(&path, 0o600).unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(server::serve(

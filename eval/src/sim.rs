@@ -538,7 +538,7 @@ impl<'a> Sim<'a> {
             .collect();
         for proxy in &mut self.proxies {
             let load = ServiceLoad {
-                scope: proxy.agent.settings().scope,
+                rejected_at: proxy.agent.settings().rejected_at,
                 backends: (0..replicas.len())
                     .map(|r| BackendLoad {
                         client: SideLoad {
@@ -638,7 +638,7 @@ fn agent_settings(scenario: &Scenario, policy: Policy) -> ServiceSettings {
         policy.service_config(&backends, scenario.max_queued_requests)
     );
     let config = Config::parse(&text).expect("the evaluation's agent configuration is valid");
-    ServiceSettings::from_config(&config.services[0])
+    config.services[0].settings()
 }
 
 #[cfg(test)]

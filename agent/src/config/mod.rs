@@ -24,7 +24,7 @@ use retry_after_protocol::MAX_SERVICE_NAME_LEN;
 use self::file::{AgentFile, BackpressureFile, ConfigFile, ServiceFile};
 use crate::{
     endpoint::Endpoint,
-    estimate::{DrainRateConstants, Scope},
+    estimate::{DrainRateConstants, Estimator, RejectedAt, ServiceSettings},
 };
 
 /// The configuration the agent runs with when no file is given. It watches port 8080 on every
@@ -78,7 +78,7 @@ pub struct ServiceConfig {
     /// The proxy's queue limit (the proposal's `max_queued_requests`).
     pub max_queued_requests: Option<u64>,
     /// Where requests are queued and rejected.
-    pub rejected_at: Scope,
+    pub rejected_at: RejectedAt,
     /// The proxy's cgroup v2, which alone counts on the backends' client side.
     pub proxy_cgroup: Option<PathBuf>,
     /// How rejections are answered.
@@ -259,6 +259,24 @@ impl Default for AgentConfig {
     }
 }
 
+/// Two of `paths` of which one holds the other, as far as the paths alone tell (both
+/// relative, or both absolute; a mix is checked against the mounted hierarchy at attach time).
+fn nested_pair(paths: &[PathBuf]) -> Option<(&PathBuf, &PathBuf)> {
+    paths.iter().enumerate().find_map(|(i, a)| {
+        paths[i + 1..].iter().find_map(|b| {
+            if a.is_absolute() != b.is_absolute() {
+                None
+            } else if b.starts_with(a) {
+                Some((a, b))
+            } else if a.starts_with(b) {
+                Some((b, a))
+            } else {
+                None
+            }
+        })
+    })
+}
+
 fn agent(a: AgentFile) -> Result<AgentConfig, ConfigError> {
     let ms = |field: &str, value: u64, range| {
         bounded(&format!("agent.{field}"), value, range).map(Duration::from_millis)
@@ -281,7 +299,18 @@ fn agent(a: AgentFile) -> Result<AgentConfig, ConfigError> {
                     ));
                 }
             }
-            paths.into_iter().map(PathBuf::from).collect()
+            let paths: Vec<PathBuf> = paths.into_iter().map(PathBuf::from).collect();
+            if let Some((outer, inner)) = nested_pair(&paths) {
+                return Err(invalid(
+                    "agent.attach_cgroups",
+                    format!(
+                        "{:?} and {:?} are nested: name the outer one only (it holds the inner one's sockets)",
+                        outer.display().to_string(),
+                        inner.display().to_string()
+                    ),
+                ));
+            }
+            paths
         }
     };
     if !a.socket_path.starts_with('/') {
@@ -400,7 +429,7 @@ fn service(i: usize, s: ServiceFile) -> Result<ServiceConfig, ConfigError> {
         .transpose()?;
     let rejected_at = s
         .rejected_at
-        .map(|r| r.parse::<Scope>())
+        .map(|r| r.parse::<RejectedAt>())
         .transpose()
         .map_err(|e| invalid(at("rejected_at"), e.to_string()))?
         .unwrap_or_default();
@@ -526,6 +555,35 @@ fn backpressure(at: &str, b: BackpressureFile) -> Result<BackpressureConfig, Con
     })
 }
 
+impl Config {
+    /// One cold estimator per configured service.
+    pub fn estimator(&self) -> Estimator {
+        Estimator::new(self.services.iter().map(ServiceConfig::settings))
+    }
+}
+
+impl ServiceConfig {
+    /// What shapes this service's estimate, resolved.
+    pub fn settings(&self) -> ServiceSettings {
+        let backpressure = &self.backpressure;
+        ServiceSettings {
+            name: self.name.clone(),
+            rejected_at: self.rejected_at,
+            policy: backpressure.policy,
+            constants: backpressure.constants,
+            drain: backpressure.drain,
+            static_retry_after_s: backpressure.retry_after_s,
+            status_code: backpressure.status_code,
+            backends: self
+                .backends
+                .iter()
+                .map(|b| (b.endpoint, b.max_ongoing_requests))
+                .collect(),
+            frontend: self.frontend,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -594,7 +652,7 @@ mod tests {
         assert_eq!(b.policy, RetryAfterPolicy::Static);
         assert_eq!(b.constants, PolicyConstants::default());
         assert_eq!(b.drain, DrainRateConstants::default());
-        assert_eq!(config.services[0].rejected_at, Scope::Proxy);
+        assert_eq!(config.services[0].rejected_at, RejectedAt::Proxy);
         assert_eq!(b.status_code, 429);
         for (line, field) in [
             ("status_code = 500", "status_code"),
@@ -626,7 +684,7 @@ mod tests {
             "[[service]]\nname = \"a\"\nrejected_at = \"replica\"\nbackends = [{ address = \"*:1\" }]\n[service.backpressure]\nretry_after_policy = \"queue_drain_rate\"\n",
         )
         .unwrap();
-        assert_eq!(config.services[0].rejected_at, Scope::Replica);
+        assert_eq!(config.services[0].rejected_at, RejectedAt::Replica);
         assert_eq!(
             config.services[0].backpressure.policy,
             RetryAfterPolicy::RouterQueueDrainRate
@@ -676,6 +734,10 @@ mod tests {
             (
                 "[agent]\nattach_cgroups = [\"a\", \"a\"]\n",
                 "agent.attach_cgroups",
+            ),
+            (
+                "[agent]\nattach_cgroups = [\"serving.slice\", \"serving.slice/model.rejected_at\"]\n",
+                "are nested",
             ),
             ("[agent]\nmax_clients = 2\n", "agent.max_clients"),
         ] {

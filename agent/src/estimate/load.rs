@@ -25,7 +25,7 @@ use retry_after_policy::{QueueDepth, QueueDepthSource, UnknownName};
 
 /// Where a service's requests are queued and rejected.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum Scope {
+pub enum RejectedAt {
     /// The proxy on this node (client-side completions drain its queue).
     #[default]
     Proxy,
@@ -33,29 +33,29 @@ pub enum Scope {
     Replica,
 }
 
-impl Scope {
+impl RejectedAt {
     /// The configuration name.
     pub const fn as_str(self) -> &'static str {
         match self {
-            Scope::Proxy => "proxy",
-            Scope::Replica => "replica",
+            RejectedAt::Proxy => "proxy",
+            RejectedAt::Replica => "replica",
         }
     }
 }
 
-impl fmt::Display for Scope {
+impl fmt::Display for RejectedAt {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
 }
 
-impl FromStr for Scope {
+impl FromStr for RejectedAt {
     type Err = UnknownName;
 
     fn from_str(name: &str) -> Result<Self, UnknownName> {
         match name {
-            "proxy" => Ok(Scope::Proxy),
-            "replica" => Ok(Scope::Replica),
+            "proxy" => Ok(RejectedAt::Proxy),
+            "replica" => Ok(RejectedAt::Replica),
             _ => Err(UnknownName {
                 what: "rejection site",
                 name: name.to_owned(),
@@ -89,7 +89,7 @@ pub struct BackendLoad {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ServiceLoad {
     /// Where its queue is.
-    pub scope: Scope,
+    pub rejected_at: RejectedAt,
     /// Its backends.
     pub backends: Vec<BackendLoad>,
     /// Requests in flight at the proxy's listener, if a frontend is configured.
@@ -98,9 +98,9 @@ pub struct ServiceLoad {
 
 impl ServiceLoad {
     fn side(&self, backend: &BackendLoad) -> SideLoad {
-        match self.scope {
-            Scope::Proxy => backend.client,
-            Scope::Replica => backend.server,
+        match self.rejected_at {
+            RejectedAt::Proxy => backend.client,
+            RejectedAt::Replica => backend.server,
         }
     }
 
@@ -137,16 +137,16 @@ impl ServiceLoad {
     /// The queue, from the best source that can see it in this scope (see the module docs);
     /// `None` when none can.
     pub fn queue_depth(&self, from_proxy: Option<u64>) -> Option<QueueDepth> {
-        let (depth, source) = match (from_proxy, self.scope) {
+        let (depth, source) = match (from_proxy, self.rejected_at) {
             (Some(depth), _) => (depth, QueueDepthSource::Proxy),
-            (None, Scope::Proxy) => {
+            (None, RejectedAt::Proxy) => {
                 let frontend = self.frontend_in_flight?;
                 (
                     frontend.saturating_sub(self.in_flight()),
                     QueueDepthSource::Frontend,
                 )
             }
-            (None, Scope::Replica) => {
+            (None, RejectedAt::Replica) => {
                 self.capacity()?;
                 let beyond = self
                     .backends
@@ -186,9 +186,9 @@ mod tests {
 
     #[test]
     fn the_proxy_depth_wins_in_either_scope() {
-        for scope in [Scope::Proxy, Scope::Replica] {
+        for rejected_at in [RejectedAt::Proxy, RejectedAt::Replica] {
             let load = ServiceLoad {
-                scope,
+                rejected_at,
                 backends: vec![backend((2, 0), (50, 0), Some(8))],
                 frontend_in_flight: Some(90),
             };
@@ -200,7 +200,7 @@ mod tests {
     fn proxy_scope_frontend_minus_forwarded_over_client_side_completions() {
         // Two replicas, each also serving other callers on this node (server side sees more).
         let load = ServiceLoad {
-            scope: Scope::Proxy,
+            rejected_at: RejectedAt::Proxy,
             backends: vec![
                 backend((2, 100), (8, 400), Some(8)),
                 backend((2, 100), (8, 300), Some(8)),
@@ -217,7 +217,7 @@ mod tests {
     fn proxy_scope_without_a_frontend_cannot_see_the_queue() {
         // A proxy capping concurrency at 2 per replica: in flight never exceeds capacity.
         let load = ServiceLoad {
-            scope: Scope::Proxy,
+            rejected_at: RejectedAt::Proxy,
             backends: vec![
                 backend((2, 10), (2, 10), Some(2)),
                 backend((2, 10), (2, 10), Some(2)),
@@ -230,7 +230,7 @@ mod tests {
     #[test]
     fn replica_scope_beyond_capacity_over_server_side_completions() {
         let load = ServiceLoad {
-            scope: Scope::Replica,
+            rejected_at: RejectedAt::Replica,
             backends: vec![
                 backend((0, 0), (11, 70), Some(8)),
                 backend((0, 0), (5, 30), Some(8)),

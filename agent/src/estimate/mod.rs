@@ -31,14 +31,10 @@ use retry_after_protocol::{EstimatePush, Report};
 pub use self::{
     drain_rate::{DrainRate, DrainRateConstants},
     judge::{Judge, JudgeStats, RungStats, Settled},
-    load::{BackendLoad, Scope, ServiceLoad, SideLoad},
+    load::{BackendLoad, RejectedAt, ServiceLoad, SideLoad},
     returns::Returns,
 };
-use crate::{
-    config::{Config, ServiceConfig},
-    endpoint::Endpoint,
-    snapshot::Snapshot,
-};
+use crate::{endpoint::Endpoint, snapshot::Snapshot};
 
 /// How long the judge follows an answer before calling its queue undrained.
 pub const JUDGE_HORIZON: Duration = Duration::from_secs(600);
@@ -61,7 +57,7 @@ pub struct ServiceSettings {
     /// Service name.
     pub name: String,
     /// Where its requests are queued and rejected.
-    pub scope: Scope,
+    pub rejected_at: RejectedAt,
     /// The policy.
     pub policy: RetryAfterPolicy,
     /// The formula's constants.
@@ -79,32 +75,12 @@ pub struct ServiceSettings {
 }
 
 impl ServiceSettings {
-    /// Resolve a validated service configuration.
-    pub fn from_config(service: &ServiceConfig) -> Self {
-        let backpressure = &service.backpressure;
-        Self {
-            name: service.name.clone(),
-            scope: service.rejected_at,
-            policy: backpressure.policy,
-            constants: backpressure.constants,
-            drain: backpressure.drain,
-            static_retry_after_s: backpressure.retry_after_s,
-            status_code: backpressure.status_code,
-            backends: service
-                .backends
-                .iter()
-                .map(|b| (b.endpoint, b.max_ongoing_requests))
-                .collect(),
-            frontend: service.frontend,
-        }
-    }
-
     /// True if no kernel source can see this service's queue: only a depth passed by the
     /// proxy lets it compute (`check` warns about such a service).
     pub fn queue_needs_proxy_depth(&self) -> bool {
         // The load's own rule, asked of an idle service with this shape.
         let idle = ServiceLoad {
-            scope: self.scope,
+            rejected_at: self.rejected_at,
             backends: self
                 .backends
                 .iter()
@@ -138,7 +114,7 @@ impl ServiceEstimator {
             drain: DrainRate::new(settings.drain),
             judge: Judge::new(JUDGE_HORIZON, JUDGE_CAPACITY),
             load: ServiceLoad {
-                scope: settings.scope,
+                rejected_at: settings.rejected_at,
                 ..ServiceLoad::default()
             },
             returns: Returns::default(),
@@ -329,7 +305,7 @@ impl ServiceEstimator {
                 })
         };
         ServiceLoad {
-            scope: self.settings.scope,
+            rejected_at: self.settings.rejected_at,
             backends: self
                 .settings
                 .backends
@@ -355,18 +331,12 @@ pub struct Estimator {
 }
 
 impl Estimator {
-    /// One cold estimator per configured service.
-    pub fn from_config(config: &Config) -> Self {
+    /// One cold estimator per service (see `Config::estimator`).
+    pub fn new(services: impl IntoIterator<Item = ServiceSettings>) -> Self {
         Self {
-            services: config
-                .services
-                .iter()
-                .map(|s| {
-                    (
-                        s.name.clone(),
-                        ServiceEstimator::new(ServiceSettings::from_config(s)),
-                    )
-                })
+            services: services
+                .into_iter()
+                .map(|settings| (settings.name.clone(), ServiceEstimator::new(settings)))
                 .collect(),
         }
     }

@@ -174,7 +174,7 @@ fn follow(socket: &Path, service: &str) -> retry_after_client::Subscription {
 /// An estimator for "api" and "scheduled", warmed: 10 ticks of 40 completions per second, 12 in flight.
 fn warm_estimator() -> Estimator {
     let config = Config::parse(CONFIG).unwrap();
-    let mut estimator = Estimator::from_config(&config);
+    let mut estimator = config.estimator();
     let t0 = Instant::now();
     let endpoint: Endpoint = "127.0.0.1:9".parse().unwrap();
     for tick in 0..10u64 {
