@@ -4,6 +4,9 @@
 
 use std::time::{Duration, Instant};
 
+#[path = "../../policy/tests/common/strategies.rs"]
+mod strategies;
+
 use proptest::prelude::*;
 use rand::{RngExt, SeedableRng, rngs::SmallRng};
 use retry_after_agent::{
@@ -13,7 +16,7 @@ use retry_after_agent::{
         RetryAfterPolicy, ServiceEstimator, ServiceLoad, ServiceSettings, SideLoad,
     },
 };
-use retry_after_protocol::{EstimatePush, Request, Response, policy::OverloadRule};
+use retry_after_protocol::{EstimatePush, Request, Response};
 
 fn settings(
     rejected_at: RejectedAt,
@@ -36,47 +39,19 @@ fn settings(
     }
 }
 
-fn constants() -> impl Strategy<Value = PolicyConstants> {
-    (
-        1u32..10,
-        0.0..1.0f64,
-        0.0..1.0f64,
-        0.0..=0.5f64,
-        1u64..=60,
-        1u64..=60,
-    )
-        .prop_map(|(b, w1, w2, jitter, lo, hi)| PolicyConstants {
-            backoff_streak_saturation: b,
-            occupancy_weight: w1,
-            backoff_weight: w2,
-            jitter,
-            min_retry_after_s: lo.min(hi),
-            max_retry_after_s: lo.max(hi),
-            overload_rule: OverloadRule::Latest,
-            overload_horizon_factor: None,
-        })
-}
-
 proptest! {
     #[test]
     fn the_clients_answer_from_a_push_is_the_agents_answer(
         rejected_at in prop_oneof![Just(RejectedAt::Proxy), Just(RejectedAt::Replica)],
         policy in prop::sample::select(RetryAfterPolicy::ALL.to_vec()),
-        pick_rule in prop::sample::select(OverloadRule::ALL.to_vec()),
-        horizon_factor in prop::option::of(0.1..10.0f64),
         promised in prop::collection::vec((0u64..2_000, 1u64..=60), 0..40),
-        constants in constants(),
+        constants in strategies::constants(),
         static_s in prop::option::of(1u64..600),
         frontend in any::<bool>(),
         max_ongoing in prop::option::of(1u64..64),
         rates in prop::collection::vec((0u64..5_000, 0u64..200, 0u64..400), 1..8),
         queries in prop::collection::vec((prop::option::of(0u64..100_000), prop::option::of(0u32..20), 0.0..1.0f64), 1..16),
     ) {
-        let constants = PolicyConstants {
-            overload_rule: pick_rule,
-            overload_horizon_factor: horizon_factor,
-            ..constants
-        };
         let mut agent = ServiceEstimator::new(settings(rejected_at, policy, constants, static_s, frontend, max_ongoing));
         let t0 = Instant::now();
         let mut completed = 0;

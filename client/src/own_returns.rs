@@ -8,7 +8,7 @@ use std::{
 
 use retry_after_protocol::{
     EstimatePush,
-    policy::{PromisedReturns, RetryAfterPolicy, ReturnBook},
+    policy::{MAX_RETRY_AFTER_S, PromisedReturns, RetryAfterPolicy, ReturnBook},
 };
 
 use crate::{Decision, decide};
@@ -40,7 +40,8 @@ impl OwnReturns {
         let own = self.book.ahead(now.as_secs());
         let schedule = push.schedule(now.saturating_sub(received), &own);
         let decision = decide(push, local.0, local.1, &schedule, unit);
-        if let Some(seconds) = decision.seconds {
+        // A static fallback beyond the minute is outside the schedule (as at the agent).
+        if let Some(seconds) = decision.seconds.filter(|&s| s <= MAX_RETRY_AFTER_S) {
             let due = (now + Duration::from_secs(seconds)).as_secs();
             if self.book.promise(now.as_secs(), due, 1).is_err() {
                 self.dropped.fetch_add(1, Ordering::Relaxed);

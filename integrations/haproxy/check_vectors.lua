@@ -10,7 +10,7 @@ for line in io.lines(arg[1]) do
   local push_line, depth, streak, unit, elapsed, own, seconds, millis, rung, reason = table.unpack(fields)
   local push = assert(M.parse_estimate(push_line), push_line)
   local function opt(v) if v == "none" then return nil end return math.tointeger(tonumber(v)) end
-  local seen = M.schedule(push, math.tointeger(tonumber(elapsed)), assert(M.parse_returns(own)))
+  local seen = M.schedule(push, tonumber(elapsed), assert(M.parse_returns(own)))
   local s, ms, r, why = M.answer(push, opt(depth), opt(streak), tonumber(unit), seen)
   local got = string.format("%s %s %s %s", tostring(s or "none"), tostring(ms or "none"), r, why or "none")
   local want = string.format("%s %s %s %s", seconds, millis, rung, reason)
@@ -20,4 +20,13 @@ for line in io.lines(arg[1]) do
   end
   checked = checked + 1
 end
+-- Report lines: each within the agent's line limit, every entry carried once.
+local handed_out, total = {}, 0
+for s = 0, 60 do handed_out["c" .. s] = 1234567 total = total + 1 end
+local carried = 0
+for _, report in ipairs(M.report_lines("api", 3, 4, 2, handed_out)) do
+  assert(#report.line <= M.MAX_LINE_LEN, report.line)
+  for _ in pairs(report.carried) do carried = carried + 1 end
+end
+assert(carried == total, "report lines carry every entry")
 print(string.format("%d vectors agree", checked))

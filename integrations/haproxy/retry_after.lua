@@ -46,8 +46,10 @@ function M.parse_returns(v)
   local counts = {}
   if v == nil or v == "none" then return counts end
   for count in string.gmatch(v .. ",", "([^,]*),") do
-    if not string.match(count, "^%d+$") or #counts >= M.RETURN_BINS then return nil end
-    counts[#counts + 1] = math.tointeger(tonumber(count))
+    if not string.match(count, "^%d+$") or #count > 10 or #counts >= M.RETURN_BINS then return nil end
+    local n = math.tointeger(tonumber(count))
+    if n == nil or n > 4294967295 then return nil end
+    counts[#counts + 1] = n
   end
   return counts
 end
@@ -56,6 +58,7 @@ end
 -- returns from then on (shifted by the whole seconds elapsed), bin by bin no less than own
 -- (this proxy's own promises from now on), and the overload's age then.
 function M.schedule(push, elapsed_s, own)
+  if elapsed_s < 0 then elapsed_s = 0 end
   local returns, skip = {}, math.floor(elapsed_s)
   for i = 1, M.RETURN_BINS do
     returns[i] = math.max(push.returns[i + skip] or 0, own[i] or 0)
@@ -69,6 +72,10 @@ function M.parse_estimate(line)
   local words, o = M.parse_fields(line)
   if words[1] ~= "ESTIMATE" or words[2] == nil then return nil end
   if M.parse_returns(o.returns) == nil then return nil end
+  local overload = o.overload or "latest_with_room"
+  if overload ~= "latest_with_room" and overload ~= "latest" and overload ~= "fill_capacity" then
+    return nil
+  end
   return {
     service = words[2],
     policy = o.policy or "static",
@@ -195,6 +202,34 @@ function M.answer(push, depth, streak, unit, seen)
   return nil, nil, "none", reason
 end
 
+-- Longest request line the agent accepts (bytes, without the newline).
+M.MAX_LINE_LEN = 512
+
+-- The REPORT lines for one report, each with the handed_out entries it carries: handed_out
+-- maps "c5"/"s5" (rung and seconds) to counts; entries that do not fit one line go on in
+-- further lines with admitted=0 rejected=0.
+function M.report_lines(name, admitted, rejected, depth, handed_out)
+  local keys = {}
+  for value in pairs(handed_out) do keys[#keys + 1] = value end
+  table.sort(keys)
+  local head = string.format("REPORT %s admitted=%d rejected=%d", name, admitted, rejected)
+  if depth then head = head .. string.format(" depth=%d", depth) end
+  local lines, line, carried = {}, head .. " handed_out=", {}
+  local rest = string.format("REPORT %s admitted=0 rejected=0 handed_out=", name)
+  for _, value in ipairs(keys) do
+    local entry = value .. ":" .. handed_out[value]
+    if next(carried) ~= nil and #line + 1 + #entry > M.MAX_LINE_LEN then
+      lines[#lines + 1] = { line = line, carried = carried }
+      line, carried = rest, {}
+    end
+    line = line .. (next(carried) ~= nil and "," or "") .. entry
+    carried[value] = handed_out[value]
+  end
+  if next(carried) == nil then line = line .. "none" end
+  lines[#lines + 1] = { line = line, carried = carried }
+  return lines
+end
+
 -- Everything below runs inside HAProxy only.
 if core == nil then return M end
 
@@ -262,17 +297,9 @@ end
 local function own_promise(state, due)
   local key = due % M.RETURN_BINS
   local bin = state.own[key]
+  if bin ~= nil and bin[1] > due then return end  -- a later second owns it: the clock stepped back
   if bin == nil or bin[1] ~= due then bin = { due, 0 } state.own[key] = bin end
   bin[2] = bin[2] + 1
-end
-
--- handed_out= for a report: what rejections carried, or "none".
-local function handed_out_field(counts)
-  local entries = {}
-  for value, count in pairs(counts) do entries[#entries + 1] = value .. ":" .. count end
-  table.sort(entries)
-  if #entries == 0 then return "none" end
-  return table.concat(entries, ",")
 end
 
 -- Reports what each service's rejection rule did, every second, on one connection.
@@ -285,17 +312,21 @@ local function reporter()
       for name, state in pairs(services) do
         local admitted, rejected, handed_out = state.admitted, state.rejected, state.handed_out
         state.handed_out = {}
-        local line = string.format("REPORT %s admitted=%d rejected=%d handed_out=%s",
-          name, admitted, rejected, handed_out_field(handed_out))
-        local depth = backend_queue(state.backend)
-        if depth then line = line .. string.format(" depth=%d", depth) end
-        if sock:send(line .. "\n") and sock:receive("*l") == "OK" then
-          state.admitted, state.rejected = state.admitted - admitted, state.rejected - rejected
-        else
-          -- Kept for the next report.
-          for value, count in pairs(handed_out) do
-            state.handed_out[value] = (state.handed_out[value] or 0) + count
+        local lines = M.report_lines(name, admitted, rejected, backend_queue(state.backend), handed_out)
+        local failed
+        for i, report in ipairs(lines) do
+          if failed or not (sock:send(report.line .. "\n") and sock:receive("*l") == "OK") then
+            failed = failed or i
+            -- Kept for the next report.
+            for value, count in pairs(report.carried) do
+              state.handed_out[value] = (state.handed_out[value] or 0) + count
+            end
           end
+        end
+        if failed ~= 1 then
+          state.admitted, state.rejected = state.admitted - admitted, state.rejected - rejected
+        end
+        if failed then
           sock:close()
           sock = nil
           break
@@ -336,15 +367,18 @@ core.register_action("retry_after", { "http-req" }, function(txn, name)
       local depth = txn.f:queue(state.backend)
       local seen
       if state.push.policy == "scheduled_returns" then
-        local elapsed_s = (now - state.received_ms) / 1000
+        local elapsed_s = math.max(now - state.received_ms, 0) / 1000
         seen = M.schedule(state.push, elapsed_s, own_ahead(state, now // 1000))
       end
       local answered, _millis, answered_rung = M.answer(state.push, depth, 0, math.random(), seen)
       seconds, rung = answered, answered_rung
-      if seconds and seen then own_promise(state, (now + seconds * 1000) // 1000) end
+      if seconds and seen and seconds <= MAX_RETRY_AFTER_S then
+        own_promise(state, math.floor((now + seconds * 1000) / 1000))
+      end
     end
     if seconds then
-      local value = (rung == "static" and "s" or "c") .. seconds
+      -- As the agent takes it: whole seconds, 60 at most.
+      local value = string.format("%s%d", rung == "static" and "s" or "c", math.min(math.floor(seconds), 60))
       state.handed_out[value] = (state.handed_out[value] or 0) + 1
     end
   end

@@ -43,6 +43,7 @@ __all__ = [
     "query",
     "query_or_static",
     "report",
+    "report_lines",
     "schedule",
 ]
 
@@ -121,6 +122,14 @@ def _parse_returns(value: Optional[str]) -> Tuple[int, ...]:
     return parsed
 
 
+def _overload_rule(value: Optional[str]) -> str:
+    if value is None:
+        return "latest_with_room"
+    if value not in ("latest_with_room", "latest", "fill_capacity"):
+        raise AgentError(f"overload={value[:40]!r} is not an overload rule")
+    return value
+
+
 def schedule(push: Estimate, elapsed_s: float, own=()) -> Tuple[Tuple[int, ...], Optional[float]]:
     """What to answer with ``elapsed_s`` seconds after ``push``: its returns from then on
     (shifted by the whole seconds elapsed), bin by bin no less than ``own`` (this proxy's own
@@ -174,7 +183,7 @@ def parse_estimate(line: str) -> Estimate:
         max_s=int(o.get("max", "60")),
         arrival_rate=_opt(o.get("arrivals"), float),
         returns=_parse_returns(o.get("returns")),
-        overload_rule=o.get("overload", "latest_with_room"),
+        overload_rule=_overload_rule(o.get("overload")),
         overload_age_s=_opt(o.get("overload_age"), float),
         horizon_factor=_opt(o.get("horizon_factor"), float),
     )
@@ -398,6 +407,42 @@ def query_or_static(path: str, service: str, static_retry_after_s: Optional[int]
         return static_retry_after_s
 
 
+#: Longest request line the agent accepts (bytes, without the newline).
+MAX_LINE_LEN = 512
+
+
+def report_lines(
+    service: str,
+    admitted: int,
+    rejected: int,
+    queue_depth: Optional[int] = None,
+    handed_out: Optional[Dict[Tuple[str, int], int]] = None,
+) -> list:
+    """The ``REPORT`` lines for one report: values handed out are counted at most 60 s (as the
+    agent takes them), and entries that do not fit one line of ``MAX_LINE_LEN`` bytes go on
+    in further lines with ``admitted=0 rejected=0``."""
+    head = f"REPORT {service} admitted={int(admitted)} rejected={int(rejected)}"
+    if queue_depth is not None:
+        head += f" depth={int(queue_depth)}"
+    if handed_out is None:
+        return [head]
+    counts: Dict[str, int] = {}
+    for (rung, seconds), count in handed_out.items():
+        if rung in ("static", "computed") and count > 0:
+            key = f"{'s' if rung == 'static' else 'c'}{min(int(seconds), MAX_RETRY_AFTER_S)}"
+            counts[key] = counts.get(key, 0) + int(count)
+    entries = [f"{key}:{count}" for key, count in sorted(counts.items())]
+    lines, line = [], head + " handed_out="
+    rest = f"REPORT {service} admitted=0 rejected=0 handed_out="
+    for entry in entries:
+        if not line.endswith("=") and len(line) + 1 + len(entry) > MAX_LINE_LEN:
+            lines.append(line)
+            line = rest
+        line += ("" if line.endswith("=") else ",") + entry
+    lines.append(line + ("none" if line.endswith("=") else ""))
+    return lines
+
+
 def report(
     path: str,
     service: str,
@@ -410,18 +455,10 @@ def report(
     """Tell the agent what this proxy did since its previous report (``REPORT``): the judge's
     evidence and, with ``scheduled_returns``, the agent's schedule. ``handed_out`` maps
     (rung, seconds) to how many rejections carried that value (``{}``: none carried one;
-    ``None``: not tracked). :meth:`Subscription.report` fills it in."""
-    request = f"REPORT {service} admitted={int(admitted)} rejected={int(rejected)}"
-    if queue_depth is not None:
-        request += f" depth={int(queue_depth)}"
-    if handed_out is not None:
-        entries = [
-            f"{'s' if rung == 'static' else 'c'}{int(seconds)}:{int(count)}"
-            for (rung, seconds), count in sorted(handed_out.items())
-            if rung in ("static", "computed") and count > 0
-        ]
-        request += " handed_out=" + (",".join(entries) if entries else "none")
-    _request(path, request, timeout)
+    ``None``: not tracked). :meth:`Subscription.report` fills it in. Each line goes on a
+    connection of its own, so the agent dates it at its arrival (protocol.md)."""
+    for line in report_lines(service, admitted, rejected, queue_depth, handed_out):
+        _request(path, line, timeout)
 
 
 class Subscription:
@@ -452,8 +489,10 @@ class Subscription:
         # This proxy's own promised returns (scheduled_returns): [second, count] per bin,
         # by whole monotonic second, bounded at RETURN_BINS.
         self._own = [[-1, 0] for _ in range(RETURN_BINS)]
-        # What rejections carried since the last report: (rung, seconds) → count.
+        # What rejections carried since the last report: (rung, seconds) → count, under a
+        # lock held for one dictionary update (the reject path never waits on the agent).
         self._handed_out: Dict[Tuple[str, int], int] = {}
+        self._handed_out_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._follow, name=f"retry-after {service}", daemon=True)
         self._thread.start()
@@ -475,7 +514,8 @@ class Subscription:
             decision = self._answer(held, queue_depth, backoff_streak, rng.random())
         if decision.seconds is not None:
             key = (decision.rung, decision.seconds)
-            self._handed_out[key] = self._handed_out.get(key, 0) + 1
+            with self._handed_out_lock:
+                self._handed_out[key] = self._handed_out.get(key, 0) + 1
         return decision
 
     def _answer(self, held, queue_depth, backoff_streak, unit) -> Decision:
@@ -488,7 +528,7 @@ class Subscription:
                     ((i, self._own[(second + i) % RETURN_BINS]) for i in range(RETURN_BINS)))
         seen = schedule(push, now - received, own)
         decision = answer(push, queue_depth, backoff_streak, unit, seen)
-        if decision.seconds is not None:
+        if decision.seconds is not None and decision.seconds <= MAX_RETRY_AFTER_S:
             due = int(now + decision.seconds)
             slot = self._own[due % RETURN_BINS]
             if slot[0] != due:
@@ -499,12 +539,14 @@ class Subscription:
     def report(self, admitted: int, rejected: int, queue_depth: Optional[int] = None, timeout: float = 0.05) -> None:
         """:func:`report` with the values this subscription handed out since its last report
         (kept if the report fails, to go with the next one)."""
-        handed_out, self._handed_out = self._handed_out, {}
+        with self._handed_out_lock:
+            handed_out, self._handed_out = self._handed_out, {}
         try:
             report(self.path, self.service, admitted, rejected, queue_depth, timeout, handed_out)
         except (AgentError, OSError):
-            for key, count in handed_out.items():
-                self._handed_out[key] = self._handed_out.get(key, 0) + count
+            with self._handed_out_lock:
+                for key, count in handed_out.items():
+                    self._handed_out[key] = self._handed_out.get(key, 0) + count
             raise
 
     def age(self) -> Optional[float]:

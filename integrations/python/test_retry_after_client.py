@@ -33,7 +33,7 @@ class SharedVectors(unittest.TestCase):
                 push, depth, streak, unit, elapsed, own, seconds, millis, rung, reason = line.rstrip("\n").split("\t")
                 push = client.parse_estimate(push)
                 own = () if own == "none" else tuple(int(c) for c in own.split(","))
-                seen = client.schedule(push, int(elapsed), own)
+                seen = client.schedule(push, float(elapsed), own)
                 got = client.answer(push, opt(depth), opt(streak), float(unit), seen)
                 want = (opt(seconds), opt(millis), rung, None if reason == "none" else reason)
                 self.assertEqual(
@@ -57,6 +57,15 @@ class RealAgent(unittest.TestCase):
 
     def test_report_is_acknowledged(self):
         client.report(env("RETRY_AFTER_SOCKET"), "api", admitted=5, rejected=2, queue_depth=1, timeout=2.0)
+        # Values handed out: above 60 s counted as 60, more than one line's worth split; the
+        # agent takes every line.
+        handed_out = {("computed", s): 1234567 for s in range(61)}
+        handed_out[("static", 300)] = 2
+        lines = client.report_lines("api", 5, 2, 1, handed_out)
+        self.assertGreater(len(lines), 1)
+        self.assertTrue(all(len(line) <= client.MAX_LINE_LEN for line in lines))
+        self.assertIn("s60:2", ",".join(lines))
+        client.report(env("RETRY_AFTER_SOCKET"), "api", 5, 2, 1, timeout=2.0, handed_out=handed_out)
 
     def test_a_subscription_answers_from_memory_with_the_agents_values(self):
         sub = client.Subscription(env("RETRY_AFTER_SOCKET"), "api", static_retry_after_s=3, stale_after=2.0)

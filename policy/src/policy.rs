@@ -334,9 +334,10 @@ fn earliest_second(
         if s >= min && capacity >= ahead {
             return Some(s);
         }
-        // `ahead` never shrinks: if even the capacity of every second left cannot cover it,
-        // no later second can (a shortcut; the answer is the same).
-        if ahead - capacity > room_per_s * (max - s) as f64 {
+        // `ahead` never shrinks and the capacity of a later second is at most that of the
+        // last: past it, no later second can qualify (a shortcut, exact in floating point:
+        // both sides are the very values the loop would compare).
+        if ahead > room_per_s * (max + 1) as f64 {
             return None;
         }
     }
@@ -446,6 +447,27 @@ mod tests {
             ..constants
         };
         assert_eq!(scheduled.compute(&overload, &fill).unwrap().base_s, 1.0);
+        // The default rule walks back from the horizon: with second 60 holding 4 (a second
+        // of drain) and 59 holding 3, the next return goes to 59; with both full, to 58.
+        let mut bins = [0u32; 61];
+        (bins[59], bins[60]) = (3, 4);
+        let walking_back = Signals {
+            promised: PromisedReturns::from_bins(bins),
+            ..overload
+        };
+        assert_eq!(
+            scheduled.compute(&walking_back, &constants).unwrap().base_s,
+            59.0
+        );
+        bins[59] = 4;
+        let walking_back = Signals {
+            promised: PromisedReturns::from_bins(bins),
+            ..overload
+        };
+        assert_eq!(
+            scheduled.compute(&walking_back, &constants).unwrap().base_s,
+            58.0
+        );
         // With a horizon factor, an overload 4 s old looks 2 × 4 = 8 s ahead at most.
         let young = Signals {
             overload_age_s: Some(4.0),
@@ -466,6 +488,24 @@ mod tests {
             scheduled.compute(&cold, &constants),
             Err(FallbackReason::DrainNotWarm)
         );
+    }
+
+    #[test]
+    fn a_second_with_room_to_the_last_bit_is_found() {
+        // (51.704918032786885 − 2) · 61 is exactly 3032: second 60 has room for 3031 + 1. An
+        // earlier shortcut gave up at second 13 by rounding.
+        let s = Signals {
+            arrival_rate: Some(2.0),
+            ..signals(3031, 51.704918032786885)
+        };
+        let fill = PolicyConstants {
+            overload_rule: OverloadRule::FillCapacity,
+            ..PolicyConstants::default()
+        };
+        let c = RetryAfterPolicy::ScheduledReturns
+            .compute(&s, &fill)
+            .unwrap();
+        assert_eq!(c.base_s, 60.0);
     }
 
     #[test]

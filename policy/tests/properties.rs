@@ -1,5 +1,8 @@
 //! Properties of the policy over arbitrary inputs, including NaN, infinities and huge depths.
 
+mod common;
+
+use common::strategies;
 use proptest::prelude::*;
 use retry_after_policy::{
     FallbackReason, OverloadRule, PolicyConstants, PromisedReturns, QueueDepth, QueueDepthSource,
@@ -16,33 +19,6 @@ fn any_float() -> impl Strategy<Value = f64> {
     ]
 }
 
-fn constants() -> impl Strategy<Value = PolicyConstants> {
-    (
-        1u32..10,
-        0.0..1.0f64,
-        0.0..1.0f64,
-        0.0..0.5f64,
-        1u64..=60,
-        1u64..=60,
-        prop::sample::select(OverloadRule::ALL.to_vec()),
-        prop::option::of(prop_oneof![
-            Just(f64::NAN),
-            Just(f64::INFINITY),
-            0.0..10.0f64
-        ]),
-    )
-        .prop_map(|(b, w1, w2, jitter, a, z, rule, factor)| PolicyConstants {
-            backoff_streak_saturation: b,
-            occupancy_weight: w1,
-            backoff_weight: w2,
-            jitter,
-            min_retry_after_s: a.min(z),
-            max_retry_after_s: a.max(z),
-            overload_rule: rule,
-            overload_horizon_factor: factor,
-        })
-}
-
 proptest! {
     #[test]
     fn the_answer_is_absent_static_or_within_the_clamp(
@@ -50,7 +26,7 @@ proptest! {
         drain in prop::option::of(any_float()),
         occupancy in prop::option::of(any_float()),
         streak in any::<u32>(),
-        constants in constants(),
+        constants in strategies::constants(),
         static_s in prop::option::of(1u64..3600),
         unit in any_float(),
         policy in prop::sample::select(RetryAfterPolicy::ALL.to_vec()),
@@ -174,5 +150,60 @@ proptest! {
             prop_assert!(at(depth, PromisedReturns::from_bins(added)) >= fewer);
         }
         prop_assert!((1..=60).contains(&fewer));
+    }
+}
+
+/// `scheduled_returns` as docs/estimator.md states it, by brute force: every second tried,
+/// nothing skipped.
+fn scheduled_by_the_book(
+    depth: u64,
+    drain: f64,
+    arrivals: f64,
+    promised: &[u32],
+    constants: &PolicyConstants,
+    age: Option<f64>,
+) -> u64 {
+    let (min, max) = constants.clamp();
+    let horizon = constants.overload_horizon(age);
+    let due = |s: u64| f64::from(promised.get(s as usize).copied().unwrap_or(0));
+    let earliest = |room: f64, top: u64| {
+        (min..=top).find(|&s| {
+            let ahead = (0..=s).fold(depth as f64 + 1.0, |a, i| a + due(i));
+            room > 0.0 && room * (s + 1) as f64 >= ahead
+        })
+    };
+    earliest(drain - arrivals, max)
+        .or_else(|| match constants.overload_rule {
+            OverloadRule::Latest => None,
+            OverloadRule::FillCapacity => earliest(drain, horizon),
+            OverloadRule::LatestWithRoom => ((horizon / 2).max(min)..=horizon)
+                .rev()
+                .find(|&s| due(s) + 1.0 <= drain),
+        })
+        .unwrap_or(horizon)
+}
+
+proptest! {
+    #[test]
+    fn scheduled_returns_is_the_rule_as_written(
+        depth in prop_oneof![0u64..50, 0u64..5000],
+        drain in prop_oneof![0.5..200.0f64, (1u32..100).prop_map(f64::from)],
+        arrivals in prop_oneof![Just(0.0), 0.0..300.0f64, (0u32..100).prop_map(f64::from)],
+        promised in prop::collection::vec(prop_oneof![0u32..3, 0u32..100], 0..64),
+        constants in strategies::constants(),
+        age in prop::option::of(0.0..100.0f64),
+    ) {
+        let signals = Signals {
+            queue_depth: Some(QueueDepth { depth, source: QueueDepthSource::Proxy }),
+            drain_rate: Some(drain),
+            occupancy: None,
+            backoff_streak: 0,
+            arrival_rate: Some(arrivals),
+            promised: PromisedReturns::from_bins(promised.clone()),
+            overload_age_s: age,
+        };
+        let got = RetryAfterPolicy::ScheduledReturns.compute(&signals, &constants).unwrap().base_s;
+        let want = scheduled_by_the_book(depth, drain, arrivals, &promised, &constants, age);
+        prop_assert_eq!(got, want as f64);
     }
 }

@@ -318,6 +318,9 @@ struct ClientRun {
     p99_to_success_s: f64,
     haproxy_2xx: u64,
     haproxy_4xx: u64,
+    /// The judge's admitted share of the computed values HAProxy reported handing out
+    /// (`handed_out=c…`), if it reported any.
+    judged_computed: Option<f64>,
 }
 
 impl ClientRun {
@@ -389,6 +392,10 @@ fn urllib3_clients_through_haproxy(backpressure: &str) -> ClientRun {
             .unwrap_or(f64::NAN),
         haproxy_2xx: haproxy.stat("fe_api", "FRONTEND", "hrsp_2xx"),
         haproxy_4xx: haproxy.stat("fe_api", "FRONTEND", "hrsp_4xx"),
+        judged_computed: sample(
+            &agent.metrics(),
+            "retry_after_judge_admitted_ratio{rung=\"computed\",service=\"api\"}",
+        ),
     };
     assert_eq!(count("errors"), 0, "{out}");
     run
@@ -424,6 +431,14 @@ fn urllib3_clients_told_scheduled_returns_get_in_and_fewer_give_up_than_with_sta
         );
         assert!(run.retries > 50, "the load overloads: {run:?}");
     }
+    // The Lua computed the values it handed out and reported them (a static answer could pass
+    // the shares below too), and the agent's judge saw them mostly admitted; static 5 s
+    // handed out none.
+    assert!(
+        scheduled.judged_computed.is_some_and(|share| share >= 0.5),
+        "{scheduled:?}"
+    );
+    assert_eq!(static_5s.judged_computed, None, "{static_5s:?}");
     assert!(
         scheduled.admitted_share() >= 0.8,
         "retries admitted at the suggested time: {:.0}%",

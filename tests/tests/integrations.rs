@@ -130,9 +130,10 @@ fn write_vectors(count: usize) -> tempfile::TempPath {
         };
         let streak = rng.random_bool(0.5).then(|| rng.random_range(0..12u32));
         let unit: f64 = pick_with(&mut rng, &[0.0, 0.5, 0.999_999_9], |rng| rng.random());
-        let elapsed_s = pick(&mut rng, &[0, 1, 5, 70]);
+        // Whole and fractional seconds (exact in binary, so every port adds the same age).
+        let elapsed_s = pick(&mut rng, &[0.0, 0.5, 1.0, 1.25, 5.75, 70.0]);
         let own = random_returns(&mut rng);
-        let schedule = push.schedule(Duration::from_secs(elapsed_s), &own);
+        let schedule = push.schedule(Duration::from_secs_f64(elapsed_s), &own);
         let answer = push.answer(depth, streak, &schedule, unit);
         let own_text = own
             .trimmed()

@@ -19,7 +19,7 @@
 
 use std::time::{Duration, Instant};
 
-use retry_after_policy::{PromisedReturns, ReturnBook};
+use retry_after_policy::{MAX_RETRY_AFTER_S, PromisedReturns, ReturnBook};
 
 /// How fast the fresh arrival rate follows a change: the weight of older samples falls by e
 /// every 2 s (5 s admitted 78% of the retries on the real-socket scenarios in the simulator,
@@ -94,10 +94,21 @@ impl Default for Returns {
 }
 
 impl Returns {
-    /// `count` clients told at `at` to come back after `seconds`.
+    /// `count` clients told at `at` to come back after `seconds`. Values beyond the widest
+    /// clamp (a static value of minutes) fall outside the schedule's minute and are not kept.
     pub fn promise(&mut self, at: Instant, seconds: u64, count: u64) {
+        if seconds > MAX_RETRY_AFTER_S {
+            return;
+        }
         let now = self.second(at);
         let due = self.second(at + Duration::from_secs(seconds));
+        self.settle_dues(now);
+        if due < self.due_counted_to {
+            // Dated in a second already settled (a report's interval is dated at its
+            // middle): it fell due there, so it is not a fresh arrival.
+            self.pending -= count as f64;
+            return;
+        }
         let count32 = u32::try_from(count).unwrap_or(u32::MAX);
         self.dropped += match self.book.promise(now, due, count32) {
             Ok(()) => count - u64::from(count32),
@@ -107,9 +118,19 @@ impl Returns {
 
     /// A proxy reported `arrivals` requests (admitted or rejected) at `at`.
     pub fn reported(&mut self, at: Instant, arrivals: u64) {
-        self.second(at);
+        let now = self.second(at);
+        self.settle_dues(now);
         self.pending += arrivals as f64;
         self.last_report = Some(at);
+    }
+
+    /// Take the returns due in every second before `now` from the arrivals, once each,
+    /// before their bins can be reused.
+    fn settle_dues(&mut self, now: u64) {
+        if now > self.due_counted_to {
+            self.pending -= self.book.due_between(self.due_counted_to, now) as f64;
+            self.due_counted_to = now;
+        }
     }
 
     /// A tick at `at`: the returns that fell due since the last one are taken from the
@@ -140,33 +161,37 @@ impl Returns {
 
     fn sample_arrivals(&mut self, at: Instant) {
         let now = self.second(at);
-        if now > self.due_counted_to {
-            self.pending -= self.book.due_between(self.due_counted_to, now) as f64;
-            self.due_counted_to = now;
-        }
+        self.settle_dues(now);
         let Some(last) = self.last_tick.replace(at) else {
             self.pending = 0.0;
             return;
         };
         let dt = at.saturating_duration_since(last).as_secs_f64();
-        if dt <= 0.0 || self.last_report.is_none() {
+        if dt <= 0.0 {
+            return;
+        }
+        if self.arrival_rate(at).is_none() {
+            // No proxy reports (or none lately): returns falling due tell nothing of fresh
+            // arrivals, and the next report starts the average afresh.
+            (self.pending, self.rate) = (0.0, None);
             return;
         }
         let sample = self.pending / dt;
         let weight = 1.0 - (-dt / ARRIVALS_TIME_CONSTANT.as_secs_f64()).exp();
         self.rate = Some(match self.rate {
             Some(rate) => rate + weight * (sample - rate),
-            None => sample,
+            None => sample.max(0.0),
         });
         self.pending = 0.0;
     }
 
-    /// Fresh arrivals per second at `at`, if a proxy reported lately.
+    /// Fresh arrivals per second at `at`, if a proxy reported lately (0 until the first
+    /// tick after the first report).
     pub fn arrival_rate(&self, at: Instant) -> Option<f64> {
         let recent = self
             .last_report
             .is_some_and(|r| at.saturating_duration_since(r) <= ARRIVALS_STALE_AFTER);
-        self.rate.filter(|_| recent).map(|r| r.max(0.0))
+        recent.then(|| self.rate.unwrap_or(0.0).max(0.0))
     }
 
     /// The schedule from `at` on.
@@ -218,13 +243,12 @@ mod tests {
         let t0 = Instant::now();
         let mut returns = Returns::default();
         returns.tick(t0, None);
-        // 10 arrive each second, 4 of them returns promised earlier.
-        for second in 0..60u64 {
-            returns.promise(t0 + s(second as f64), 1, 4);
-        }
+        // 10 arrive each second, 4 of them returns promised the second before.
+        returns.promise(t0, 1, 4);
         for second in 1..60u64 {
             let at = t0 + s(second as f64);
             returns.reported(at, 10);
+            returns.promise(at, 1, 4);
             returns.tick(at, Some(8.0));
         }
         let rate = returns.arrival_rate(t0 + s(59.0)).unwrap();
@@ -259,12 +283,55 @@ mod tests {
     }
 
     #[test]
-    fn what_does_not_fit_is_counted() {
+    fn what_does_not_fit_is_counted_and_what_lies_beyond_the_minute_is_not_kept() {
         let t0 = Instant::now();
         let mut returns = Returns::default();
         returns.promise(t0, 5, u64::from(u32::MAX) + 7);
         assert_eq!(returns.dropped(), 7);
         returns.promise(t0, 600, 3);
-        assert_eq!(returns.dropped(), 10);
+        assert_eq!(
+            (returns.dropped(), returns.ahead(t0).total()),
+            (7, u64::from(u32::MAX))
+        );
+    }
+
+    #[test]
+    fn returns_due_without_reports_do_not_weigh_on_the_first_report() {
+        let t0 = Instant::now();
+        let mut returns = Returns::default();
+        returns.tick(t0, None);
+        // Answers to queries fall due for a minute while no proxy reports.
+        for second in 0..60u64 {
+            returns.promise(t0 + s(second as f64), 1, 50);
+            returns.tick(t0 + s(second as f64 + 0.5), Some(10.0));
+        }
+        assert_eq!(returns.arrival_rate(t0 + s(60.0)), None);
+        // Then a proxy reports 8 a second: the rate is 8, not dragged below 0 by a minute of
+        // returns.
+        for second in 61..64u64 {
+            returns.reported(t0 + s(second as f64), 8);
+            returns.tick(t0 + s(second as f64), Some(10.0));
+        }
+        let rate = returns.arrival_rate(t0 + s(63.0)).unwrap();
+        assert!(rate > 5.0, "{rate}");
+    }
+
+    #[test]
+    fn an_overload_is_over_only_after_arrivals_stay_below_the_drain_for_5_s() {
+        let t0 = Instant::now();
+        let mut returns = Returns::default();
+        returns.tick(t0, None);
+        returns.reported(t0 + s(1.0), 30);
+        returns.tick(t0 + s(1.0), Some(10.0));
+        assert!(returns.overload_age_s(t0 + s(1.0)).is_some());
+        // Drain rises far above the arrivals: still the overload for 5 s, then over.
+        returns.reported(t0 + s(2.0), 1);
+        returns.tick(t0 + s(2.0), Some(1000.0));
+        returns.reported(t0 + s(5.5), 1);
+        returns.tick(t0 + s(5.5), Some(1000.0));
+        assert_eq!(returns.overload_age_s(t0 + s(5.5)), Some(4.5));
+        returns.reported(t0 + s(6.5), 1);
+        returns.tick(t0 + s(6.5), Some(1000.0));
+        assert_eq!(returns.overload_age_s(t0 + s(6.5)), None);
     }
 }
