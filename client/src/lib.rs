@@ -414,7 +414,7 @@ mod tests {
 
     fn push() -> EstimatePush {
         EstimatePush::parse(
-            "ESTIMATE chat seq=1 policy=router_queue_drain_rate status=503 static=5 depth=40 source=frontend drain=4 occupancy=none occupancy_weight=0.25 backoff_weight=0.25 backoff_saturation=5 jitter=0.2 min=1 max=60 base_ms=10000 reason=none",
+            "ESTIMATE chat seq=1 policy=router_queue_drain_rate status=503 static=5 depth=40 source=frontend drain=4 occupancy=none occupancy_weight=0.25 backoff_weight=0.25 backoff_streak_saturation=5 jitter=0.2 min=1 max=60 base_ms=10000 reason=none",
         )
         .unwrap()
     }

@@ -86,7 +86,7 @@ function M.parse_estimate(line)
     occupancy = opt_float(o.occupancy),
     occupancy_weight = opt_float(o.occupancy_weight) or 0.25,
     backoff_weight = opt_float(o.backoff_weight) or 0.25,
-    backoff_saturation = opt_int(o.backoff_saturation) or 5,
+    backoff_streak_saturation = opt_int(o.backoff_streak_saturation or o.backoff_saturation) or 5,
     jitter = opt_float(o.jitter) or 0.2,
     min = opt_int(o.min) or 1,
     max = opt_int(o.max) or 60,
@@ -189,7 +189,7 @@ function M.answer(push, depth, streak, unit, seen)
   else
     local occupancy = push.occupancy
     if occupancy == nil or not finite(occupancy) then occupancy = 0.0 else occupancy = clamp(occupancy, 0.0, 1.0) end
-    local backoff = math.min((streak + 0.0) / (math.max(push.backoff_saturation, 1) + 0.0), 1.0)
+    local backoff = math.min((streak + 0.0) / (math.max(push.backoff_streak_saturation, 1) + 0.0), 1.0)
     local factor = 1.0 + push.occupancy_weight * occupancy + push.backoff_weight * backoff
     local base = (depth + 0.0) / push.drain * factor
     if finite(base) and base >= 0.0 then

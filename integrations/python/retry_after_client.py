@@ -89,7 +89,7 @@ class Estimate:
     occupancy: Optional[float]
     occupancy_weight: float
     backoff_weight: float
-    backoff_saturation: int
+    backoff_streak_saturation: int
     jitter: float
     min_s: int
     max_s: int
@@ -177,7 +177,7 @@ def parse_estimate(line: str) -> Estimate:
         occupancy=_opt(o.get("occupancy"), float),
         occupancy_weight=float(o.get("occupancy_weight", "0.25")),
         backoff_weight=float(o.get("backoff_weight", "0.25")),
-        backoff_saturation=int(o.get("backoff_saturation", "5")),
+        backoff_streak_saturation=int(o.get("backoff_streak_saturation", o.get("backoff_saturation", "5"))),
         jitter=float(o.get("jitter", "0.2")),
         min_s=int(o.get("min", "1")),
         max_s=int(o.get("max", "60")),
@@ -306,7 +306,7 @@ def answer(
         occupancy = (
             0.0 if occupancy is None or not math.isfinite(occupancy) else min(max(occupancy, 0.0), 1.0)
         )
-        backoff = min(float(streak) / float(max(push.backoff_saturation, 1)), 1.0)
+        backoff = min(float(streak) / float(max(push.backoff_streak_saturation, 1)), 1.0)
         factor = 1.0 + push.occupancy_weight * occupancy + push.backoff_weight * backoff
         base = float(depth) / push.drain_rate * factor
         if math.isfinite(base) and base >= 0.0:

@@ -194,7 +194,7 @@ pub struct Schedule {
 ///   depth=<n|none> source=<src|none> drain=<f|none> occupancy=<f|none>
 ///   arrivals=<f|none> returns=<n,n,...|none> overload=<rule> overload_age=<f|none>
 ///   horizon_factor=<f|none>
-///   occupancy_weight=<f> backoff_weight=<f> backoff_saturation=<n> jitter=<f> min=<s> max=<s>
+///   occupancy_weight=<f> backoff_weight=<f> backoff_streak_saturation=<n> jitter=<f> min=<s> max=<s>
 ///   base_ms=<n|none> reason=<reason|none>
 /// ```
 /// `returns` is the schedule of promised returns per second from the push on (bin 0 first,
@@ -327,7 +327,10 @@ impl EstimatePush {
                 "horizon_factor" => opt_float(v).map(|x| c.overload_horizon_factor = x),
                 "occupancy_weight" => float(v).map(|x| c.occupancy_weight = x),
                 "backoff_weight" => float(v).map(|x| c.backoff_weight = x),
-                "backoff_saturation" => req(v).map(|x| c.backoff_streak_saturation = x),
+                // `backoff_saturation`: its name before 2026-12-01, from older agents.
+                "backoff_streak_saturation" | "backoff_saturation" => {
+                    req(v).map(|x| c.backoff_streak_saturation = x)
+                }
                 "jitter" => float(v).map(|x| c.jitter = x),
                 "min" => req(v).map(|x| c.min_retry_after_s = x),
                 "max" => req(v).map(|x| c.max_retry_after_s = x),
@@ -356,7 +359,7 @@ impl fmt::Display for EstimatePush {
         let c = &self.constants;
         write!(
             f,
-            "ESTIMATE {} seq={} policy={} status={} static={} depth={} source={} drain={} occupancy={} arrivals={} returns={} overload={} overload_age={} horizon_factor={} occupancy_weight={} backoff_weight={} backoff_saturation={} jitter={} min={} max={} base_ms={} reason={}",
+            "ESTIMATE {} seq={} policy={} status={} static={} depth={} source={} drain={} occupancy={} arrivals={} returns={} overload={} overload_age={} horizon_factor={} occupancy_weight={} backoff_weight={} backoff_streak_saturation={} jitter={} min={} max={} base_ms={} reason={}",
             self.service,
             self.seq,
             self.policy,

@@ -168,7 +168,7 @@ fn responses_print_as_documented() {
     };
     assert_eq!(
         push.to_string(),
-        "ESTIMATE chat seq=7 policy=router_queue_drain_rate status=503 static=5 depth=10 source=frontend drain=16.666666666666668 occupancy=1 arrivals=2.5 returns=0,3,0,12 overload=latest_with_room overload_age=4.5 horizon_factor=none occupancy_weight=0.25 backoff_weight=0.25 backoff_saturation=5 jitter=0.2 min=1 max=60 base_ms=750 reason=none"
+        "ESTIMATE chat seq=7 policy=router_queue_drain_rate status=503 static=5 depth=10 source=frontend drain=16.666666666666668 occupancy=1 arrivals=2.5 returns=0,3,0,12 overload=latest_with_room overload_age=4.5 horizon_factor=none occupancy_weight=0.25 backoff_weight=0.25 backoff_streak_saturation=5 jitter=0.2 min=1 max=60 base_ms=750 reason=none"
     );
     // The longest schedule fits a response line.
     let full = EstimatePush {
