@@ -40,10 +40,10 @@ fn main() {
             queue_depth: Some(black_box(10 + (i & 7) as u64)),
             backoff_streak: Some(1),
         };
-        black_box(estimator.estimate(at, query, rng.random()));
+        black_box(estimator.answer_and_record(at, query, rng.random()));
     });
     let kernel_depth = median_ns(|_| {
-        black_box(estimator.estimate(at, Query::default(), rng.random()));
+        black_box(estimator.answer_and_record(at, Query::default(), rng.random()));
     });
 
     println!("| call | ns per call | ratio to baseline |");

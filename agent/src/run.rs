@@ -269,7 +269,7 @@ fn raise_open_files(max_clients: usize) -> Result<(), RunError> {
 /// One debug line per service: what the estimate is made of after this tick.
 fn log_estimates(estimator: &Estimator) {
     for (name, service) in estimator.services() {
-        let own = service.answer(Default::default(), 0.5);
+        let own = service.own_answer();
         debug!(
             service = name,
             drain_rate = ?own.signals.drain_rate,

@@ -149,7 +149,7 @@ fn exercise(config: &Config) {
             );
         }
         for depth in [None, Some(0), Some(u64::MAX)] {
-            let answer = service.estimate(
+            let answer = service.answer_and_record(
                 t0 + Duration::from_secs(3),
                 Query {
                     queue_depth: depth,

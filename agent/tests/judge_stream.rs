@@ -71,18 +71,18 @@ fn every_answer_is_judged_against_completions_after_it_by_rung() {
 
     // 1.5 s: not warm (1 s of completions seen) → static 5 s. Its queue: 20 (frontend 24 − 4
     // forwarded). 15 completed by 1.5 s, so it drains when 35 have: at 3.5 s. 2 s / 5 s = 0.4.
-    let a = api.estimate(at(1500), Query::default(), 0.5);
+    let a = api.answer_and_record(at(1500), Query::default(), 0.5);
     assert_eq!((a.seconds, a.rung), (Some(5), Rung::Static));
     api.observe_load(at(2000), load(2));
     api.observe_load(at(3000), load(3));
 
     // 3.5 s: warm at 10/s, the client side only (the server side's 100/s is other callers).
     // The queue of 20 → 2 s; drains at 55 completions, at 5.5 s: ratio 1.0.
-    let a = api.estimate(at(3500), Query::default(), 0.5);
+    let a = api.answer_and_record(at(3500), Query::default(), 0.5);
     assert_eq!((a.seconds, a.rung), (Some(2), Rung::Computed));
     assert_eq!(a.signals.drain_rate, Some(10.0));
     // The proxy's own depth 5 → 0.5 s → 1 s; drains at 40, at 4.0 s: 0.5 s / 1 s = 0.5.
-    let a = api.estimate(
+    let a = api.answer_and_record(
         at(3500),
         Query {
             queue_depth: Some(5),
@@ -147,7 +147,7 @@ fn ten_thousand_rejections_a_second_are_followed_in_bounded_memory() {
     for t in 3..13u64 {
         for i in 0..10_000u64 {
             let at = t0 + Duration::from_secs(t) + Duration::from_micros(i * 100);
-            api.estimate(
+            api.answer_and_record(
                 at,
                 Query {
                     queue_depth: Some(i % 64),
@@ -178,14 +178,14 @@ fn a_queue_invisible_to_every_source_gets_the_static_rung_with_its_reason() {
         l.frontend_in_flight = None;
         api.observe_load(t0 + Duration::from_secs(t), l);
     }
-    let a = api.estimate(t0 + ms(5500), Query::default(), 0.5);
+    let a = api.answer_and_record(t0 + ms(5500), Query::default(), 0.5);
     assert_eq!((a.seconds, a.rung), (Some(5), Rung::Static));
     assert_eq!(
         a.reason,
         Some(retry_after_agent::estimate::FallbackReason::QueueInvisible)
     );
     // With the proxy's own depth it computes: 30 / 10 = 3 s.
-    let a = api.estimate(
+    let a = api.answer_and_record(
         t0 + ms(5500),
         Query {
             queue_depth: Some(30),

@@ -135,18 +135,20 @@ impl PolicyConstants {
         (self.min_retry_after_s.clamp(1, max), max)
     }
 
-    /// `1 + w1·occupancy + w2·min(streak / B, 1)`, and the backoff signal `min(streak / B, 1)`.
-    /// The occupancy term drops when occupancy is unknown; occupancy is kept within [0, 1].
-    pub fn saturation_factor(&self, occupancy: Option<f64>, backoff_streak: u32) -> (f64, f64) {
+    /// `1 + w1·occupancy + w2·backoff_signal`. The occupancy term drops when occupancy is
+    /// unknown; occupancy is kept within [0, 1].
+    pub fn saturation_factor(&self, occupancy: Option<f64>, backoff_streak: u32) -> f64 {
         let occupancy = occupancy
             .filter(|o| o.is_finite())
             .map_or(0.0, |o| o.clamp(0.0, 1.0));
+        1.0 + self.occupancy_weight * occupancy
+            + self.backoff_weight * self.backoff_signal(backoff_streak)
+    }
+
+    /// The backoff signal: `min(streak / B, 1)`.
+    pub fn backoff_signal(&self, backoff_streak: u32) -> f64 {
         let saturation = self.backoff_streak_saturation.max(1);
-        let backoff_signal = (f64::from(backoff_streak) / f64::from(saturation)).min(1.0);
-        (
-            1.0 + self.occupancy_weight * occupancy + self.backoff_weight * backoff_signal,
-            backoff_signal,
-        )
+        (f64::from(backoff_streak) / f64::from(saturation)).min(1.0)
     }
 }
 
@@ -241,8 +243,8 @@ fn queue_drain_rate(
     constants: &PolicyConstants,
 ) -> Result<Computed, FallbackReason> {
     let (drain_rate, queue) = drain_and_queue(signals)?;
-    let (saturation_factor, backoff_signal) =
-        constants.saturation_factor(signals.occupancy, signals.backoff_streak);
+    let saturation_factor = constants.saturation_factor(signals.occupancy, signals.backoff_streak);
+    let backoff_signal = constants.backoff_signal(signals.backoff_streak);
     let base_s = queue.depth as f64 / drain_rate * saturation_factor;
     if !(base_s.is_finite() && base_s >= 0.0) {
         return Err(FallbackReason::EstimateUnusable);

@@ -172,9 +172,16 @@ impl ServiceEstimator {
         )
     }
 
+    /// The agent's own answer now: its own view of the queue, no streak, no jitter (what
+    /// pushes, metrics and logs describe). Recorded nowhere.
+    pub fn own_answer(&self) -> Answer {
+        self.answer(Query::default(), 0.5)
+    }
+
     /// The Retry-After for a rejection at `at` (`unit`: a uniform draw from [0, 1) for the
-    /// jitter); never fails. The answer is recorded for the judge.
-    pub fn estimate(&mut self, at: Instant, query: Query, unit: f64) -> Answer {
+    /// jitter), as [`ServiceEstimator::answer`], then recorded: for the judge, and as a
+    /// promised return in the schedule. Never fails.
+    pub fn answer_and_record(&mut self, at: Instant, query: Query, unit: f64) -> Answer {
         self.advance(at);
         let answer = self.answer(query, unit);
         self.judge_answer(at, &answer, 1);
@@ -248,7 +255,7 @@ impl ServiceEstimator {
     /// signals and the policy's constants (see [`EstimatePush::answer`]).
     pub fn push(&self, seq: u64) -> EstimatePush {
         let s = &self.settings;
-        let own = self.answer(Query::default(), 0.5);
+        let own = self.own_answer();
         EstimatePush {
             service: s.name.clone(),
             seq,

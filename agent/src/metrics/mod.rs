@@ -217,7 +217,7 @@ impl Metrics {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         for (name, service) in estimator.services() {
-            let own = service.answer(Default::default(), 0.5);
+            let own = service.own_answer();
             let signals = own.signals;
             self.drain_rate
                 .with_label_values(&[name])
@@ -258,7 +258,7 @@ impl Metrics {
             let constants = &service.settings().constants;
             self.saturation_factor
                 .with_label_values(&[name])
-                .set(constants.saturation_factor(signals.occupancy, 0).0);
+                .set(constants.saturation_factor(signals.occupancy, 0));
             let judge = service.judge();
             for rung in Rung::ALL {
                 self.rung.with_label_values(&[name, rung.as_str()]);

@@ -20,7 +20,7 @@ pub fn query(shared: &Shared, service: &str, query: Query, rng: &mut impl Rng) -
     let unit = rng.random::<f64>();
     let answer = shared.estimator().service_mut(service).map(|s| {
         (
-            s.estimate(Instant::now(), query, unit),
+            s.answer_and_record(Instant::now(), query, unit),
             s.settings().status_code,
         )
     });
