@@ -1,6 +1,6 @@
 -- Checks retry_after.lua's ladder against vectors from the agent's own implementation:
--- lua5.3 check_vectors.lua VECTORS_FILE   (one tab-separated vector per line; see
--- tests/tests/integrations.rs). Exits non-zero on the first difference.
+-- lua5.3 check_vectors.lua VECTORS_FILE   (one tab-separated vector per line:
+-- policy/tests/vectors.tsv, made by policy/tests/vectors.rs). Exits non-zero on the first difference.
 package.path = arg[0]:gsub("[^/]*$", "") .. "?.lua;" .. package.path
 local M = require("retry_after")
 local checked = 0

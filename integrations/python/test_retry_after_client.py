@@ -1,9 +1,14 @@
-"""Tests of retry_after_client, run by the integration tests (tests/tests/integrations.rs),
-which generate the shared vectors from the agent's implementation and start a real agent:
+"""Tests of retry_after_client. The shared vectors (the Rust implementation's answers, kept in
+policy/tests/vectors.tsv) run anywhere:
 
-    RETRY_AFTER_VECTORS=FILE RETRY_AFTER_SOCKET=PATH python3 -m unittest test_retry_after_client
+    python3 -m unittest test_retry_after_client.SharedVectors
 
-Both variables are required: a test that cannot run fails, it does not skip.
+The tests against a real agent are run by the integration tests (tests/tests/integrations.rs),
+which start one and pass its socket:
+
+    RETRY_AFTER_SOCKET=PATH python3 -m unittest test_retry_after_client.RealAgent
+
+A test that cannot run fails, it does not skip.
 """
 
 import os
@@ -21,6 +26,10 @@ def env(name):
     return value
 
 
+#: The shared vectors, from the Rust implementation.
+VECTORS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "policy", "tests", "vectors.tsv")
+
+
 def opt(value):
     return None if value == "none" else int(value)
 
@@ -28,7 +37,7 @@ def opt(value):
 class SharedVectors(unittest.TestCase):
     def test_every_vector_gives_the_agents_answer(self):
         checked = 0
-        with open(env("RETRY_AFTER_VECTORS")) as vectors:
+        with open(VECTORS) as vectors:
             for number, line in enumerate(vectors, 1):
                 push, depth, streak, unit, elapsed, own, seconds, millis, rung, reason = line.rstrip("\n").split("\t")
                 push = client.parse_estimate(push)
