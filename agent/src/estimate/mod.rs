@@ -30,7 +30,7 @@ use retry_after_protocol::{EstimatePush, Report};
 
 pub use self::{
     drain_rate::{DrainRate, DrainRateConstants},
-    judge::{Judge, JudgeStats, RungStats, Settled},
+    judge::{Judge, JudgeStats, RATIO_BUCKETS, RungStats, Settled},
     load::{BackendLoad, RejectedAt, ServiceLoad, SideLoad},
     returns::Returns,
 };

@@ -20,7 +20,7 @@ use tokio::net::TcpListener;
 
 pub use self::weighted::WeightedHistogramVec;
 use crate::{
-    estimate::{Answer, Estimator, FallbackReason, QueueDepthSource, Rung, judge::RATIO_BUCKETS},
+    estimate::{Answer, Estimator, FallbackReason, QueueDepthSource, RATIO_BUCKETS, Rung},
     protocol::{ErrorCode, Report},
     snapshot::Snapshot,
 };
