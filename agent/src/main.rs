@@ -194,65 +194,116 @@ fn policy_note(settings: &ServiceSettings) -> String {
     }
 }
 
-/// Print one line per requirement; exit non-zero if any is missing.
-fn check(config: Option<&PathBuf>) -> ExitCode {
-    let invalid_config = config.is_some_and(|path| Config::from_file(path).is_err());
-    let mut lock_for_check = None;
-    let mut missing = 0;
-    let mut report = |ok: bool, what: &str, detail: String| {
+/// The lines `check` prints, and how many requirements are missing.
+#[derive(Default)]
+struct Checklist {
+    missing: usize,
+}
+
+impl Checklist {
+    /// A requirement, met or missing.
+    fn report(&mut self, ok: bool, what: &str, detail: String) {
         println!(
             "{} {what}: {detail}",
             if ok { "ok     " } else { "MISSING" }
         );
-        missing += usize::from(!ok);
-    };
-    let warn = |what: &str, detail: String| println!("WARN    {what}: {detail}");
-    let config = match load(config) {
-        Ok(config) => {
-            report(
-                true,
-                "configuration",
-                format!(
-                    "{} service(s), {} endpoint(s) to watch",
-                    config.services.len(),
-                    config.watched_endpoints().len()
-                ),
-            );
-            for service in &config.services {
-                let settings = service.settings();
-                println!("{}", policy_note(&settings));
-                if settings.policy != RetryAfterPolicy::Static && settings.queue_needs_proxy_depth()
-                {
-                    warn(
-                        &format!("service {}", service.name),
-                        match settings.rejected_at {
-                            RejectedAt::Proxy => {
-                                "no frontend: the kernel cannot see the proxy's queue, so \
-                                Retry-After is computed only when the proxy passes depth=; \
-                                otherwise it is the static value (reason queue_invisible). \
-                                Declare `frontend` (the proxy's listener) or pass the depth"
-                                    .into()
-                            }
-                            RejectedAt::Replica => {
-                                "a backend has no max_ongoing_requests: the queue at \
-                                the replicas cannot be seen, so Retry-After is computed only \
-                                when the replica passes depth=; otherwise it is the static \
-                                value (reason queue_invisible)"
-                                    .into()
-                            }
-                        },
-                    );
-                }
-            }
-            Some(config)
-        }
+        self.missing += usize::from(!ok);
+    }
+
+    /// Something that works, but not as well as it could.
+    fn warn(&self, what: &str, detail: &str) {
+        println!("WARN    {what}: {detail}");
+    }
+}
+
+/// Print one line per requirement; exit non-zero if any is missing (2 if the configuration is
+/// what is wrong).
+fn check(config: Option<&PathBuf>) -> ExitCode {
+    let mut list = Checklist::default();
+    let config = check_configuration(&mut list, config);
+    check_btf(&mut list);
+    let cgroup = config
+        .as_ref()
+        .and_then(|c| c.agent.cgroup.clone())
+        .or_else(find_cgroup2_root);
+    list.report(
+        cgroup.is_some(),
+        "cgroup v2",
+        match &cgroup {
+            Some(path) => format!("hierarchy at {}", path.display()),
+            None => "no cgroup2 hierarchy is mounted: mount -t cgroup2 none /sys/fs/cgroup/unified"
+                .into(),
+        },
+    );
+    check_programs(&mut list, config.as_ref(), cgroup);
+    if let Some(config) = &config {
+        check_socket_directory(&mut list, config);
+    }
+    if list.missing == 0 {
+        println!("everything the agent needs is here");
+        ExitCode::SUCCESS
+    } else {
+        println!("{} requirement(s) missing", list.missing);
+        ExitCode::from(if config.is_none() {
+            exit::INVALID
+        } else {
+            exit::FAILURE
+        })
+    }
+}
+
+/// The configuration (read once), each service's policy, and the services whose queue no
+/// kernel source can see.
+fn check_configuration(list: &mut Checklist, path: Option<&PathBuf>) -> Option<Config> {
+    let config = match load(path) {
+        Ok(config) => config,
         Err(error) => {
-            report(false, "configuration", format!("{error:#}"));
-            None
+            list.report(false, "configuration", format!("{error:#}"));
+            return None;
         }
     };
+    list.report(
+        true,
+        "configuration",
+        format!(
+            "{} service(s), {} endpoint(s) to watch",
+            config.services.len(),
+            config.watched_endpoints().len()
+        ),
+    );
+    for service in &config.services {
+        let settings = service.settings();
+        println!("{}", policy_note(&settings));
+        if settings.policy != RetryAfterPolicy::Static && settings.queue_needs_proxy_depth() {
+            list.warn(
+                &format!("service {}", service.name),
+                queue_invisible_note(settings.rejected_at),
+            );
+        }
+    }
+    Some(config)
+}
+
+/// Why a computing service whose queue no kernel source can see answers statically.
+fn queue_invisible_note(rejected_at: RejectedAt) -> &'static str {
+    match rejected_at {
+        RejectedAt::Proxy => {
+            "no frontend: the kernel cannot see the proxy's queue, so Retry-After is computed \
+            only when the proxy passes depth=; otherwise it is the static value (reason \
+            queue_invisible). Declare `frontend` (the proxy's listener) or pass the depth"
+        }
+        RejectedAt::Replica => {
+            "a backend has no max_ongoing_requests: the queue at the replicas cannot be seen, \
+            so Retry-After is computed only when the replica passes depth=; otherwise it is the \
+            static value (reason queue_invisible)"
+        }
+    }
+}
+
+/// The kernel's BTF, which the programs are verified against.
+fn check_btf(list: &mut Checklist) {
     let btf = std::path::Path::new("/sys/kernel/btf/vmlinux").exists();
-    report(
+    list.report(
         btf,
         "kernel BTF",
         if btf {
@@ -262,96 +313,74 @@ fn check(config: Option<&PathBuf>) -> ExitCode {
                 .into()
         },
     );
-    let cgroup = config
-        .as_ref()
-        .and_then(|c| c.agent.cgroup.clone())
-        .or_else(find_cgroup2_root);
-    report(
-        cgroup.is_some(),
-        "cgroup v2",
-        match &cgroup {
-            Some(path) => format!("hierarchy at {}", path.display()),
-            None => "no cgroup2 hierarchy is mounted: mount -t cgroup2 none /sys/fs/cgroup/unified"
-                .into(),
-        },
-    );
-    let running = match InstanceLock::acquire() {
-        Err(InstanceError::Running { holder }) => Some(holder),
-        // Held until the programs are detached again, so no agent starts meanwhile.
-        Ok(lock) => {
-            lock_for_check = Some(lock);
-            None
-        }
-        Err(InstanceError::Io(_)) => None,
-    };
-    if let Some(holder) = running {
-        report(
-            true,
-            "eBPF programs",
-            format!("not loaded again: an agent is running and attached ({holder})"),
-        );
-    } else if cgroup.is_some() {
-        // The real thing: load, verify and attach the programs, then detach at once.
-        let options = ProbeOptions {
-            cgroup,
-            attach_to: config
-                .as_ref()
-                .map(|c| c.agent.attach_cgroups.clone())
-                .unwrap_or_default(),
-            ..ProbeOptions::default()
-        };
-        match Probe::attach(&options) {
-            Ok(probe) => report(
+}
+
+/// Load, verify and attach the programs, then detach them at once; not beside a running
+/// agent (the instance lock is held meanwhile, so none starts).
+fn check_programs(list: &mut Checklist, config: Option<&Config>, cgroup: Option<PathBuf>) {
+    let _lock = match InstanceLock::acquire() {
+        Err(InstanceError::Running { holder }) => {
+            list.report(
                 true,
                 "eBPF programs",
-                format!(
-                    "sock_ops and cgroup_skb programs load and attach ({} programs) to {}",
-                    probe.program_ids().len(),
-                    probe
-                        .attached_cgroups()
-                        .iter()
-                        .map(|p| p.display().to_string())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            ),
-            Err(error) => report(
-                false,
-                "eBPF programs",
-                format!("{:#}", anyhow::Error::from(error)),
-            ),
+                format!("not loaded again: an agent is running and attached ({holder})"),
+            );
+            return;
         }
+        Ok(lock) => Some(lock),
+        Err(InstanceError::Io(_)) => None,
+    };
+    if cgroup.is_none() {
+        return;
     }
-    drop(lock_for_check);
-    if let Some(config) = &config {
-        let socket = config.agent.socket_path.clone();
-        let dir = socket.parent().map(PathBuf::from).unwrap_or_default();
-        let writable = std::fs::create_dir_all(&dir).is_ok() && tempfile_in(&dir).is_ok();
-        report(
-            writable,
-            "socket directory",
+    let options = ProbeOptions {
+        cgroup,
+        attach_to: config
+            .map(|c| c.agent.attach_cgroups.clone())
+            .unwrap_or_default(),
+        ..ProbeOptions::default()
+    };
+    match Probe::attach(&options) {
+        Ok(probe) => list.report(
+            true,
+            "eBPF programs",
             format!(
-                "{} {}",
-                dir.display(),
-                if writable {
-                    "is writable"
-                } else {
-                    "cannot be written"
-                }
+                "sock_ops and cgroup_skb programs load and attach ({} programs) to {}",
+                probe.program_ids().len(),
+                probe
+                    .attached_cgroups()
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
-        );
+        ),
+        Err(error) => list.report(
+            false,
+            "eBPF programs",
+            format!("{:#}", anyhow::Error::from(error)),
+        ),
     }
-    if missing == 0 {
-        println!("everything the agent needs is here");
-        ExitCode::SUCCESS
-    } else {
-        println!("{missing} requirement(s) missing");
-        ExitCode::from(if invalid_config {
-            exit::INVALID
-        } else {
-            exit::FAILURE
-        })
-    }
+}
+
+/// The socket's directory can be created and written.
+fn check_socket_directory(list: &mut Checklist, config: &Config) {
+    let socket = &config.agent.socket_path;
+    let dir = socket.parent().map(PathBuf::from).unwrap_or_default();
+    let writable = std::fs::create_dir_all(&dir).is_ok() && tempfile_in(&dir).is_ok();
+    list.report(
+        writable,
+        "socket directory",
+        format!(
+            "{} {}",
+            dir.display(),
+            if writable {
+                "is writable"
+            } else {
+                "cannot be written"
+            }
+        ),
+    );
 }
 
 /// Create and remove a file in `dir`.
