@@ -52,6 +52,22 @@ pub struct ProbeStats {
     pub tls_segments_unframed: u64,
 }
 
+impl ProbeStats {
+    /// Every counter with its name (the `kind` label of `retry_after_probe_problems`).
+    pub fn named(&self) -> [(&'static str, u64); 8] {
+        [
+            ("connections_untracked", self.connections_untracked),
+            ("state_callback_refused", self.state_callback_refused),
+            ("packets_unparsed", self.packets_unparsed),
+            ("headers_copied", self.headers_copied),
+            ("connections_out_of_scope", self.connections_out_of_scope),
+            ("connections_adopted", self.connections_adopted),
+            ("adoptions_refused", self.adoptions_refused),
+            ("tls_segments_unframed", self.tls_segments_unframed),
+        ]
+    }
+}
+
 /// Every watched endpoint, both sides, read at one moment.
 #[derive(Clone, Debug)]
 pub struct Snapshot {

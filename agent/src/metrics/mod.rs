@@ -20,7 +20,10 @@ use tokio::net::TcpListener;
 
 pub use self::weighted::WeightedHistogramVec;
 use crate::{
-    estimate::{Answer, Estimator, FallbackReason, QueueDepthSource, RATIO_BUCKETS, Rung},
+    estimate::{
+        Answer, Estimator, FallbackReason, JudgeStats, QueueDepthSource, RATIO_BUCKETS, Rung,
+        ServiceEstimator, Signals,
+    },
     protocol::{ErrorCode, Report},
     snapshot::Snapshot,
 };
@@ -171,6 +174,20 @@ impl Metrics {
     pub fn record_tick(&self, snapshot: &Snapshot, estimator: &Estimator, took: Duration) {
         self.ticks.inc();
         self.tick_duration.observe(took.as_secs_f64());
+        self.record_endpoints(snapshot);
+        for (kind, value) in snapshot.probe.named() {
+            self.probe_problems
+                .with_label_values(&[kind])
+                .set(value as i64);
+        }
+        for (name, service) in estimator.services() {
+            self.record_service(name, service);
+        }
+    }
+
+    /// Every watched endpoint's counters (advanced by their difference since the last tick),
+    /// requests in flight and accept backlog.
+    fn record_endpoints(&self, snapshot: &Snapshot) {
         let mut last_counters = self
             .last_counters
             .lock()
@@ -197,103 +214,95 @@ impl Metrics {
                     .set(i64::from(backlog));
             }
         }
-        let p = &snapshot.probe;
-        for (kind, value) in [
-            ("connections_untracked", p.connections_untracked),
-            ("state_callback_refused", p.state_callback_refused),
-            ("packets_unparsed", p.packets_unparsed),
-            ("headers_copied", p.headers_copied),
-            ("connections_out_of_scope", p.connections_out_of_scope),
-            ("connections_adopted", p.connections_adopted),
-            ("adoptions_refused", p.adoptions_refused),
-            ("tls_segments_unframed", p.tls_segments_unframed),
-        ] {
-            self.probe_problems
-                .with_label_values(&[kind])
-                .set(value as i64);
+    }
+
+    /// One service's estimate after the tick: its signals, its own answer, its judge.
+    fn record_service(&self, name: &str, service: &ServiceEstimator) {
+        let own = service.own_answer();
+        let signals = own.signals;
+        self.record_signals(name, &signals, own.reason);
+        let constants = &service.settings().constants;
+        self.saturation_factor
+            .with_label_values(&[name])
+            .set(constants.saturation_factor(signals.occupancy, 0));
+        self.drain_rate
+            .with_label_values(&[name])
+            .set(service.drain_rate_ewma());
+        self.record_judge(name, service.judge());
+        for outcome in ["admitted", "rejected"] {
+            self.proxy_requests.with_label_values(&[name, outcome]);
+            self.proxy_retries.with_label_values(&[name, outcome]);
         }
-        let mut last_dropped = self
-            .last_judge_dropped
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        for (name, service) in estimator.services() {
-            let own = service.own_answer();
-            let signals = own.signals;
-            self.drain_rate
+        self.record_schedule(name, &signals, service.returns_dropped());
+    }
+
+    /// The signals of a service's own answer, and why it is not computed.
+    fn record_signals(&self, name: &str, signals: &Signals, own_reason: Option<FallbackReason>) {
+        self.drain_rate_warm
+            .with_label_values(&[name])
+            .set(i64::from(signals.drain_rate.is_some()));
+        match signals.queue_depth {
+            Some(queue) => self
+                .queue_depth
                 .with_label_values(&[name])
-                .set(service.drain_rate_ewma());
-            self.drain_rate_warm
-                .with_label_values(&[name])
-                .set(i64::from(signals.drain_rate.is_some()));
-            match signals.queue_depth {
-                Some(queue) => self
-                    .queue_depth
-                    .with_label_values(&[name])
-                    .set(queue.depth as i64),
-                None => {
-                    let _ = self.queue_depth.remove_label_values(&[name]);
-                }
+                .set(queue.depth as i64),
+            None => {
+                let _ = self.queue_depth.remove_label_values(&[name]);
             }
-            let source = signals.queue_depth.map(|q| q.source);
-            for candidate in QueueDepthSource::ALL {
-                self.queue_depth_source
-                    .with_label_values(&[name, candidate.as_str()])
-                    .set(i64::from(source == Some(*candidate)));
-            }
+        }
+        let source = signals.queue_depth.map(|q| q.source);
+        for candidate in QueueDepthSource::ALL {
             self.queue_depth_source
-                .with_label_values(&[name, "none"])
-                .set(i64::from(source.is_none()));
-            for reason in FallbackReason::ALL {
-                self.fallback_reason
-                    .with_label_values(&[name, reason.as_str()])
-                    .set(i64::from(own.reason == Some(*reason)));
-                self.fallbacks.with_label_values(&[name, reason.as_str()]);
+                .with_label_values(&[name, candidate.as_str()])
+                .set(i64::from(source == Some(*candidate)));
+        }
+        self.queue_depth_source
+            .with_label_values(&[name, "none"])
+            .set(i64::from(source.is_none()));
+        for reason in FallbackReason::ALL {
+            self.fallback_reason
+                .with_label_values(&[name, reason.as_str()])
+                .set(i64::from(own_reason == Some(*reason)));
+            self.fallbacks.with_label_values(&[name, reason.as_str()]);
+        }
+        match signals.occupancy {
+            Some(occupancy) => self.occupancy.with_label_values(&[name]).set(occupancy),
+            None => {
+                let _ = self.occupancy.remove_label_values(&[name]);
             }
-            match signals.occupancy {
-                Some(occupancy) => self.occupancy.with_label_values(&[name]).set(occupancy),
-                None => {
-                    let _ = self.occupancy.remove_label_values(&[name]);
-                }
-            }
-            let constants = &service.settings().constants;
-            self.saturation_factor
-                .with_label_values(&[name])
-                .set(constants.saturation_factor(signals.occupancy, 0));
-            let judge = service.judge();
-            for rung in Rung::ALL {
-                self.rung.with_label_values(&[name, rung.as_str()]);
-                let Some(stats) = judge.rung(*rung) else {
-                    continue;
-                };
-                let labels = [name, rung.as_str()];
-                self.suggested_delay.touch(&labels);
-                self.judge_observed_over_suggested.set(
-                    &labels,
-                    &stats.ratio_counts,
-                    stats.ratio_sum,
-                );
-                if let Some(share) = stats.admitted_share() {
-                    self.judge_admitted_ratio
-                        .with_label_values(&labels)
-                        .set(share);
-                }
-            }
-            let before = last_dropped
-                .insert(name.to_owned(), judge.dropped)
-                .unwrap_or(0);
-            self.judge_dropped
-                .with_label_values(&[name])
-                .inc_by(judge.dropped.saturating_sub(before));
-            for outcome in ["admitted", "rejected"] {
-                self.proxy_requests.with_label_values(&[name, outcome]);
-                self.proxy_retries.with_label_values(&[name, outcome]);
-            }
-            self.record_schedule(name, &signals, service.returns_dropped());
         }
     }
 
+    /// What a service's judge has settled so far.
+    fn record_judge(&self, name: &str, judge: &JudgeStats) {
+        for rung in Rung::ALL {
+            self.rung.with_label_values(&[name, rung.as_str()]);
+            let Some(stats) = judge.rung(*rung) else {
+                continue;
+            };
+            let labels = [name, rung.as_str()];
+            self.suggested_delay.touch(&labels);
+            self.judge_observed_over_suggested
+                .set(&labels, &stats.ratio_counts, stats.ratio_sum);
+            if let Some(share) = stats.admitted_share() {
+                self.judge_admitted_ratio
+                    .with_label_values(&labels)
+                    .set(share);
+            }
+        }
+        let before = self
+            .last_judge_dropped
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(name.to_owned(), judge.dropped)
+            .unwrap_or(0);
+        self.judge_dropped
+            .with_label_values(&[name])
+            .inc_by(judge.dropped.saturating_sub(before));
+    }
+
     /// The schedule of promised returns and the fresh arrivals of one service.
-    fn record_schedule(&self, name: &str, signals: &crate::estimate::Signals, dropped: u64) {
+    fn record_schedule(&self, name: &str, signals: &Signals, dropped: u64) {
         match signals.arrival_rate {
             Some(rate) => self.arrival_rate.with_label_values(&[name]).set(rate),
             None => {
