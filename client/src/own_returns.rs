@@ -8,7 +8,7 @@ use std::{
 
 use retry_after_protocol::{
     EstimatePush,
-    policy::{MAX_RETRY_AFTER_S, PromisedReturns, RetryAfterPolicy, ReturnBook},
+    policy::{MAX_RETRY_AFTER_S, RetryAfterPolicy, ReturnBook},
 };
 
 use crate::{Decision, decide};
@@ -24,8 +24,8 @@ impl OwnReturns {
     /// The answer to one rejection at `now` from `push`, received at `received` (both times
     /// on the owner's clock, from any fixed zero): [`decide`] with the schedule seen
     /// ([`EstimatePush::schedule`]: the push's, no less than this proxy's own promises),
-    /// then the value handed out is counted as a promise. Other policies read no schedule. `local` is the proxy's own queue
-    /// depth and backoff streak, where it has them.
+    /// then the value handed out is counted as a promise (other policies read no schedule).
+    /// `local` is the proxy's own queue depth and backoff streak, where it has them.
     pub fn decide(
         &self,
         push: &EstimatePush,
@@ -53,10 +53,5 @@ impl OwnReturns {
     /// Promises the book could not hold.
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
-    }
-
-    /// This proxy's own promises from `now` on.
-    pub fn ahead(&self, now: Duration) -> PromisedReturns {
-        self.book.ahead(now.as_secs())
     }
 }

@@ -52,14 +52,9 @@ impl PromisedReturns {
         self.bins.get(i).copied().unwrap_or(0)
     }
 
-    /// The larger count of the two in every bin: what two views of one schedule both know
-    /// (a proxy's own promises and the agent's schedule that may already hold them).
-    pub fn max(&self, other: &Self) -> Self {
-        self.shifted_max(0, other)
-    }
-
     /// This schedule `skip` bins later (bin `i` is this one's `i + skip`), bin by bin no less
-    /// than `other`.
+    /// than `other`: what two views of one schedule both know (the agent's, as pushed a while
+    /// ago, and a proxy's own promises, which it may already hold).
     pub fn shifted_max(&self, skip: usize, other: &Self) -> Self {
         let mut out = *other;
         for (i, slot) in out.bins.iter_mut().enumerate() {
@@ -110,6 +105,16 @@ pub struct ReturnBook {
 impl Default for ReturnBook {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+impl Clone for ReturnBook {
+    /// A book with the same bins (each read once; promises added meanwhile may or may not be
+    /// in the copy).
+    fn clone(&self) -> Self {
+        Self {
+            bins: std::array::from_fn(|i| AtomicU64::new(self.bins[i].load(Ordering::Relaxed))),
+        }
     }
 }
 
@@ -235,7 +240,7 @@ mod tests {
         let a = PromisedReturns::from_bins([0, 2, 0, 1, 0]);
         let b = PromisedReturns::from_bins([3, 1]);
         assert_eq!(a.trimmed(), &[0, 2, 0, 1]);
-        assert_eq!(a.max(&b).trimmed(), &[3, 2, 0, 1]);
+        assert_eq!(a.shifted_max(0, &b).trimmed(), &[3, 2, 0, 1]);
         assert_eq!(a.shifted_max(1, &b).trimmed(), &[3, 1, 1]);
         assert_eq!(PromisedReturns::NONE.trimmed(), &[] as &[u32]);
     }

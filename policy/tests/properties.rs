@@ -127,15 +127,7 @@ proptest! {
     ) {
         let constants = PolicyConstants { overload_rule: rule, ..PolicyConstants::default() };
         let at = |depth: u64, promised: PromisedReturns| {
-            let signals = Signals {
-                queue_depth: Some(QueueDepth { depth, source: QueueDepthSource::Proxy }),
-                drain_rate: Some(drain),
-                occupancy: None,
-                backoff_streak: 0,
-                arrival_rate: Some(arrivals),
-                promised,
-                overload_age_s: None,
-            };
+            let signals = scheduling(depth, drain, arrivals, promised, None);
             answer(RetryAfterPolicy::ScheduledReturns, &constants, None, signals, 0.0).seconds.unwrap()
         };
         let base = PromisedReturns::from_bins(promised.clone());
@@ -150,6 +142,29 @@ proptest! {
             prop_assert!(at(depth, PromisedReturns::from_bins(added)) >= fewer);
         }
         prop_assert!((1..=60).contains(&fewer));
+    }
+}
+
+/// What `scheduled_returns` reads: a queue the proxy sees, a warm drain rate, fresh arrivals,
+/// the returns promised and the overload's age.
+fn scheduling(
+    depth: u64,
+    drain: f64,
+    arrivals: f64,
+    promised: PromisedReturns,
+    overload_age_s: Option<f64>,
+) -> Signals {
+    Signals {
+        queue_depth: Some(QueueDepth {
+            depth,
+            source: QueueDepthSource::Proxy,
+        }),
+        drain_rate: Some(drain),
+        occupancy: None,
+        backoff_streak: 0,
+        arrival_rate: Some(arrivals),
+        promised,
+        overload_age_s,
     }
 }
 
@@ -193,15 +208,8 @@ proptest! {
         constants in strategies::constants(),
         age in prop::option::of(0.0..100.0f64),
     ) {
-        let signals = Signals {
-            queue_depth: Some(QueueDepth { depth, source: QueueDepthSource::Proxy }),
-            drain_rate: Some(drain),
-            occupancy: None,
-            backoff_streak: 0,
-            arrival_rate: Some(arrivals),
-            promised: PromisedReturns::from_bins(promised.clone()),
-            overload_age_s: age,
-        };
+        let signals =
+            scheduling(depth, drain, arrivals, PromisedReturns::from_bins(promised.clone()), age);
         let got = RetryAfterPolicy::ScheduledReturns.compute(&signals, &constants).unwrap().base_s;
         let want = scheduled_by_the_book(depth, drain, arrivals, &promised, &constants, age);
         prop_assert_eq!(got, want as f64);

@@ -32,7 +32,7 @@ pub const ARRIVALS_STALE_AFTER: Duration = Duration::from_secs(10);
 pub const OVERLOAD_OVER_AFTER: Duration = Duration::from_secs(5);
 
 /// One service's promised returns and fresh arrivals.
-#[derive(Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct Returns {
     book: ReturnBook,
     /// The clock's zero: the first instant seen.
@@ -50,47 +50,6 @@ pub struct Returns {
     overloaded_since: Option<Instant>,
     /// The last tick at which they did.
     last_overloaded: Option<Instant>,
-}
-
-impl Clone for Returns {
-    fn clone(&self) -> Self {
-        let book = ReturnBook::new();
-        let now = self.due_counted_to;
-        for (i, count) in self.book.ahead(now).bins().iter().enumerate() {
-            if *count > 0 {
-                let _ = book.promise(now, now + i as u64, *count);
-            }
-        }
-        Self {
-            book,
-            epoch: self.epoch,
-            pending: self.pending,
-            rate: self.rate,
-            last_tick: self.last_tick,
-            due_counted_to: self.due_counted_to,
-            last_report: self.last_report,
-            dropped: self.dropped,
-            overloaded_since: self.overloaded_since,
-            last_overloaded: self.last_overloaded,
-        }
-    }
-}
-
-impl Default for Returns {
-    fn default() -> Self {
-        Self {
-            book: ReturnBook::new(),
-            epoch: None,
-            pending: 0.0,
-            rate: None,
-            last_tick: None,
-            due_counted_to: 0,
-            last_report: None,
-            dropped: 0,
-            overloaded_since: None,
-            last_overloaded: None,
-        }
-    }
 }
 
 impl Returns {
