@@ -155,13 +155,13 @@ impl Subscription {
         if now.saturating_duration_since(held.received) > self.options.stale_after {
             return self.fallback(held.push.status_code);
         }
-        let unit: f64 = rand::RngExt::random(rng);
+        let jitter_draw: f64 = rand::RngExt::random(rng);
         self.own.decide(
             &held.push,
             held.received.saturating_duration_since(self.epoch),
             now.saturating_duration_since(self.epoch),
             (queue_depth, backoff_streak),
-            unit,
+            jitter_draw,
         )
     }
 
@@ -205,15 +205,15 @@ impl Drop for Subscription {
 /// The answer to one rejection from a pushed estimate: the shared ladder
 /// ([`EstimatePush::answer`]) with the proxy's own depth and streak where given, `schedule`
 /// as the promised returns and the overload's age (see [`EstimatePush::schedule`]; read by
-/// `scheduled_returns` only), and `unit`, a uniform draw from [0, 1), for the jitter.
+/// `scheduled_returns` only), and `jitter_draw`, a uniform draw from [0, 1), for the jitter.
 pub fn decide(
     push: &EstimatePush,
     queue_depth: Option<u64>,
     backoff_streak: Option<u32>,
     schedule: &Schedule,
-    unit: f64,
+    jitter_draw: f64,
 ) -> Decision {
-    let answer = push.answer(queue_depth, backoff_streak, schedule, unit);
+    let answer = push.answer(queue_depth, backoff_streak, schedule, jitter_draw);
     Decision {
         seconds: answer.seconds,
         millis: answer.millis,

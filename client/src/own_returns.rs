@@ -32,14 +32,14 @@ impl OwnReturns {
         received: Duration,
         now: Duration,
         local: (Option<u64>, Option<u32>),
-        unit: f64,
+        jitter_draw: f64,
     ) -> Decision {
         if push.policy != RetryAfterPolicy::ScheduledReturns {
-            return decide(push, local.0, local.1, &push.pushed_schedule(), unit);
+            return decide(push, local.0, local.1, &push.pushed_schedule(), jitter_draw);
         }
         let own = self.book.ahead(now.as_secs());
         let schedule = push.schedule(now.saturating_sub(received), &own);
-        let decision = decide(push, local.0, local.1, &schedule, unit);
+        let decision = decide(push, local.0, local.1, &schedule, jitter_draw);
         // A static fallback beyond the minute is outside the schedule (as at the agent).
         if let Some(seconds) = decision.seconds.filter(|&s| s <= MAX_RETRY_AFTER_S) {
             let due = (now + Duration::from_secs(seconds)).as_secs();

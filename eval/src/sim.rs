@@ -391,13 +391,13 @@ impl<'a> Sim<'a> {
         // Before the first push the client library has no estimate and no static value of
         // its own: no header, as the real proxy.
         let push = proxy.push.as_ref()?;
-        let unit: f64 = proxy.jitter.random();
+        let jitter_draw: f64 = proxy.jitter.random();
         let decision = proxy.own.decide(
             push,
             proxy.pushed_at,
             self.now,
             (Some(counted as u64), Some(streak)),
-            unit,
+            jitter_draw,
         );
         let seconds = decision.seconds?;
         if with_backlog {

@@ -7,11 +7,11 @@ local checked = 0
 for line in io.lines(arg[1]) do
   local fields = {}
   for field in string.gmatch(line .. "\t", "([^\t]*)\t") do fields[#fields + 1] = field end
-  local push_line, depth, streak, unit, elapsed, own, seconds, millis, rung, reason = table.unpack(fields)
+  local push_line, depth, streak, jitter_draw, elapsed, own, seconds, millis, rung, reason = table.unpack(fields)
   local push = assert(M.parse_estimate(push_line), push_line)
   local function opt(v) if v == "none" then return nil end return math.tointeger(tonumber(v)) end
   local seen = M.schedule(push, tonumber(elapsed), assert(M.parse_returns(own)))
-  local s, ms, r, why = M.answer(push, opt(depth), opt(streak), tonumber(unit), seen)
+  local s, ms, r, why = M.answer(push, opt(depth), opt(streak), tonumber(jitter_draw), seen)
   local got = string.format("%s %s %s %s", tostring(s or "none"), tostring(ms or "none"), r, why or "none")
   local want = string.format("%s %s %s %s", seconds, millis, rung, reason)
   if got ~= want then

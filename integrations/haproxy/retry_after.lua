@@ -101,9 +101,9 @@ end
 local function finite(x) return x == x and x ~= math.huge and x ~= -math.huge end
 local function clamp(x, lo, hi) if x < lo then return lo elseif x > hi then return hi else return x end end
 
-local function jitter_factor(jitter, unit)
+local function jitter_factor(jitter, jitter_draw)
   local j = finite(jitter) and clamp(jitter, 0.0, 0.999) or 0.0
-  local u = finite(unit) and clamp(unit, 0.0, 1.0) or 0.5
+  local u = finite(jitter_draw) and clamp(jitter_draw, 0.0, 1.0) or 0.5
   return 1.0 + j * (2.0 * u - 1.0)
 end
 
@@ -171,7 +171,7 @@ end
 
 -- The ladder for one rejection: seconds (or nil: no header), millis, rung, reason (or nil).
 -- seen: the promised returns and the overload's age (default the push's own; see M.schedule).
-function M.answer(push, depth, streak, unit, seen)
+function M.answer(push, depth, streak, jitter_draw, seen)
   if depth == nil then depth = push.depth end
   streak = streak or 0
   local reason
@@ -183,7 +183,7 @@ function M.answer(push, depth, streak, unit, seen)
     reason = "queue_invisible"
   elseif push.policy == "scheduled_returns" then
     local base = scheduled_returns(push, depth, seen or { returns = push.returns, overload_age = push.overload_age })
-    local u = finite(unit) and clamp(unit, 0.0, 0.999) or 0.5
+    local u = finite(jitter_draw) and clamp(jitter_draw, 0.0, 0.999) or 0.5
     local seconds, millis = rounded(math.max(base - u, 0.0), push.min, push.max)
     return seconds, millis, "computed", nil
   else
@@ -193,7 +193,7 @@ function M.answer(push, depth, streak, unit, seen)
     local factor = 1.0 + push.occupancy_weight * occupancy + push.backoff_weight * backoff
     local base = (depth + 0.0) / push.drain * factor
     if finite(base) and base >= 0.0 then
-      local seconds, millis = rounded(base * jitter_factor(push.jitter, unit), push.min, push.max)
+      local seconds, millis = rounded(base * jitter_factor(push.jitter, jitter_draw), push.min, push.max)
       if seconds then return seconds, millis, "computed", nil end
     end
     reason = "estimate_unusable"

@@ -189,9 +189,9 @@ def parse_estimate(line: str) -> Estimate:
     )
 
 
-def _jitter_factor(jitter: float, unit: float) -> float:
+def _jitter_factor(jitter: float, jitter_draw: float) -> float:
     j = min(max(jitter, 0.0), 0.999) if math.isfinite(jitter) else 0.0
-    u = min(max(unit, 0.0), 1.0) if math.isfinite(unit) else 0.5
+    u = min(max(jitter_draw, 0.0), 1.0) if math.isfinite(jitter_draw) else 0.5
     return 1.0 + j * (2.0 * u - 1.0)
 
 
@@ -214,12 +214,12 @@ def _rounded(value: float, min_s: int, max_s: int) -> Optional[Tuple[int, int]]:
     return seconds, millis
 
 
-def header_value(base_s: float, jitter: float, unit: float, min_s: int, max_s: int):
-    """``base_s`` jittered by ``1 + jitter·(2·unit − 1)``, rounded up to whole seconds and
+def header_value(base_s: float, jitter: float, jitter_draw: float, min_s: int, max_s: int):
+    """``base_s`` jittered by ``1 + jitter·(2·jitter_draw − 1)``, rounded up to whole seconds and
     milliseconds (to microseconds first) and clamped; ``None`` for no finite non-negative base."""
     if not (math.isfinite(base_s) and base_s >= 0.0):
         return None
-    return _rounded(base_s * _jitter_factor(jitter, unit), min_s, max_s)
+    return _rounded(base_s * _jitter_factor(jitter, jitter_draw), min_s, max_s)
 
 
 def _clamp(push: Estimate) -> Tuple[int, int]:
@@ -271,8 +271,8 @@ def _scheduled_returns(push: Estimate, depth: int, promised, age: Optional[float
     return float(horizon if second is None else second)
 
 
-def _within_second(base: float, unit: float) -> float:
-    u = min(max(unit, 0.0), 0.999) if math.isfinite(unit) else 0.5
+def _within_second(base: float, jitter_draw: float) -> float:
+    u = min(max(jitter_draw, 0.0), 0.999) if math.isfinite(jitter_draw) else 0.5
     return max(base - u, 0.0)
 
 
@@ -280,12 +280,12 @@ def answer(
     push: Estimate,
     queue_depth: Optional[int] = None,
     backoff_streak: Optional[int] = None,
-    unit: float = 0.5,
+    jitter_draw: float = 0.5,
     seen=None,
 ) -> Decision:
     """The ladder for one rejection: the pushed signals with the proxy's own depth and streak
     where given, ``seen`` as the promised returns and the overload's age (default: the
-    push's; see :func:`schedule`), and ``unit`` (uniform in [0, 1)) as the jitter draw. What
+    push's; see :func:`schedule`), and ``jitter_draw``, a uniform draw from [0, 1) for the jitter. What
     the agent answers to ``QUERY <service> depth= streak=`` with the same draw."""
     depth = queue_depth if queue_depth is not None else push.queue_depth
     streak = backoff_streak or 0
@@ -299,7 +299,7 @@ def answer(
     elif push.policy == "scheduled_returns":
         returns, age = (push.returns, push.overload_age_s) if seen is None else seen
         base = _scheduled_returns(push, depth, returns, age)
-        value = _rounded(_within_second(base, unit), push.min_s, push.max_s)
+        value = _rounded(_within_second(base, jitter_draw), push.min_s, push.max_s)
         return Decision(value[0], value[1], "computed", None, push.status_code)
     else:
         occupancy = push.occupancy
@@ -310,7 +310,7 @@ def answer(
         factor = 1.0 + push.occupancy_weight * occupancy + push.backoff_weight * backoff
         base = float(depth) / push.drain_rate * factor
         if math.isfinite(base) and base >= 0.0:
-            value = _rounded(base * _jitter_factor(push.jitter, unit), push.min_s, push.max_s)
+            value = _rounded(base * _jitter_factor(push.jitter, jitter_draw), push.min_s, push.max_s)
             if value is not None:
                 return Decision(value[0], value[1], "computed", None, push.status_code)
         reason = "estimate_unusable"
@@ -518,16 +518,16 @@ class Subscription:
                 self._handed_out[key] = self._handed_out.get(key, 0) + 1
         return decision
 
-    def _answer(self, held, queue_depth, backoff_streak, unit) -> Decision:
+    def _answer(self, held, queue_depth, backoff_streak, jitter_draw) -> Decision:
         push, received = held
         if push.policy != "scheduled_returns":
-            return answer(push, queue_depth, backoff_streak, unit)
+            return answer(push, queue_depth, backoff_streak, jitter_draw)
         now = time.monotonic()
         second = int(now)
         own = tuple(count if held_s == second + i else 0 for i, (held_s, count) in
                     ((i, self._own[(second + i) % RETURN_BINS]) for i in range(RETURN_BINS)))
         seen = schedule(push, now - received, own)
-        decision = answer(push, queue_depth, backoff_streak, unit, seen)
+        decision = answer(push, queue_depth, backoff_streak, jitter_draw, seen)
         if decision.seconds is not None and decision.seconds <= MAX_RETRY_AFTER_S:
             due = int(now + decision.seconds)
             slot = self._own[due % RETURN_BINS]

@@ -39,11 +39,11 @@ class SharedVectors(unittest.TestCase):
         checked = 0
         with open(VECTORS) as vectors:
             for number, line in enumerate(vectors, 1):
-                push, depth, streak, unit, elapsed, own, seconds, millis, rung, reason = line.rstrip("\n").split("\t")
+                push, depth, streak, jitter_draw, elapsed, own, seconds, millis, rung, reason = line.rstrip("\n").split("\t")
                 push = client.parse_estimate(push)
                 own = () if own == "none" else tuple(int(c) for c in own.split(","))
                 seen = client.schedule(push, float(elapsed), own)
-                got = client.answer(push, opt(depth), opt(streak), float(unit), seen)
+                got = client.answer(push, opt(depth), opt(streak), float(jitter_draw), seen)
                 want = (opt(seconds), opt(millis), rung, None if reason == "none" else reason)
                 self.assertEqual(
                     (got.seconds, got.millis, got.rung, got.reason), want, f"vector {number}: {line}"

@@ -30,19 +30,20 @@ pub struct Answer {
     pub jitter_factor: f64,
 }
 
-/// Run the ladder for one rejection. `unit` is a uniform draw from [0, 1) that sets the jitter
-/// (0.5 is no jitter); callers draw it, so the same draw gives the same answer anywhere.
+/// Run the ladder for one rejection. `jitter_draw` is a uniform draw from [0, 1) that sets
+/// the jitter (0.5 is no jitter); callers draw it, so the same draw gives the same answer
+/// anywhere.
 pub fn answer(
     policy: RetryAfterPolicy,
     constants: &PolicyConstants,
     static_retry_after_s: Option<u64>,
     signals: Signals,
-    unit: f64,
+    jitter_draw: f64,
 ) -> Answer {
     let computed = policy.compute(&signals, constants);
     let reason = match computed {
         Ok(c) => {
-            let value = spread(&c, constants.jitter, unit);
+            let value = spread(&c, constants.jitter, jitter_draw);
             let factor = if c.base_s > 0.0 {
                 value / c.base_s
             } else {
@@ -85,35 +86,35 @@ pub fn answer(
 }
 
 /// The header value of an estimate: `base_s` seconds times a jitter factor
-/// `1 + jitter · (2·unit − 1)` (uniform in [1 − jitter, 1 + jitter] for `unit` uniform in
-/// [0, 1)), rounded up to whole seconds and to whole milliseconds, each clamped to
+/// `1 + jitter · (2·jitter_draw − 1)` (uniform in [1 − jitter, 1 + jitter] for `jitter_draw`
+/// uniform in [0, 1)), rounded up to whole seconds and to whole milliseconds, each clamped to
 /// [`min_s`, `max_s`] (themselves kept within [1, 60]).
 ///
 /// Jitter comes before rounding. The value is rounded to whole microseconds first, so
 /// floating-point noise (0.1 × 3 × 10 = 3.0000000000000004) cannot add a second. Returns
-/// `None` if `base_s` is not a finite non-negative number; bad `jitter` or `unit` values are
+/// `None` if `base_s` is not a finite non-negative number; bad `jitter` or `jitter_draw` values are
 /// brought into range.
 pub fn header_value(
     base_s: f64,
     jitter: f64,
-    unit: f64,
+    jitter_draw: f64,
     min_s: u64,
     max_s: u64,
 ) -> Option<(u64, u64)> {
     if !(base_s.is_finite() && base_s >= 0.0) {
         return None;
     }
-    rounded(base_s * jitter_factor(jitter, unit), min_s, max_s)
+    rounded(base_s * jitter_factor(jitter, jitter_draw), min_s, max_s)
 }
 
-/// The estimate after the jitter draw `unit`: scaled by [`jitter_factor`] (relative), or
-/// placed within the second that ends at it, `base_s − unit` (within the second).
-fn spread(computed: &Computed, jitter: f64, unit: f64) -> f64 {
+/// The estimate after `jitter_draw`: scaled by [`jitter_factor`] (relative), or
+/// placed within the second that ends at it, `base_s − jitter_draw` (within the second).
+fn spread(computed: &Computed, jitter: f64, jitter_draw: f64) -> f64 {
     match computed.spread {
-        Spread::Relative => computed.base_s * jitter_factor(jitter, unit),
+        Spread::Relative => computed.base_s * jitter_factor(jitter, jitter_draw),
         Spread::WithinSecond => {
-            let u = if unit.is_finite() {
-                unit.clamp(0.0, 0.999)
+            let u = if jitter_draw.is_finite() {
+                jitter_draw.clamp(0.0, 0.999)
             } else {
                 0.5
             };
@@ -137,15 +138,15 @@ fn rounded(value: f64, min_s: u64, max_s: u64) -> Option<(u64, u64)> {
     ))
 }
 
-/// `1 + j · (2·unit − 1)` with j limited to [0, 1) and unit to [0, 1].
-pub fn jitter_factor(jitter: f64, unit: f64) -> f64 {
+/// `1 + j · (2·jitter_draw − 1)` with j limited to [0, 1) and jitter_draw to [0, 1].
+pub fn jitter_factor(jitter: f64, jitter_draw: f64) -> f64 {
     let j = if jitter.is_finite() {
         jitter.clamp(0.0, 0.999)
     } else {
         0.0
     };
-    let u = if unit.is_finite() {
-        unit.clamp(0.0, 1.0)
+    let u = if jitter_draw.is_finite() {
+        jitter_draw.clamp(0.0, 1.0)
     } else {
         0.5
     };

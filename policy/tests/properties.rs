@@ -28,7 +28,7 @@ proptest! {
         streak in any::<u32>(),
         constants in strategies::constants(),
         static_s in prop::option::of(1u64..3600),
-        unit in any_float(),
+        jitter_draw in any_float(),
         policy in prop::sample::select(RetryAfterPolicy::ALL.to_vec()),
         arrivals in prop::option::of(any_float()),
         promised in prop::collection::vec(any::<u32>(), 0..70),
@@ -43,7 +43,7 @@ proptest! {
             promised: PromisedReturns::from_bins(promised),
             overload_age_s: age,
         };
-        let a = answer(policy, &constants, static_s, signals, unit);
+        let a = answer(policy, &constants, static_s, signals, jitter_draw);
         match a.rung {
             Rung::Computed => {
                 let s = a.seconds.unwrap();

@@ -125,7 +125,7 @@ fn random_returns(rng: &mut impl Rng) -> PromisedReturns {
     }))
 }
 
-/// Tab-separated vectors: push line, depth, streak, unit, seconds since the push, the proxy's
+/// Tab-separated vectors: push line, depth, streak, jitter_draw, seconds since the push, the proxy's
 /// own promises (comma-separated counts from now, or `none`), then the answer's seconds,
 /// millis, rung and reason (`none` for absent values).
 fn vectors(count: usize) -> String {
@@ -142,12 +142,12 @@ fn vectors(count: usize) -> String {
             None
         };
         let streak = rng.random_bool(0.5).then(|| rng.random_range(0..12u32));
-        let unit: f64 = pick_with(&mut rng, &[0.0, 0.5, 0.999_999_9], |rng| rng.random());
+        let jitter_draw: f64 = pick_with(&mut rng, &[0.0, 0.5, 0.999_999_9], |rng| rng.random());
         // Whole and fractional seconds (exact in binary, so every port adds the same age).
         let elapsed_s = pick(&mut rng, &[0.0, 0.5, 1.0, 1.25, 5.75, 70.0]);
         let own = random_returns(&mut rng);
         let schedule = push.schedule(Duration::from_secs_f64(elapsed_s), &own);
-        let answer = push.answer(depth, streak, &schedule, unit);
+        let answer = push.answer(depth, streak, &schedule, jitter_draw);
         let own_text = own
             .trimmed()
             .iter()
@@ -156,7 +156,7 @@ fn vectors(count: usize) -> String {
             .join(",");
         writeln!(
             file,
-            "{push}\t{}\t{}\t{unit}\t{elapsed_s}\t{}\t{}\t{}\t{}\t{}",
+            "{push}\t{}\t{}\t{jitter_draw}\t{elapsed_s}\t{}\t{}\t{}\t{}\t{}",
             none(depth),
             none(streak.map(u64::from)),
             if own_text.is_empty() {

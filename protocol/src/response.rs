@@ -237,14 +237,14 @@ pub struct EstimatePush {
 impl EstimatePush {
     /// The answer to one rejection: the agent's signals, with the proxy's own queue depth and
     /// streak where given and `schedule` as the schedule and the overload's age (see
-    /// [`EstimatePush::schedule`]), through the same ladder the agent runs. `unit` is a
+    /// [`EstimatePush::schedule`]), through the same ladder the agent runs. `jitter_draw` is a
     /// uniform draw from [0, 1) for the jitter.
     pub fn answer(
         &self,
         queue_depth: Option<u64>,
         backoff_streak: Option<u32>,
         schedule: &Schedule,
-        unit: f64,
+        jitter_draw: f64,
     ) -> Answer {
         let signals = Signals {
             queue_depth: queue_depth
@@ -260,7 +260,13 @@ impl EstimatePush {
             promised: schedule.returns,
             overload_age_s: schedule.overload_age_s,
         };
-        retry_after_policy::answer(self.policy, &self.constants, self.static_s, signals, unit)
+        retry_after_policy::answer(
+            self.policy,
+            &self.constants,
+            self.static_s,
+            signals,
+            jitter_draw,
+        )
     }
 
     /// What a subscriber answers with `since_push` after this push: the push's schedule from

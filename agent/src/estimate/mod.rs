@@ -160,15 +160,15 @@ impl ServiceEstimator {
         }
     }
 
-    /// The ladder's answer for `query` with jitter draw `unit`, without recording it.
-    pub fn answer(&self, query: Query, unit: f64) -> Answer {
+    /// The ladder's answer for `query` with `jitter_draw`, without recording it.
+    pub fn answer(&self, query: Query, jitter_draw: f64) -> Answer {
         let s = &self.settings;
         retry_after_policy::answer(
             s.policy,
             &s.constants,
             s.static_retry_after_s,
             self.signals(query),
-            unit,
+            jitter_draw,
         )
     }
 
@@ -178,12 +178,12 @@ impl ServiceEstimator {
         self.answer(Query::default(), 0.5)
     }
 
-    /// The Retry-After for a rejection at `at` (`unit`: a uniform draw from [0, 1) for the
+    /// The Retry-After for a rejection at `at` (`jitter_draw`: a uniform draw from [0, 1) for the
     /// jitter), as [`ServiceEstimator::answer`], then recorded: for the judge, and as a
     /// promised return in the schedule. Never fails.
-    pub fn answer_and_record(&mut self, at: Instant, query: Query, unit: f64) -> Answer {
+    pub fn answer_and_record(&mut self, at: Instant, query: Query, jitter_draw: f64) -> Answer {
         self.advance(at);
-        let answer = self.answer(query, unit);
+        let answer = self.answer(query, jitter_draw);
         self.judge_answer(at, &answer, 1);
         if let Some(seconds) = answer.seconds {
             self.returns.promise(at, seconds, 1);
