@@ -14,6 +14,7 @@ pub mod privileges;
 pub use retry_after_protocol as protocol;
 pub mod run;
 pub mod server;
+pub mod shared;
 pub mod shutdown;
 pub mod snapshot;
 

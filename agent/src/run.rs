@@ -4,21 +4,23 @@
 use std::{
     future::Future,
     path::{Path, PathBuf},
-    sync::{Arc, atomic::Ordering},
-    time::Instant,
+    sync::Arc,
+    time::{Duration, Instant},
 };
 
 use tokio::{io::unix::AsyncFd, sync::broadcast};
 use tracing::{debug, info, warn};
 
 use crate::{
-    config::Config,
+    config::{AgentConfig, Config},
     error_chain,
     estimate::Estimator,
     instance::{InstanceError, InstanceLock},
     kernel::{Probe, ProbeError, ProbeOptions, cgroup_scope},
     metrics, privileges,
-    server::{self, ServerError, ServerOptions, Shared},
+    server::{self, ServerError, ServerOptions},
+    shared::Shared,
+    snapshot::Snapshot,
 };
 
 /// Consecutive failed counter reads after which the probe is taken as gone.
@@ -96,9 +98,56 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     let agent = &config.agent;
     let lock = InstanceLock::acquire()?;
     raise_open_files(agent.max_clients)?;
+    let probe = attach_and_watch(&config)?;
+    let shared = Arc::new(Shared::new(config.estimator(), probe.watched().count()));
+    let metrics_listener = metrics::bind(agent.metrics_listen)
+        .await
+        .map_err(|source| RunError::Metrics {
+            addr: agent.metrics_listen,
+            source,
+        })?;
+    let listener = server::bind(&agent.socket_path, agent.socket_mode)?;
+    let _socket_file = RemoveOnDrop(agent.socket_path.clone());
+    // Everything privileged is done: attached, watched, bound. Give it all up before the
+    // first byte from another process is parsed.
+    privileges::drop_all().map_err(RunError::DropPrivileges)?;
+    let (stop, _) = broadcast::channel::<()>(1);
+    let server = tokio::spawn(server::serve(
+        listener,
+        shared.clone(),
+        server_options(agent),
+        stopped(&stop),
+    ));
+    let metrics_server = tokio::spawn(metrics::serve(
+        metrics_listener,
+        shared.clone(),
+        stopped(&stop),
+    ));
+    let announcer = lock
+        .announce(format!(
+            "pid={} socket={} metrics={}",
+            std::process::id(),
+            agent.socket_path.display(),
+            agent.metrics_listen
+        ))
+        .map_err(|e| RunError::Instance(InstanceError::Io(e)))?;
+    log_serving(&probe, agent);
+    let result = tick_until(shutdown, &probe, &shared, agent.tick_interval).await;
+    let _ = stop.send(());
+    let _ = server.await;
+    let _ = metrics_server.await;
+    announcer.abort();
+    drop(probe);
+    info!("detached; stopped");
+    result
+}
+
+/// Attach the programs and watch every configured endpoint, each scoped to its proxy's
+/// cgroup where one is set.
+fn attach_and_watch(config: &Config) -> Result<Probe, RunError> {
     let options = ProbeOptions {
-        cgroup: agent.cgroup.clone(),
-        attach_to: agent.attach_cgroups.clone(),
+        cgroup: config.agent.cgroup.clone(),
+        attach_to: config.agent.attach_cgroups.clone(),
         debug_log: tracing::enabled!(tracing::Level::DEBUG),
     };
     let mut probe = Probe::attach(&options)?;
@@ -118,115 +167,94 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         };
         probe.watch_scoped(endpoint, scope)?;
     }
-    let shared = Arc::new(Shared::new(config.estimator()));
-    shared
-        .endpoints
-        .store(probe.watched().count(), Ordering::Relaxed);
+    Ok(probe)
+}
 
-    let metrics_addr = agent.metrics_listen;
-    let metrics_listener =
-        metrics::bind(metrics_addr)
-            .await
-            .map_err(|source| RunError::Metrics {
-                addr: metrics_addr,
-                source,
-            })?;
-    let socket_path = agent.socket_path.clone();
-    let listener = server::bind(&socket_path, agent.socket_mode)?;
-    let _socket_file = RemoveOnDrop(socket_path.clone());
-    // Everything privileged is done: attached, watched, bound. Give it all up before the
-    // first byte from another process is parsed.
-    privileges::drop_all().map_err(RunError::DropPrivileges)?;
-    let (stop, mut stopped) = broadcast::channel::<()>(1);
-    let mut metrics_stopped = stop.subscribe();
-    let server = tokio::spawn(server::serve(
-        listener,
-        shared.clone(),
-        ServerOptions {
-            allowed_uids: agent.allowed_uids.clone(),
-            max_clients: agent.max_clients,
-            idle_timeout: agent.client_idle_timeout,
-            write_timeout: agent.client_write_timeout,
-        },
-        async move {
-            let _ = stopped.recv().await;
-        },
-    ));
-    let metrics_server = tokio::spawn(metrics::serve(
-        metrics_listener,
-        shared.clone(),
-        async move {
-            let _ = metrics_stopped.recv().await;
-        },
-    ));
-    let announcer = lock
-        .announce(format!(
-            "pid={} socket={} metrics={metrics_addr}",
-            std::process::id(),
-            socket_path.display()
-        ))
-        .map_err(|e| RunError::Instance(InstanceError::Io(e)))?;
+/// The socket server's limits, from the configuration.
+fn server_options(agent: &AgentConfig) -> ServerOptions {
+    ServerOptions {
+        allowed_uids: agent.allowed_uids.clone(),
+        max_clients: agent.max_clients,
+        idle_timeout: agent.client_idle_timeout,
+        write_timeout: agent.client_write_timeout,
+    }
+}
+
+/// Completes when `stop` sends (or is dropped).
+fn stopped(stop: &broadcast::Sender<()>) -> impl Future<Output = ()> + use<> {
+    let mut stopped = stop.subscribe();
+    async move {
+        let _ = stopped.recv().await;
+    }
+}
+
+/// The line that says the agent is up, and with what.
+fn log_serving(probe: &Probe, agent: &AgentConfig) {
     info!(
         cgroups = ?probe.attached_cgroups(),
-        socket = %socket_path.display(),
-        metrics = %metrics_addr,
+        socket = %agent.socket_path.display(),
+        metrics = %agent.metrics_listen,
         endpoints = ?probe.watched().map(ToString::to_string).collect::<Vec<_>>(),
         capabilities = privileges::effective().as_deref().unwrap_or("unknown"),
         "attached; serving"
     );
+}
 
-    let mut tick = tokio::time::interval(agent.tick_interval);
+/// Read the counters and update the estimates every `interval` until `shutdown` completes.
+/// A failed read is counted and retried next tick; only a probe whose maps stay unreadable
+/// (the programs are gone) ends the daemon.
+async fn tick_until(
+    shutdown: impl Future<Output = ()>,
+    probe: &Probe,
+    shared: &Shared,
+    interval: Duration,
+) -> Result<(), RunError> {
+    let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(shutdown);
     let mut failed_reads = 0u32;
-    let result = loop {
+    loop {
         tokio::select! {
-            _ = &mut shutdown => break Ok(()),
+            _ = &mut shutdown => return Ok(()),
             _ = tick.tick() => {
                 let started = Instant::now();
-                let snapshot = match probe.read() {
+                match probe.read() {
                     Ok(snapshot) => {
                         failed_reads = 0;
-                        snapshot
+                        update(shared, &snapshot, started);
                     }
                     Err(error) => {
-                        // A failed read is counted and retried next tick; only a probe whose
-                        // maps stay unreadable (the programs are gone) ends the daemon.
-                        shared.metrics.record_tick_error("counters");
+                        shared.metrics().record_tick_error("counters");
                         failed_reads += 1;
                         warn!(error = %error_chain(&error), failed_reads, "cannot read the kernel counters");
                         if failed_reads >= MAX_FAILED_READS {
-                            break Err(RunError::ProbeGone { ticks: failed_reads, source: error });
+                            return Err(RunError::ProbeGone { ticks: failed_reads, source: error });
                         }
-                        continue;
-                    }
-                };
-                if let Some(error) = &snapshot.backlog_error {
-                    shared.metrics.record_tick_error("backlogs");
-                    debug!(%error, "listener backlogs not read this tick");
-                }
-                {
-                    let mut estimator = shared.estimator();
-                    estimator.observe(&snapshot);
-                    shared.metrics.record_tick(&snapshot, &estimator, started.elapsed());
-                    // Only when asked for: this runs under the lock that queries wait on.
-                    if tracing::enabled!(tracing::Level::DEBUG) {
-                        log_estimates(&estimator);
                     }
                 }
-                let ticks = shared.ticks.fetch_add(1, Ordering::Relaxed) + 1;
-                *shared.last_tick.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
-                let _ = shared.tick.send(ticks);
             }
         }
-    };
-    let _ = stop.send(());
-    let _ = server.await;
-    let _ = metrics_server.await;
-    announcer.abort();
-    drop(probe);
-    info!("detached; stopped");
-    result
+    }
+}
+
+/// One tick's work on a fresh snapshot: the estimates, the metrics, then the subscribers.
+fn update(shared: &Shared, snapshot: &Snapshot, started: Instant) {
+    if let Some(error) = &snapshot.backlog_error {
+        shared.metrics().record_tick_error("backlogs");
+        debug!(%error, "listener backlogs not read this tick");
+    }
+    {
+        let mut estimator = shared.estimator();
+        estimator.observe(snapshot);
+        shared
+            .metrics()
+            .record_tick(snapshot, &estimator, started.elapsed());
+        // Only when asked for: this runs under the lock that queries wait on.
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            log_estimates(&estimator);
+        }
+    }
+    shared.tick_done();
 }
 
 /// Raise the soft open-files limit to what `max_clients` connections need (the default soft

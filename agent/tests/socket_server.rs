@@ -6,7 +6,8 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use retry_after_agent::{
     config::Config,
-    server::{self, ServerOptions, Shared},
+    server::{self, ServerOptions},
+    shared::Shared,
 };
 use retry_after_protocol::{ErrorCode, Request, Response, policy::Rung};
 use tokio::{
@@ -34,7 +35,7 @@ impl TestServer {
         ));
         let path = dir.join("agent.sock");
         let config = Config::parse(SERVICES).unwrap();
-        let shared = Arc::new(Shared::new(config.estimator()));
+        let shared = Arc::new(Shared::new(config.estimator(), 0));
         let listener = server::bind(&path, 0o600).unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(server::serve(
@@ -68,7 +69,7 @@ impl TestServer {
     }
 
     fn metric(&self, name: &str) -> f64 {
-        let text = self.shared.metrics.render();
+        let text = self.shared.metrics().render();
         text.lines()
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
             .unwrap_or_else(|| panic!("no {name}"))
@@ -189,7 +190,7 @@ async fn subscriptions_cannot_lock_out_proxies_that_only_query() {
             assert!(is_error(shed.next().await, ErrorCode::Idle));
         }
     }
-    let _ = server.shared.tick.send(1);
+    server.shared.tick_done();
     for subscriber in &mut subscribers {
         assert!(matches!(
             subscriber.next().await,
@@ -211,7 +212,7 @@ async fn a_silent_connection_is_closed_after_the_idle_timeout_and_a_subscriber_i
     tokio::time::sleep(Duration::from_secs(31)).await;
     assert!(is_error(silent.next().await, ErrorCode::Idle));
     assert!(silent.next().await.is_none());
-    let _ = server.shared.tick.send(1);
+    server.shared.tick_done();
     assert!(matches!(
         subscriber.next().await,
         Some(Response::Estimate(_))
@@ -273,7 +274,7 @@ async fn every_value_a_reporter_handed_out_reaches_the_judge_over_as_many_lines_
     }
     reporter.admitted(true);
     let pending = || {
-        let estimator = server.shared.estimator.lock().unwrap();
+        let estimator = server.shared.estimator();
         estimator.service("api").unwrap().judge_pending()
     };
     for _ in 0..100 {

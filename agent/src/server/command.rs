@@ -2,33 +2,31 @@
 //! it. Subscriptions keep state on the connection, so `connection.rs` handles their bookkeeping
 //! and calls [`push`] here.
 
-use std::{sync::atomic::Ordering, time::Instant};
+use std::time::Instant;
 
 use rand::{Rng, RngExt};
 
-use super::Shared;
 use crate::{
     estimate::Query,
-    protocol::{
-        ErrorCode, EstimatePush, HealthResponse, ProtocolError, QueryResponse, Report, Response,
-    },
+    protocol::{ErrorCode, EstimatePush, ProtocolError, QueryResponse, Report, Response},
+    shared::Shared,
 };
 
 /// `QUERY`: one answer, drawn with its own jitter and recorded for the judge.
 pub fn query(shared: &Shared, service: &str, query: Query, rng: &mut impl Rng) -> Response {
     let started = Instant::now();
-    let unit = rng.random::<f64>();
+    let jitter_draw = rng.random::<f64>();
     let answer = shared.estimator().service_mut(service).map(|s| {
         (
-            s.answer_and_record(Instant::now(), query, unit),
+            s.answer_and_record(Instant::now(), query, jitter_draw),
             s.settings().status_code,
         )
     });
     let Some((answer, status_code)) = answer else {
         return unknown_service(service);
     };
-    shared.metrics.record_answers(service, &answer, 1);
-    shared.metrics.record_query_duration(started.elapsed());
+    shared.metrics().record_answers(service, &answer, 1);
+    shared.metrics().record_query_duration(started.elapsed());
     Response::RetryAfter(QueryResponse::new(&answer, status_code))
 }
 
@@ -42,23 +40,15 @@ pub fn report(shared: &Shared, from: Instant, report: &Report<'_>) -> Response {
         return unknown_service(report.service);
     };
     shared
-        .metrics
+        .metrics()
         .record_answers(report.service, &answer, report.rejected);
-    shared.metrics.record_report(report);
+    shared.metrics().record_report(report);
     Response::Ok
 }
 
 /// `HEALTH`.
 pub fn health(shared: &Shared, connections: usize) -> Response {
-    let last_tick = *shared.last_tick.lock().unwrap_or_else(|p| p.into_inner());
-    Response::Health(HealthResponse {
-        uptime_s: shared.started.elapsed().as_secs(),
-        ticks: shared.ticks.load(Ordering::Relaxed),
-        last_tick_ms: last_tick.map(|t| t.elapsed().as_millis() as u64),
-        services: shared.estimator().services().count(),
-        endpoints: shared.endpoints.load(Ordering::Relaxed),
-        connections,
-    })
+    Response::Health(shared.health(connections))
 }
 
 /// The estimate pushed to a subscriber of `service`, or `None` if it is not configured.

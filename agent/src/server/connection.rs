@@ -11,10 +11,14 @@ use tokio::{
     sync::broadcast,
 };
 
-use super::{ServerOptions, Shared, command, registry::Registry};
+use super::{
+    ServerOptions, command,
+    registry::{Registry, Slot},
+};
 use crate::{
     estimate::Query,
-    protocol::{ErrorCode, MAX_LINE_LEN, ProtocolError, Request, Response},
+    protocol::{ErrorCode, MAX_LINE_LEN, ProtocolError, Report, Request, Response},
+    shared::Shared,
 };
 
 /// Serve one connection until it ends. Errors end only this connection.
@@ -31,108 +35,163 @@ pub async fn serve(
     if let Some(allowed) = &options.allowed_uids
         && !allowed.contains(&peer_uid)
     {
+        let denied = format!("uid {peer_uid} is not in agent.allowed_uids");
         return out
-            .error(ProtocolError::new(
-                ErrorCode::Denied,
-                format!("uid {peer_uid} is not in agent.allowed_uids"),
-            ))
+            .error(ProtocolError::new(ErrorCode::Denied, denied))
             .await;
     }
-    let slot = registry.admit(&shared.metrics);
+    let mut connection = Connection::new(shared, registry.admit(shared.metrics()));
     let mut lines = LineReader::new(BufReader::new(read));
-    let mut ticks = shared.tick.subscribe();
-    let mut subscriptions: Vec<String> = Vec::new();
-    let mut pushes = 0u64;
-    let mut rng = SmallRng::from_rng(&mut rand::rng());
-    // When each service was last reported on this connection: a report covers the time since.
-    let connected = Instant::now();
-    let mut reported: Vec<(String, Instant)> = Vec::new();
+    let mut ticks = shared.ticks();
     loop {
         let idle = tokio::time::sleep(options.idle_timeout);
-        tokio::select! {
+        let subscribed = !connection.subscriptions.is_empty();
+        let end = tokio::select! {
             _ = shutdown.recv() => return Ok(()),
-            _ = slot.shed.notified() => {
-                return out.error(ProtocolError::new(ErrorCode::Idle, "shed to make room for a new connection")).await;
-            }
-            _ = idle, if subscriptions.is_empty() => {
-                return out.error(ProtocolError::new(ErrorCode::Idle, "no request within agent.client_idle_timeout_ms")).await;
-            }
-            tick = ticks.recv(), if !subscriptions.is_empty() => {
+            _ = connection.slot.shed.notified() => Some(ProtocolError::new(ErrorCode::Idle, "shed to make room for a new connection")),
+            _ = idle, if !subscribed => Some(ProtocolError::new(ErrorCode::Idle, "no request within agent.client_idle_timeout_ms")),
+            tick = ticks.recv(), if subscribed => {
                 if let Err(broadcast::error::RecvError::Closed) = tick {
                     return Ok(());
                 }
-                for service in &subscriptions {
-                    pushes += 1;
-                    if let Some(push) = command::push(shared, service, pushes) {
-                        out.line(&Response::Estimate(Box::new(push))).await?;
-                    }
-                }
+                connection.push_estimates(&mut out).await?;
+                None
             }
-            line = lines.next() => {
-                let line = match line? {
-                    None => return Ok(()),
-                    Some(Line::TooLong) => {
-                        out.error(ProtocolError::new(ErrorCode::LineTooLong, format!("lines are at most {MAX_LINE_LEN} bytes"))).await?;
-                        continue;
-                    }
-                    Some(Line::Complete(line)) => line,
+            line = lines.next() => match line? {
+                None => return Ok(()),
+                Some(line) => connection.answer(line, &mut out).await?,
+            },
+        };
+        if let Some(error) = end {
+            return out.error(error).await;
+        }
+    }
+}
+
+/// What one connection keeps between its requests.
+struct Connection<'a> {
+    shared: &'a Shared,
+    slot: Slot<'a>,
+    /// The services this connection subscribed to, in order.
+    subscriptions: Vec<String>,
+    /// Pushes sent so far: their sequence numbers.
+    pushes: u64,
+    /// Draws each `QUERY`'s jitter.
+    rng: SmallRng,
+    connected: Instant,
+    /// When each service was last reported on this connection: a report covers the time since.
+    reported: Vec<(String, Instant)>,
+}
+
+impl<'a> Connection<'a> {
+    fn new(shared: &'a Shared, slot: Slot<'a>) -> Self {
+        Self {
+            shared,
+            slot,
+            subscriptions: Vec::new(),
+            pushes: 0,
+            rng: SmallRng::from_rng(&mut rand::rng()),
+            connected: Instant::now(),
+            reported: Vec::new(),
+        }
+    }
+
+    /// Answer one line. `Some` is the error that ends the connection.
+    async fn answer(
+        &mut self,
+        line: Line,
+        out: &mut Writer<'_>,
+    ) -> io::Result<Option<ProtocolError>> {
+        let line = match line {
+            Line::Complete(line) => line,
+            Line::TooLong => {
+                let too_long = format!("lines are at most {MAX_LINE_LEN} bytes");
+                out.error(ProtocolError::new(ErrorCode::LineTooLong, too_long))
+                    .await?;
+                return Ok(None);
+            }
+        };
+        let request = match Request::parse(&line) {
+            Ok(request) => request,
+            Err(error) => {
+                out.error(error).await?;
+                return Ok(None);
+            }
+        };
+        self.shared.metrics().record_request(request.command());
+        let response = match request {
+            Request::Query {
+                service,
+                queue_depth,
+                backoff_streak,
+            } => {
+                self.slot.touch();
+                let query = Query {
+                    queue_depth,
+                    backoff_streak,
                 };
-                let request = match Request::parse(&line) {
-                    Ok(request) => request,
-                    Err(error) => {
-                        out.error(error).await?;
-                        continue;
-                    }
-                };
-                shared.metrics.record_request(request.command());
-                let response = match request {
-                    Request::Query { service, queue_depth, backoff_streak } => {
-                        slot.touch();
-                        command::query(shared, service, Query { queue_depth, backoff_streak }, &mut rng)
-                    }
-                    Request::Report(report) => {
-                        slot.touch();
-                        let last = reported.iter_mut().find(|(s, _)| s == report.service);
-                        let from = last.as_ref().map_or(connected, |(_, at)| *at);
-                        let response = command::report(shared, from, &report);
-                        if response == Response::Ok {
-                            let now = Instant::now();
-                            match last {
-                                Some((_, at)) => *at = now,
-                                None => reported.push((report.service.to_owned(), now)),
-                            }
-                        }
-                        response
-                    }
-                    Request::Subscribe { service } => {
-                        pushes += 1;
-                        match command::push(shared, service, pushes) {
-                            None => command::unknown_service(service),
-                            Some(_) if !slot.subscribe() => {
-                                return out.error(ProtocolError::new(
-                                    ErrorCode::Overloaded,
-                                    "every subscription slot is taken (subscribers hold at most three quarters of agent.max_clients)",
-                                )).await;
-                            }
-                            Some(push) => {
-                                if !subscriptions.iter().any(|s| s == service) {
-                                    subscriptions.push(service.to_owned());
-                                }
-                                Response::Estimate(Box::new(push))
-                            }
-                        }
-                    }
-                    Request::Health => {
-                        slot.touch();
-                        command::health(shared, slot.registry().len())
-                    }
-                };
-                match response {
-                    Response::Err(error) => out.error(error).await?,
-                    response => out.line(&response).await?,
-                }
+                command::query(self.shared, service, query, &mut self.rng)
+            }
+            Request::Report(report) => {
+                self.slot.touch();
+                self.report(&report)
+            }
+            Request::Subscribe { service } => match self.subscribe(service) {
+                Ok(response) => response,
+                Err(end) => return Ok(Some(end)),
+            },
+            Request::Health => {
+                self.slot.touch();
+                command::health(self.shared, self.slot.registry().len())
+            }
+        };
+        out.respond(response).await?;
+        Ok(None)
+    }
+
+    /// `REPORT`, covering the time since this connection last reported the service.
+    fn report(&mut self, report: &Report<'_>) -> Response {
+        let last = self.reported.iter_mut().find(|(s, _)| s == report.service);
+        let from = last.as_ref().map_or(self.connected, |(_, at)| *at);
+        let response = command::report(self.shared, from, report);
+        if response == Response::Ok {
+            let now = Instant::now();
+            match last {
+                Some((_, at)) => *at = now,
+                None => self.reported.push((report.service.to_owned(), now)),
             }
         }
+        response
+    }
+
+    /// `SUBSCRIBE`: the first push, or the error that ends the connection when every
+    /// subscription slot is taken.
+    fn subscribe(&mut self, service: &str) -> Result<Response, ProtocolError> {
+        self.pushes += 1;
+        let Some(push) = command::push(self.shared, service, self.pushes) else {
+            return Ok(command::unknown_service(service));
+        };
+        if !self.slot.subscribe() {
+            return Err(ProtocolError::new(
+                ErrorCode::Overloaded,
+                "every subscription slot is taken (subscribers hold at most three quarters of agent.max_clients)",
+            ));
+        }
+        if !self.subscriptions.iter().any(|s| s == service) {
+            self.subscriptions.push(service.to_owned());
+        }
+        Ok(Response::Estimate(Box::new(push)))
+    }
+
+    /// One push per subscribed service, after a tick.
+    async fn push_estimates(&mut self, out: &mut Writer<'_>) -> io::Result<()> {
+        for service in &self.subscriptions {
+            self.pushes += 1;
+            if let Some(push) = command::push(self.shared, service, self.pushes) {
+                out.line(&Response::Estimate(Box::new(push))).await?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -162,7 +221,7 @@ impl<'a> Writer<'a> {
         match tokio::time::timeout(self.deadline, write).await {
             Ok(result) => result,
             Err(_) => {
-                self.shared.metrics.record_write_timeout();
+                self.shared.metrics().record_write_timeout();
                 Err(io::Error::new(
                     io::ErrorKind::TimedOut,
                     "the peer did not read its answers within agent.client_write_timeout_ms",
@@ -172,8 +231,16 @@ impl<'a> Writer<'a> {
     }
 
     async fn error(&mut self, error: ProtocolError) -> io::Result<()> {
-        self.shared.metrics.record_error(error.code);
+        self.shared.metrics().record_error(error.code);
         self.line(&error).await
+    }
+
+    /// Write a response; an `ERR` is counted as an error.
+    async fn respond(&mut self, response: Response) -> io::Result<()> {
+        match response {
+            Response::Err(error) => self.error(error).await,
+            response => self.line(&response).await,
+        }
     }
 }
 

@@ -19,11 +19,8 @@ use std::{
     io,
     os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt},
     path::{Path, PathBuf},
-    sync::{
-        Arc, Mutex, MutexGuard,
-        atomic::{AtomicU64, AtomicUsize},
-    },
-    time::{Duration, Instant},
+    sync::Arc,
+    time::Duration,
 };
 
 pub use registry::max_subscribers;
@@ -33,53 +30,7 @@ use tokio::{
 };
 use tracing::{debug, warn};
 
-use crate::{estimate::Estimator, metrics::Metrics};
-
-/// State shared by the tick loop, the socket server and the metrics endpoint.
-pub struct Shared {
-    /// The estimates.
-    pub estimator: Mutex<Estimator>,
-    /// The metrics.
-    pub metrics: Metrics,
-    /// When the agent started.
-    pub started: Instant,
-    /// Ticks so far.
-    pub ticks: AtomicU64,
-    /// When the last tick happened.
-    pub last_tick: Mutex<Option<Instant>>,
-    /// Watched endpoints.
-    pub endpoints: AtomicUsize,
-    /// Sends the tick number after every tick (subscribers push then).
-    pub tick: broadcast::Sender<u64>,
-}
-
-impl Shared {
-    /// Fresh state around `estimator`.
-    pub fn new(estimator: Estimator) -> Self {
-        Self {
-            estimator: Mutex::new(estimator),
-            metrics: Metrics::new(),
-            started: Instant::now(),
-            ticks: AtomicU64::new(0),
-            last_tick: Mutex::new(None),
-            endpoints: AtomicUsize::new(0),
-            tick: broadcast::channel(16).0,
-        }
-    }
-
-    /// The estimator, even if a panicking holder poisoned the lock.
-    pub fn estimator(&self) -> MutexGuard<'_, Estimator> {
-        self.estimator
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-}
-
-impl AsRef<Metrics> for Shared {
-    fn as_ref(&self) -> &Metrics {
-        &self.metrics
-    }
-}
+use crate::shared::Shared;
 
 /// Limits of the socket server.
 #[derive(Clone, Debug)]

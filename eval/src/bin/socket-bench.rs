@@ -25,7 +25,8 @@ use retry_after_agent::{
     config::Config,
     endpoint::Endpoint,
     estimate::Estimator,
-    server::{self, ServerOptions, Shared},
+    server::{self, ServerOptions},
+    shared::Shared,
     snapshot::{EndpointSnapshot, ProbeStats, Snapshot},
 };
 use retry_after_common::{EndpointCounters, Side};
@@ -65,7 +66,7 @@ fn main() {
     let agent_socket = dir.join("agent.sock");
     let echo_socket = dir.join("echo.sock");
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let shared = Arc::new(Shared::new(warm_estimator()));
+    let shared = Arc::new(Shared::new(warm_estimator(), 0));
     {
         let _guard = runtime.enter();
         let listener = server::bind(&agent_socket, 0o600).unwrap();
