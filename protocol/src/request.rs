@@ -91,7 +91,61 @@ impl HandedOut {
     }
 }
 
-impl Report<'_> {
+impl<'a> Report<'a> {
+    /// `REPORT`'s service and options: `admitted=` and `rejected=` are required, every
+    /// count is at most `MAX_REPORT_COUNT`.
+    fn parse(mut words: impl Iterator<Item = &'a str>) -> Result<Self, ProtocolError> {
+        let mut report = Report {
+            service: service(words.next())?,
+            ..Report::default()
+        };
+        let (mut admitted, mut rejected) = (None, None);
+        options(
+            words,
+            "REPORT takes admitted=<n> rejected=<n> and optionally depth=, streak=, retry_admitted=, retry_rejected=, handed_out=",
+            |key, v| match key {
+                "admitted" => set(&mut admitted, key, v),
+                "rejected" => set(&mut rejected, key, v),
+                "depth" => set(&mut report.queue_depth, key, v),
+                "streak" => set(&mut report.backoff_streak, key, v),
+                "retry_admitted" => set(&mut report.retry_admitted, key, v),
+                "retry_rejected" => set(&mut report.retry_rejected, key, v),
+                "handed_out" if report.handed_out.is_none() => {
+                    Some(checked_handed_out(v).map(|v| report.handed_out = Some(v)))
+                }
+                _ => None,
+            },
+        )?;
+        let (Some(admitted), Some(rejected)) = (admitted, rejected) else {
+            return Err(ProtocolError::new(
+                ErrorCode::BadArgument,
+                "REPORT needs admitted=<n> and rejected=<n>",
+            ));
+        };
+        report.admitted = admitted;
+        report.rejected = rejected;
+        report.check_counts()?;
+        Ok(report)
+    }
+
+    fn check_counts(&self) -> Result<(), ProtocolError> {
+        let counts = [
+            Some(self.admitted),
+            Some(self.rejected),
+            self.retry_admitted,
+            self.retry_rejected,
+        ];
+        if counts.into_iter().flatten().any(|n| n > MAX_REPORT_COUNT) {
+            return Err(ProtocolError::new(
+                ErrorCode::BadArgument,
+                format!(
+                    "REPORT counts (admitted=, rejected=, retry_admitted=, retry_rejected=) are at most {MAX_REPORT_COUNT}: report more often"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// The values handed out, as reported (nothing if the proxy did not say).
     pub fn handed_out(&self) -> impl Iterator<Item = HandedOut> + '_ {
         self.handed_out
@@ -108,105 +162,16 @@ impl<'a> Request<'a> {
     /// # Errors
     /// A [`ProtocolError`] saying what is wrong with the line.
     pub fn parse(line: &'a [u8]) -> Result<Self, ProtocolError> {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        if line.len() > MAX_LINE_LEN {
-            return Err(ProtocolError::new(
-                ErrorCode::LineTooLong,
-                format!("lines are at most {MAX_LINE_LEN} bytes"),
-            ));
-        }
-        if !line.iter().all(|b| b.is_ascii_graphic() || *b == b' ') {
-            return Err(ProtocolError::new(
-                ErrorCode::BadRequest,
-                "a request is printable ASCII words separated by spaces",
-            ));
-        }
-        let Ok(line) = std::str::from_utf8(line) else {
-            unreachable!("printable ASCII is UTF-8");
-        };
-        let mut words = line.split(' ');
-        let command = words.next().unwrap_or("");
-        match command {
+        let mut words = words(line)?;
+        match words.next().unwrap_or("") {
             "" => Err(ProtocolError::new(ErrorCode::BadRequest, "empty request")),
-            "QUERY" => {
-                let service = service(words.next())?;
-                let (mut queue_depth, mut backoff_streak) = (None, None);
-                options(
-                    words,
-                    "QUERY takes depth=<n> and streak=<n>",
-                    |key, v| match key {
-                        "depth" => set(&mut queue_depth, key, v),
-                        "streak" => set(&mut backoff_streak, key, v),
-                        _ => None,
-                    },
-                )?;
-                Ok(Request::Query {
-                    service,
-                    queue_depth,
-                    backoff_streak,
-                })
-            }
+            "QUERY" => Self::parse_query(words),
             "SUBSCRIBE" => {
                 let service = service(words.next())?;
                 options(words, "SUBSCRIBE takes no options", |_, _| None)?;
                 Ok(Request::Subscribe { service })
             }
-            "REPORT" => {
-                let mut report = Report {
-                    service: service(words.next())?,
-                    ..Report::default()
-                };
-                let (mut admitted, mut rejected) = (None, None);
-                options(
-                    words,
-                    "REPORT takes admitted=<n> rejected=<n> and optionally depth=, streak=, retry_admitted=, retry_rejected=, handed_out=",
-                    |key, v| match key {
-                        "admitted" => set(&mut admitted, key, v),
-                        "rejected" => set(&mut rejected, key, v),
-                        "depth" => set(&mut report.queue_depth, key, v),
-                        "streak" => set(&mut report.backoff_streak, key, v),
-                        "retry_admitted" => set(&mut report.retry_admitted, key, v),
-                        "retry_rejected" => set(&mut report.retry_rejected, key, v),
-                        "handed_out" if report.handed_out.is_none() => Some(
-                            if v == "none" || v.split(',').all(|e| HandedOut::parse(e).is_some()) {
-                                report.handed_out = Some(v);
-                                Ok(())
-                            } else {
-                                Err(ProtocolError::new(
-                                    ErrorCode::BadArgument,
-                                    format!(
-                                        "handed_out={v:?} is not entries like c3:12 or s5:40 (rung c or s, seconds, count), comma-separated"
-                                    ),
-                                ))
-                            },
-                        ),
-                        _ => None,
-                    },
-                )?;
-                let (Some(admitted), Some(rejected)) = (admitted, rejected) else {
-                    return Err(ProtocolError::new(
-                        ErrorCode::BadArgument,
-                        "REPORT needs admitted=<n> and rejected=<n>",
-                    ));
-                };
-                report.admitted = admitted;
-                report.rejected = rejected;
-                let counts = [
-                    Some(admitted),
-                    Some(rejected),
-                    report.retry_admitted,
-                    report.retry_rejected,
-                ];
-                if counts.into_iter().flatten().any(|n| n > MAX_REPORT_COUNT) {
-                    return Err(ProtocolError::new(
-                        ErrorCode::BadArgument,
-                        format!(
-                            "REPORT counts (admitted=, rejected=, retry_admitted=, retry_rejected=) are at most {MAX_REPORT_COUNT}: report more often"
-                        ),
-                    ));
-                }
-                Ok(Request::Report(report))
-            }
+            "REPORT" => Report::parse(words).map(Request::Report),
             "HEALTH" => {
                 options(words, "HEALTH takes no options", |_, _| None)?;
                 Ok(Request::Health)
@@ -216,6 +181,26 @@ impl<'a> Request<'a> {
                 format!("{other:?} is not QUERY, SUBSCRIBE, REPORT or HEALTH"),
             )),
         }
+    }
+
+    /// `QUERY`'s service and options.
+    fn parse_query(mut words: impl Iterator<Item = &'a str>) -> Result<Self, ProtocolError> {
+        let service = service(words.next())?;
+        let (mut queue_depth, mut backoff_streak) = (None, None);
+        options(
+            words,
+            "QUERY takes depth=<n> and streak=<n>",
+            |key, v| match key {
+                "depth" => set(&mut queue_depth, key, v),
+                "streak" => set(&mut backoff_streak, key, v),
+                _ => None,
+            },
+        )?;
+        Ok(Request::Query {
+            service,
+            queue_depth,
+            backoff_streak,
+        })
     }
 
     /// The command's name in lower case (`query`, `subscribe`, `report`, `health`), for logs
@@ -282,6 +267,41 @@ impl fmt::Display for Request<'_> {
             Request::Health => f.write_str("HEALTH"),
         }
     }
+}
+
+/// The line's words, after checking its length and that it is printable ASCII words
+/// separated by spaces (a trailing `\r` is dropped).
+fn words(line: &[u8]) -> Result<impl Iterator<Item = &str>, ProtocolError> {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    if line.len() > MAX_LINE_LEN {
+        return Err(ProtocolError::new(
+            ErrorCode::LineTooLong,
+            format!("lines are at most {MAX_LINE_LEN} bytes"),
+        ));
+    }
+    if !line.iter().all(|b| b.is_ascii_graphic() || *b == b' ') {
+        return Err(ProtocolError::new(
+            ErrorCode::BadRequest,
+            "a request is printable ASCII words separated by spaces",
+        ));
+    }
+    let Ok(line) = std::str::from_utf8(line) else {
+        unreachable!("printable ASCII is UTF-8");
+    };
+    Ok(line.split(' '))
+}
+
+/// A `handed_out=` value: `none`, or entries like `c3:12`, comma-separated.
+fn checked_handed_out(value: &str) -> Result<&str, ProtocolError> {
+    if value == "none" || value.split(',').all(|e| HandedOut::parse(e).is_some()) {
+        return Ok(value);
+    }
+    Err(ProtocolError::new(
+        ErrorCode::BadArgument,
+        format!(
+            "handed_out={value:?} is not entries like c3:12 or s5:40 (rung c or s, seconds, count), comma-separated"
+        ),
+    ))
 }
 
 fn service(word: Option<&str>) -> Result<&str, ProtocolError> {
