@@ -89,6 +89,32 @@ impl JudgeStats {
             Rung::None => None,
         }
     }
+
+    /// Count a settled answer group; the drained ones are returned for the histograms.
+    fn count(&mut self, p: &Pending) -> Option<Settled> {
+        let rung = self.rung_mut(p.key.rung)?;
+        if let Some(share) = p.admitted {
+            rung.admission_judged += p.weight;
+            rung.admitted += share * p.weight as f64;
+        }
+        let Some(observed) = p.drained else {
+            rung.undrained += p.weight;
+            return None;
+        };
+        rung.drained += p.weight;
+        let ratio = observed.as_secs_f64() / p.key.suggested_s.max(1) as f64;
+        let bucket = RATIO_BUCKETS
+            .iter()
+            .position(|upper| ratio <= *upper)
+            .unwrap_or(RATIO_BUCKETS.len());
+        rung.ratio_counts[bucket] += p.weight;
+        rung.ratio_sum += ratio * p.weight as f64;
+        Some(Settled {
+            rung: p.key.rung,
+            ratio,
+            weight: p.weight,
+        })
+    }
 }
 
 /// One drained answer group settled at a tick.
@@ -127,9 +153,56 @@ struct Pending {
     /// The last (time, completions) point seen, interpolation starts there.
     last: (Instant, f64),
     drained: Option<Duration>,
-    /// `Some(share)` once judged, `Some(None)`-like states are kept in `admission_done`.
+    /// The admitted share at the due time, once a report covered it.
     admitted: Option<f64>,
+    /// Admission judged, or known never to be (no report will cover the due time).
     admission_done: bool,
+}
+
+impl Pending {
+    /// Has the queue of the answer drained by `now`? The crossing is interpolated within the
+    /// tick.
+    fn follow_drain(&mut self, now: Instant, completed: f64) {
+        if self.drained.is_some() {
+            return;
+        }
+        if completed < self.target {
+            self.last = (now, completed);
+            return;
+        }
+        let (t0, c0) = self.last;
+        let crossed = if completed > c0 && self.target > c0 {
+            t0 + (now - t0).mul_f64((self.target - c0) / (completed - c0))
+        } else {
+            t0
+        };
+        self.drained = Some(crossed.saturating_duration_since(self.at));
+    }
+
+    /// The admitted share of the report intervals that hold the answer's due time, once a
+    /// report covers it (or none will: a later report, or the grace passed).
+    fn follow_admission(&mut self, now: Instant, outcomes: &VecDeque<Outcome>) {
+        if self.admission_done {
+            return;
+        }
+        let due = self.at + Duration::from_secs(self.key.suggested_s);
+        let covering = outcomes.iter().filter(|o| o.from <= due && due <= o.to);
+        let (admitted, total) = covering.fold((0u64, 0u64), |(a, t), o| {
+            (a + o.admitted, t + o.admitted + o.rejected)
+        });
+        if total > 0 {
+            self.admitted = Some(admitted as f64 / total as f64);
+            self.admission_done = true;
+        } else if outcomes.iter().any(|o| o.to >= due) || now > due + REPORT_GRACE {
+            self.admission_done = true;
+        }
+    }
+
+    /// Judged on both counts: admission, and drained or past the horizon.
+    fn is_settled(&self, now: Instant, horizon: Duration) -> bool {
+        let undrained = self.drained.is_none() && now.saturating_duration_since(self.at) > horizon;
+        self.admission_done && (self.drained.is_some() || undrained)
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -216,97 +289,58 @@ impl Judge {
     /// returns the drained answer groups settled now.
     pub fn observe(&mut self, now: Instant, completed_total: u64) -> Vec<Settled> {
         let completed = completed_total as f64;
-        // This tick's answers: their completion count at the answer, interpolated.
-        if let Some(since) = self.open_since.take() {
-            let (prev_at, prev_completed) = self
-                .last_tick
-                .map_or((since, completed), |(t, c)| (t, c as f64));
-            for (key, open) in self.open.drain() {
-                let mean = Duration::from_nanos(
-                    u64::try_from(open.offset_sum_ns / u128::from(open.weight)).unwrap_or(u64::MAX),
-                );
-                let at = (since + mean).min(now);
-                let baseline = interpolate((prev_at, prev_completed), (now, completed), at);
-                self.pending.push_back(Pending {
-                    key,
-                    weight: open.weight,
-                    at,
-                    target: baseline + key.depth as f64,
-                    last: (at, baseline),
-                    drained: None,
-                    admitted: None,
-                    admission_done: false,
-                });
-            }
-        }
+        self.close_tick(now, completed);
         self.last_tick = Some((now, completed_total));
+        self.forget_outcomes_before(now);
+        let mut settled = Vec::new();
+        let (horizon, outcomes, stats) = (self.horizon, &self.outcomes, &mut self.stats);
+        self.pending.retain_mut(|p| {
+            p.follow_drain(now, completed);
+            p.follow_admission(now, outcomes);
+            if !p.is_settled(now, horizon) {
+                return true;
+            }
+            settled.extend(stats.count(p));
+            false
+        });
+        settled
+    }
+
+    /// This tick's answers become pending, each group at its mean answer time and with the
+    /// completion count there interpolated between the last tick and this one.
+    fn close_tick(&mut self, now: Instant, completed: f64) {
+        let Some(since) = self.open_since.take() else {
+            return;
+        };
+        let (prev_at, prev_completed) = self
+            .last_tick
+            .map_or((since, completed), |(t, c)| (t, c as f64));
+        for (key, open) in self.open.drain() {
+            let mean = Duration::from_nanos(
+                u64::try_from(open.offset_sum_ns / u128::from(open.weight)).unwrap_or(u64::MAX),
+            );
+            let at = (since + mean).min(now);
+            let baseline = interpolate((prev_at, prev_completed), (now, completed), at);
+            self.pending.push_back(Pending {
+                key,
+                weight: open.weight,
+                at,
+                target: baseline + key.depth as f64,
+                last: (at, baseline),
+                drained: None,
+                admitted: None,
+                admission_done: false,
+            });
+        }
+    }
+
+    /// Drop report intervals that no pending answer can be due in any more.
+    fn forget_outcomes_before(&mut self, now: Instant) {
         if let Some(oldest) = now.checked_sub(self.horizon + Duration::from_secs(120)) {
             while self.outcomes.front().is_some_and(|o| o.to < oldest) {
                 self.outcomes.pop_front();
             }
         }
-
-        let mut settled = Vec::new();
-        let (horizon, outcomes, stats) = (self.horizon, &self.outcomes, &mut self.stats);
-        self.pending.retain_mut(|p| {
-            if p.drained.is_none() {
-                if completed >= p.target {
-                    let (t0, c0) = p.last;
-                    let crossed = if completed > c0 && p.target > c0 {
-                        t0 + (now - t0).mul_f64((p.target - c0) / (completed - c0))
-                    } else {
-                        t0
-                    };
-                    p.drained = Some(crossed.saturating_duration_since(p.at));
-                } else {
-                    p.last = (now, completed);
-                }
-            }
-            let due = p.at + Duration::from_secs(p.key.suggested_s);
-            if !p.admission_done {
-                let covering = outcomes.iter().filter(|o| o.from <= due && due <= o.to);
-                let (admitted, total) = covering.fold((0u64, 0u64), |(a, t), o| {
-                    (a + o.admitted, t + o.admitted + o.rejected)
-                });
-                if total > 0 {
-                    p.admitted = Some(admitted as f64 / total as f64);
-                    p.admission_done = true;
-                } else if outcomes.iter().any(|o| o.to >= due) || now > due + REPORT_GRACE {
-                    p.admission_done = true;
-                }
-            }
-            let undrained = p.drained.is_none() && now.saturating_duration_since(p.at) > horizon;
-            if !(p.admission_done && (p.drained.is_some() || undrained)) {
-                return true;
-            }
-            let Some(rung) = stats.rung_mut(p.key.rung) else {
-                return false;
-            };
-            if let Some(share) = p.admitted {
-                rung.admission_judged += p.weight;
-                rung.admitted += share * p.weight as f64;
-            }
-            match p.drained {
-                Some(observed) => {
-                    rung.drained += p.weight;
-                    let ratio = observed.as_secs_f64() / p.key.suggested_s.max(1) as f64;
-                    let bucket = RATIO_BUCKETS
-                        .iter()
-                        .position(|upper| ratio <= *upper)
-                        .unwrap_or(RATIO_BUCKETS.len());
-                    rung.ratio_counts[bucket] += p.weight;
-                    rung.ratio_sum += ratio * p.weight as f64;
-                    settled.push(Settled {
-                        rung: p.key.rung,
-                        ratio,
-                        weight: p.weight,
-                    });
-                }
-                None => rung.undrained += p.weight,
-            }
-            false
-        });
-        settled
     }
 
     /// The running results.
