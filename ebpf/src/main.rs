@@ -521,9 +521,39 @@ fn on_segment(ctx: &SkBuffContext, ingress: bool) {
         }
         return;
     };
-    // The connection's state and the counters it feeds. State from an earlier watch of the
-    // endpoint (removed, or removed and added again) is dropped: the connection is then as
-    // untracked, and may be adopted by this very segment.
+    let Some((conn, c)) = connection(ctx, ingress, sk, state, &segment) else {
+        return;
+    };
+    // SAFETY: `conn` points at the socket's live state.
+    let conn = unsafe { &mut *conn };
+    if conn.scope_cgroup != 0 && !enter_scope(skb, sk, conn) {
+        return;
+    }
+    // Which way the segment travels between client and server. On a TLS connection only the
+    // segments that carry request or response records take part in turns (`tls`).
+    let from_client = (conn.side == Side::Server as u16) == ingress;
+    let payload = packet::SegmentPayload::new(ctx, segment.payload_offset);
+    let delta = if from_client {
+        client_segment(conn, c, &segment, &payload)
+    } else {
+        server_segment(ctx, conn, &segment, &payload)
+    };
+    // SAFETY: `c` points into this CPU's copy of a live map value.
+    unsafe { counters::apply(c, &delta) };
+}
+
+/// The connection's state and the counters it feeds: its tracked state, or the state of a
+/// connection adopted at this segment. State from an earlier watch of the endpoint (removed,
+/// or removed and added again) is dropped: the connection is then as untracked, and may be
+/// adopted by this very segment.
+#[inline(always)]
+fn connection(
+    ctx: &SkBuffContext,
+    ingress: bool,
+    sk: *mut bpf_sock,
+    state: Option<*mut ConnState>,
+    segment: &packet::Segment,
+) -> Option<(*mut ConnState, *mut EndpointCounters)> {
     let with_counters = |conn: *mut ConnState| {
         // SAFETY: `conn` points at the socket's live state.
         let c = live_counters(unsafe { &*conn });
@@ -532,85 +562,98 @@ fn on_segment(ctx: &SkBuffContext, ingress: bool) {
         }
         c.map(|c| (conn, c))
     };
-    let Some((conn, c)) = state
+    state
         .and_then(with_counters)
-        .or_else(|| adopt(ctx, ingress, &segment).and_then(with_counters))
-    else {
-        return;
-    };
-    // SAFETY: `conn` points at the socket's live state.
-    let conn = unsafe { &mut *conn };
-    if conn.scope_cgroup != 0 {
-        // SAFETY: the helpers only read the packet's socket.
-        let ancestor = unsafe { bpf_skb_ancestor_cgroup_id(skb, conn.scope_level as i32) };
-        // 0 from both: no full socket on this segment, decide on the next one. 0 only from
-        // the ancestor: the socket's cgroup is shallower than the scope, so outside it.
-        if ancestor == 0 && unsafe { bpf_skb_cgroup_id(skb) } == 0 {
-            return;
-        }
-        if ancestor != conn.scope_cgroup {
-            counters::probe_stat(&PROBE_STATS, ProbeStat::ConnectionsOutOfScope);
-            forget(sk);
-            return;
-        }
-        conn.scope_cgroup = 0;
-        // No segment was fed to the turn before this one, so an open request is one that came
-        // with the handshake (TCP Fast Open), started but not counted while the scope was open.
-        let early = TurnDelta {
-            started: u8::from(conn.turn.phase() == PHASE_REQUEST),
-            ..TurnDelta::default()
-        };
-        count_opened(conn, &early);
+        .or_else(|| adopt(ctx, ingress, segment).and_then(with_counters))
+}
+
+/// Decide a scoped connection's scope on its first segment with a full socket: true if its
+/// client is inside the proxy's cgroup (the scope is then settled and any request that came
+/// with the handshake counted), false if not yet known or outside (then forgotten).
+#[inline(always)]
+fn enter_scope(skb: *mut __sk_buff, sk: *mut bpf_sock, conn: &mut ConnState) -> bool {
+    // SAFETY: the helpers only read the packet's socket.
+    let ancestor = unsafe { bpf_skb_ancestor_cgroup_id(skb, conn.scope_level as i32) };
+    // 0 from both: no full socket on this segment, decide on the next one. 0 only from
+    // the ancestor: the socket's cgroup is shallower than the scope, so outside it.
+    if ancestor == 0 && unsafe { bpf_skb_cgroup_id(skb) } == 0 {
+        return false;
     }
-    // Which way the segment travels between client and server. On a TLS connection only the
-    // segments that carry request or response records take part in turns (`tls`).
-    let from_client = (conn.side == Side::Server as u16) == ingress;
-    let payload = packet::SegmentPayload::new(ctx, segment.payload_offset);
-    let delta = if from_client {
-        let peer = conn.server_records.flags;
-        let walked = walk_records(
-            &mut conn.client_records,
-            &segment,
-            &payload,
-            Sender::Client,
-            peer,
-        );
-        if walked.found_tls {
-            let withdrawn = conn.turn.on_client_hello_found();
-            // SAFETY: `c` points into this CPU's copy of a live map value.
-            unsafe { counters::apply(c, &withdrawn) };
-        }
-        let len = if walked.plaintext || walked.message {
-            segment.payload_len
-        } else {
-            0
-        };
-        let ack = segment.has_ack.then_some(segment.ack);
-        conn.turn.on_client_segment(segment.seq, len, ack)
-    } else {
-        let peer = conn.client_records.flags;
-        let walked = walk_records(
-            &mut conn.server_records,
-            &segment,
-            &payload,
-            Sender::Server,
-            peer,
-        );
-        if walked.plaintext || walked.message {
-            // Only a plaintext segment that could begin this request's response is looked
-            // into for an interim (1xx) response.
-            let interim = walked.plaintext
-                && conn.turn.phase() == PHASE_REQUEST
-                && segment.payload_len >= 12
-                && packet::starts_interim_response(ctx, segment.payload_offset);
-            conn.turn
-                .on_server_segment(segment.seq, segment.payload_len, segment.push, interim)
-        } else {
-            TurnDelta::default()
-        }
+    if ancestor != conn.scope_cgroup {
+        counters::probe_stat(&PROBE_STATS, ProbeStat::ConnectionsOutOfScope);
+        forget(sk);
+        return false;
+    }
+    conn.scope_cgroup = 0;
+    // No segment was fed to the turn before this one, so an open request is one that came
+    // with the handshake (TCP Fast Open), started but not counted while the scope was open.
+    let early = TurnDelta {
+        started: u8::from(conn.turn.phase() == PHASE_REQUEST),
+        ..TurnDelta::default()
     };
-    // SAFETY: `c` points into this CPU's copy of a live map value.
-    unsafe { counters::apply(c, &delta) };
+    count_opened(conn, &early);
+    true
+}
+
+/// A segment from the client: its records walked (a ClientHello found withdraws what the
+/// turn counted as plaintext), then the turn moved by the request bytes it carries.
+#[inline(always)]
+fn client_segment(
+    conn: &mut ConnState,
+    c: *mut EndpointCounters,
+    segment: &packet::Segment,
+    payload: &packet::SegmentPayload,
+) -> TurnDelta {
+    let peer = conn.server_records.flags;
+    let walked = walk_records(
+        &mut conn.client_records,
+        segment,
+        payload,
+        Sender::Client,
+        peer,
+    );
+    if walked.found_tls {
+        let withdrawn = conn.turn.on_client_hello_found();
+        // SAFETY: `c` points into this CPU's copy of a live map value.
+        unsafe { counters::apply(c, &withdrawn) };
+    }
+    let len = if walked.plaintext || walked.message {
+        segment.payload_len
+    } else {
+        0
+    };
+    let ack = segment.has_ack.then_some(segment.ack);
+    conn.turn.on_client_segment(segment.seq, len, ack)
+}
+
+/// A segment from the server: its records walked, then the turn moved by the response bytes
+/// it carries.
+#[inline(always)]
+fn server_segment(
+    ctx: &SkBuffContext,
+    conn: &mut ConnState,
+    segment: &packet::Segment,
+    payload: &packet::SegmentPayload,
+) -> TurnDelta {
+    let peer = conn.client_records.flags;
+    let walked = walk_records(
+        &mut conn.server_records,
+        segment,
+        payload,
+        Sender::Server,
+        peer,
+    );
+    if !(walked.plaintext || walked.message) {
+        return TurnDelta::default();
+    }
+    // Only a plaintext segment that could begin this request's response is looked into for
+    // an interim (1xx) response.
+    let interim = walked.plaintext
+        && conn.turn.phase() == PHASE_REQUEST
+        && segment.payload_len >= 12
+        && packet::starts_interim_response(ctx, segment.payload_offset);
+    conn.turn
+        .on_server_segment(segment.seq, segment.payload_len, segment.push, interim)
 }
 
 /// Walk the TLS records of one segment sent by `sender` (`peer_flags`: the other direction's
