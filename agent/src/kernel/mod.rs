@@ -8,12 +8,19 @@
 mod cgroup;
 mod listeners;
 
-use std::{collections::BTreeMap, path::PathBuf, time::Instant};
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    time::Instant,
+};
 
 use aya::{
     Btf, Ebpf, EbpfLoader,
     maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray, PerCpuValues},
-    programs::{BtfTracePoint, CgroupSkb, CgroupSkbAttachType, SockOps, links::CgroupAttachMode},
+    programs::{
+        BtfTracePoint, CgroupSkb, CgroupSkbAttachType, ProgramError, SockOps,
+        links::CgroupAttachMode,
+    },
     util::nr_cpus,
 };
 use retry_after_common::{
@@ -177,69 +184,14 @@ impl Probe {
         };
         let attached =
             attach_dirs(&cgroup, &options.attach_to).map_err(ProbeError::AttachCgroups)?;
-        let dirs = attached
-            .iter()
-            .map(|path| {
-                std::fs::File::open(path)
-                    .map(|dir| (path, dir))
-                    .map_err(|source| ProbeError::OpenCgroup {
-                        path: path.clone(),
-                        source,
-                    })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let dirs = open_dirs(&attached)?;
         // aya-log levels: 2 = warn, 4 = debug.
         let log_level: u8 = if options.debug_log { 4 } else { 2 };
         let mut loader = EbpfLoader::new();
         loader.override_global("AYA_LOG_LEVEL", &log_level, false);
         let mut ebpf = loader.load(EBPF_OBJECT).map_err(ProbeError::Load)?;
-
-        let [sockops, ingress, egress, destroy] = PROGRAM_NAMES;
-        let attach_error = |name, path: &PathBuf| {
-            let cgroup = path.clone();
-            move |source| ProbeError::Attach {
-                name,
-                cgroup,
-                source,
-            }
-        };
-        let program: &mut SockOps = program_mut(&mut ebpf, sockops)?;
-        program.load().map_err(|source| ProbeError::Verify {
-            name: sockops,
-            source,
-        })?;
-        for (path, dir) in &dirs {
-            // A single attachment: the kernel here refuses AllowMultiple for sock_ops on the
-            // root.
-            program
-                .attach(dir, CgroupAttachMode::Single)
-                .map_err(attach_error(sockops, path))?;
-        }
-        for (name, attach_type) in [
-            (ingress, CgroupSkbAttachType::Ingress),
-            (egress, CgroupSkbAttachType::Egress),
-        ] {
-            let program: &mut CgroupSkb = program_mut(&mut ebpf, name)?;
-            program
-                .load()
-                .map_err(|source| ProbeError::Verify { name, source })?;
-            for (path, dir) in &dirs {
-                program
-                    .attach(dir, attach_type, CgroupAttachMode::Single)
-                    .map_err(attach_error(name, path))?;
-            }
-        }
-        // Closes of connections adopted after they opened (their state callback was never
-        // enabled) come from the `tcp_destroy_sock` tracepoint.
-        let btf = Btf::from_sys_fs().map_err(ProbeError::Btf)?;
-        let program: &mut BtfTracePoint = program_mut(&mut ebpf, destroy)?;
-        program
-            .load("tcp_destroy_sock", &btf)
-            .map_err(|source| ProbeError::Verify {
-                name: destroy,
-                source,
-            })?;
-        program.attach().map_err(attach_error(destroy, &cgroup))?;
+        attach_socket_programs(&mut ebpf, &dirs)?;
+        attach_destroy_tracepoint(&mut ebpf, &cgroup)?;
         let cpus = nr_cpus()
             .map_err(|(_, source)| ProbeError::Cpus(source))?
             .get() as usize;
@@ -493,6 +445,83 @@ impl Probe {
         let map = self.ebpf.map_mut(name).ok_or_else(|| missing(name))?;
         T::try_from(map).map_err(|source| ProbeError::MissingMap { name, source })
     }
+}
+
+/// Open each cgroup directory the programs attach to.
+fn open_dirs(paths: &[PathBuf]) -> Result<Vec<(&PathBuf, std::fs::File)>, ProbeError> {
+    paths
+        .iter()
+        .map(|path| {
+            std::fs::File::open(path)
+                .map(|dir| (path, dir))
+                .map_err(|source| ProbeError::OpenCgroup {
+                    path: path.clone(),
+                    source,
+                })
+        })
+        .collect()
+}
+
+/// The error of attaching program `name` at `path`.
+fn attach_error(name: &'static str, path: &Path) -> impl FnOnce(ProgramError) -> ProbeError {
+    let cgroup = path.to_path_buf();
+    move |source| ProbeError::Attach {
+        name,
+        cgroup,
+        source,
+    }
+}
+
+/// Load the socket programs (sock_ops, and the segment programs both ways) and attach each
+/// to every cgroup of `dirs`.
+fn attach_socket_programs(
+    ebpf: &mut Ebpf,
+    dirs: &[(&PathBuf, std::fs::File)],
+) -> Result<(), ProbeError> {
+    let [sockops, ingress, egress, _] = PROGRAM_NAMES;
+    let program: &mut SockOps = program_mut(ebpf, sockops)?;
+    program.load().map_err(|source| ProbeError::Verify {
+        name: sockops,
+        source,
+    })?;
+    for (path, dir) in dirs {
+        // A single attachment: the kernel here refuses AllowMultiple for sock_ops on the
+        // root.
+        program
+            .attach(dir, CgroupAttachMode::Single)
+            .map_err(attach_error(sockops, path))?;
+    }
+    for (name, attach_type) in [
+        (ingress, CgroupSkbAttachType::Ingress),
+        (egress, CgroupSkbAttachType::Egress),
+    ] {
+        let program: &mut CgroupSkb = program_mut(ebpf, name)?;
+        program
+            .load()
+            .map_err(|source| ProbeError::Verify { name, source })?;
+        for (path, dir) in dirs {
+            program
+                .attach(dir, attach_type, CgroupAttachMode::Single)
+                .map_err(attach_error(name, path))?;
+        }
+    }
+    Ok(())
+}
+
+/// Closes of connections adopted after they opened (their state callback was never enabled)
+/// come from the `tcp_destroy_sock` tracepoint.
+fn attach_destroy_tracepoint(ebpf: &mut Ebpf, cgroup: &Path) -> Result<(), ProbeError> {
+    let destroy = PROGRAM_NAMES[3];
+    let btf = Btf::from_sys_fs().map_err(ProbeError::Btf)?;
+    let program: &mut BtfTracePoint = program_mut(ebpf, destroy)?;
+    program
+        .load("tcp_destroy_sock", &btf)
+        .map_err(|source| ProbeError::Verify {
+            name: destroy,
+            source,
+        })?;
+    program.attach().map_err(attach_error(destroy, cgroup))?;
+    Ok(())
 }
 
 fn program_mut<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut T, ProbeError>
