@@ -84,7 +84,7 @@ fn warm_estimator(t0: Instant) -> ServiceEstimator {
         policy: RetryAfterPolicy::RouterQueueDrainRate,
         constants: PolicyConstants::default(),
         drain: DrainRateConstants::default(),
-        static_retry_after_s: Some(5),
+        retry_after_s: Some(5),
         status_code: 429,
         backends,
         frontend: Some(Endpoint::AnyAddress(8000)),

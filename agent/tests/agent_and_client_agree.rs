@@ -22,7 +22,7 @@ fn settings(
     rejected_at: RejectedAt,
     policy: RetryAfterPolicy,
     constants: PolicyConstants,
-    static_s: Option<u64>,
+    retry_after_s: Option<u64>,
     frontend: bool,
     max_ongoing: Option<u64>,
 ) -> ServiceSettings {
@@ -32,7 +32,7 @@ fn settings(
         policy,
         constants,
         drain: DrainRateConstants::default(),
-        static_retry_after_s: static_s,
+        retry_after_s,
         status_code: 503,
         backends: vec![(Endpoint::AnyAddress(9001), max_ongoing)],
         frontend: frontend.then_some(Endpoint::AnyAddress(9000)),
@@ -46,13 +46,13 @@ proptest! {
         policy in prop::sample::select(RetryAfterPolicy::ALL.to_vec()),
         promised in prop::collection::vec((0u64..2_000, 1u64..=60), 0..40),
         constants in strategies::constants(),
-        static_s in prop::option::of(1u64..600),
+        retry_after_s in prop::option::of(1u64..600),
         frontend in any::<bool>(),
         max_ongoing in prop::option::of(1u64..64),
         rates in prop::collection::vec((0u64..5_000, 0u64..200, 0u64..400), 1..8),
         queries in prop::collection::vec((prop::option::of(0u64..100_000), prop::option::of(0u32..20), 0.0..1.0f64), 1..16),
     ) {
-        let mut agent = ServiceEstimator::new(settings(rejected_at, policy, constants, static_s, frontend, max_ongoing));
+        let mut agent = ServiceEstimator::new(settings(rejected_at, policy, constants, retry_after_s, frontend, max_ongoing));
         let t0 = Instant::now();
         let mut completed = 0;
         for (tick, (done, in_flight, frontend_in_flight)) in rates.iter().enumerate() {

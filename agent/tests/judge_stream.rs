@@ -29,7 +29,7 @@ fn service() -> ServiceEstimator {
             ..PolicyConstants::simple()
         },
         drain: DrainRateConstants::default(),
-        static_retry_after_s: Some(5),
+        retry_after_s: Some(5),
         status_code: 429,
         backends: vec![
             (Endpoint::AnyAddress(9001), Some(2)),

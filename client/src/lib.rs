@@ -17,7 +17,7 @@
 //! # async fn example() {
 //! use retry_after_client::{ClientOptions, Subscription};
 //!
-//! let options = ClientOptions { static_retry_after_s: Some(5), ..ClientOptions::default() };
+//! let options = ClientOptions { retry_after_s: Some(5), ..ClientOptions::default() };
 //! let chat = Subscription::spawn("/run/retry-after-agent/agent.sock", "chat", options);
 //! // On each rejection:
 //! let decision = chat.retry_after(&mut rand::rng());
@@ -55,7 +55,7 @@ use tokio::{
 #[derive(Clone, Debug)]
 pub struct ClientOptions {
     /// Used when no fresh estimate is available; `None`: no header then.
-    pub static_retry_after_s: Option<u64>,
+    pub retry_after_s: Option<u64>,
     /// Status to reject with before any estimate has arrived (429); afterwards the service's
     /// configured status is used, even when the estimate is stale.
     pub status_code: u16,
@@ -70,7 +70,7 @@ pub struct ClientOptions {
 impl Default for ClientOptions {
     fn default() -> Self {
         Self {
-            static_retry_after_s: None,
+            retry_after_s: None,
             status_code: 429,
             stale_after: Duration::from_secs(5),
             reconnect_min: Duration::from_millis(100),
@@ -181,7 +181,7 @@ impl Subscription {
 
     /// This client's own static answer, with the service's status code if known.
     fn fallback(&self, status_code: u16) -> Decision {
-        let seconds = self.options.static_retry_after_s;
+        let seconds = self.options.retry_after_s;
         Decision {
             seconds,
             millis: seconds.map(|s| s.saturating_mul(1000)),
@@ -394,17 +394,17 @@ fn connect_within(socket: &Path, deadline: Instant) -> std::io::Result<StdUnixSt
     }
 }
 
-/// [`query`], or `static_retry_after_s` if it fails for any reason.
+/// [`query`], or `retry_after_s` if it fails for any reason.
 pub fn query_or_static(
     socket: impl AsRef<Path>,
     service: &str,
     queue_depth: Option<u64>,
     timeout: Duration,
-    static_retry_after_s: Option<u64>,
+    retry_after_s: Option<u64>,
 ) -> Option<u64> {
     query(socket, service, queue_depth, None, timeout)
         .map(|answer| answer.seconds)
-        .unwrap_or(static_retry_after_s)
+        .unwrap_or(retry_after_s)
 }
 
 #[cfg(test)]
@@ -414,7 +414,7 @@ mod tests {
 
     fn push() -> EstimatePush {
         EstimatePush::parse(
-            "ESTIMATE chat seq=1 policy=router_queue_drain_rate status=503 static=5 depth=40 source=frontend drain=4 occupancy=none occupancy_weight=0.25 backoff_weight=0.25 backoff_streak_saturation=5 jitter=0.2 min=1 max=60 base_ms=10000 reason=none",
+            "ESTIMATE chat seq=1 policy=router_queue_drain_rate status=503 retry_after_s=5 depth=40 source=frontend drain=4 occupancy=none occupancy_weight=0.25 backoff_weight=0.25 backoff_streak_saturation=5 jitter=0.2 min=1 max=60 base_ms=10000 reason=none",
         )
         .unwrap()
     }
@@ -460,7 +460,7 @@ mod tests {
             (d.seconds, d.reason),
             (Some(5), Some(FallbackReason::DrainNotWarm))
         );
-        cold.static_s = None;
+        cold.retry_after_s = None;
         let d = decide(&cold, None, None, &push().pushed_schedule(), 0.5);
         assert_eq!((d.seconds, d.rung), (None, Rung::None));
     }

@@ -124,7 +124,7 @@ async fn a_subscription_leaves_a_silent_agent_and_connects_again() {
         &path,
         "api",
         ClientOptions {
-            static_retry_after_s: Some(3),
+            retry_after_s: Some(3),
             stale_after: Duration::from_millis(300),
             reconnect_min: Duration::from_millis(50),
             reconnect_max: Duration::from_millis(100),

@@ -60,10 +60,10 @@ pub enum Behaviour {
 
 impl Behaviour {
     /// How long to wait after the rejection of attempt `number` that suggested
-    /// `retry_after_s`, with `u` a uniform draw from [0, 1) for the backoff's jitter; and the
+    /// `suggested_s`, with `u` a uniform draw from [0, 1) for the backoff's jitter; and the
     /// suggested delay if the wait is exactly it (a retry at the suggested time).
-    pub fn wait(self, retry_after_s: Option<u64>, number: u32, u: f64) -> (Duration, Option<u64>) {
-        match (self, retry_after_s) {
+    pub fn wait(self, suggested_s: Option<u64>, number: u32, u: f64) -> (Duration, Option<u64>) {
+        match (self, suggested_s) {
             (Behaviour::HonourRetryAfter, Some(s)) => (Duration::from_secs(s), Some(s)),
             (Behaviour::HonourCapped(cap), Some(s)) if s <= cap => {
                 (Duration::from_secs(s), Some(s))
@@ -92,7 +92,7 @@ pub enum Outcome {
     /// Rejected by the proxy (its status code), with the suggested delay if a header came.
     Rejected {
         /// `Retry-After` in seconds, if sent.
-        retry_after_s: Option<u64>,
+        suggested_s: Option<u64>,
     },
     /// Anything else: a failed replica (502), a broken connection, a timeout.
     Failed,
@@ -212,14 +212,14 @@ impl Load {
                         {
                             Ok(Ok(response)) => {
                                 let status = response.status().as_u16();
-                                let retry_after_s = response
+                                let suggested_s = response
                                     .headers()
                                     .get("retry-after")
                                     .and_then(|v| v.to_str().ok()?.parse().ok());
                                 let body = response.into_body().collect().await;
                                 match (status, body) {
                                     (200, Ok(_)) => Outcome::Served,
-                                    (429 | 503, _) => Outcome::Rejected { retry_after_s },
+                                    (429 | 503, _) => Outcome::Rejected { suggested_s },
                                     _ => Outcome::Failed,
                                 }
                             }
@@ -236,13 +236,13 @@ impl Load {
                             outcome,
                             after_suggested_s,
                         });
-                    let Outcome::Rejected { retry_after_s } = outcome else {
+                    let Outcome::Rejected { suggested_s } = outcome else {
                         return;
                     };
                     if number == max_attempts {
                         return;
                     }
-                    let (delay, honoured) = behaviour.wait(retry_after_s, number, rng.random());
+                    let (delay, honoured) = behaviour.wait(suggested_s, number, rng.random());
                     after_suggested_s = honoured;
                     waiting.fetch_add(1, Ordering::Relaxed);
                     tokio::time::sleep(delay).await;

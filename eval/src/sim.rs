@@ -366,7 +366,7 @@ impl<'a> Sim<'a> {
                 self.answer(
                     index,
                     Outcome::Rejected {
-                        retry_after_s: seconds,
+                        suggested_s: seconds,
                     },
                 );
                 self.rejected(c, seconds);
@@ -411,8 +411,8 @@ impl<'a> Sim<'a> {
         Some(seconds)
     }
 
-    /// Client `c` was rejected with `retry_after_s`: it comes back, or gives up.
-    fn rejected(&mut self, c: usize, retry_after_s: Option<u64>) {
+    /// Client `c` was rejected with `suggested_s`: it comes back, or gives up.
+    fn rejected(&mut self, c: usize, suggested_s: Option<u64>) {
         let client = &mut self.clients[c];
         if client.attempts >= self.scenario.attempts {
             self.done += 1;
@@ -421,7 +421,7 @@ impl<'a> Sim<'a> {
         let (wait, honoured) =
             client
                 .behaviour
-                .wait(retry_after_s, client.attempts, client.rng.random());
+                .wait(suggested_s, client.attempts, client.rng.random());
         client.after_suggested_s = honoured;
         self.waiting += 1;
         self.at(self.now + wait, Event::Retry(c));

@@ -80,7 +80,7 @@ function M.parse_estimate(line)
     service = words[2],
     policy = o.policy or "static",
     status = opt_int(o.status) or 429,
-    static = opt_int(o.static),
+    retry_after_s = opt_int(o.retry_after_s or o.static),
     depth = opt_int(o.depth),
     drain = opt_float(o.drain),
     occupancy = opt_float(o.occupancy),
@@ -198,7 +198,7 @@ function M.answer(push, depth, streak, jitter_draw, seen)
     end
     reason = "estimate_unusable"
   end
-  if push.static then return push.static, push.static * 1000, "static", reason end
+  if push.retry_after_s then return push.retry_after_s, push.retry_after_s * 1000, "static", reason end
   return nil, nil, "none", reason
 end
 
@@ -236,7 +236,7 @@ if core == nil then return M end
 -- Read once the whole configuration is parsed (see the init function below), so `setenv`
 -- lines may come before or after `lua-load`.
 local socket_path = "/run/retry-after-agent/agent.sock"
-local static_s = 5
+local retry_after_s = 5
 local stale_ms = 5000
 local reconnect_max_ms = 5000
 local services = {}   -- service name -> { backend, push, received_ms, admitted, rejected }
@@ -338,7 +338,7 @@ end
 
 core.register_init(function()
   socket_path = os.getenv("RETRY_AFTER_SOCKET") or socket_path
-  static_s = tonumber(os.getenv("RETRY_AFTER_STATIC") or "") or static_s
+  retry_after_s = tonumber(os.getenv("RETRY_AFTER_STATIC") or "") or retry_after_s
   stale_ms = tonumber(os.getenv("RETRY_AFTER_STALE_MS") or "") or stale_ms
   reconnect_max_ms = tonumber(os.getenv("RETRY_AFTER_RECONNECT_MAX_MS") or "") or reconnect_max_ms
   for item in string.gmatch(os.getenv("RETRY_AFTER_SERVICES") or "", "[^,]+") do
@@ -358,7 +358,7 @@ end)
 -- txn.retry_after (seconds; unset when no header is to be sent) and txn.retry_after_status.
 core.register_action("retry_after", { "http-req" }, function(txn, name)
   local state = services[name]
-  local seconds, status, rung = static_s, 429, "static"
+  local seconds, status, rung = retry_after_s, 429, "static"
   if state then
     state.rejected = state.rejected + 1
     if state.push then status = state.push.status end

@@ -14,7 +14,7 @@ Example::
 
     from retry_after_client import Subscription
 
-    chat = Subscription("/run/retry-after-agent/agent.sock", "chat", static_retry_after_s=5)
+    chat = Subscription("/run/retry-after-agent/agent.sock", "chat", retry_after_s=5)
     ...
     decision = chat.retry_after(queue_depth=len(my_queue))
     headers = {"Retry-After": str(decision.seconds)} if decision.seconds is not None else {}
@@ -82,7 +82,7 @@ class Estimate:
     seq: int
     policy: str
     status_code: int
-    static_s: Optional[int]
+    retry_after_s: Optional[int]
     queue_depth: Optional[int]
     queue_depth_source: Optional[str]
     drain_rate: Optional[float]
@@ -170,7 +170,7 @@ def parse_estimate(line: str) -> Estimate:
         seq=int(o.get("seq", "0")),
         policy=o.get("policy", "static"),
         status_code=int(o.get("status", "429")),
-        static_s=_opt(o.get("static"), int),
+        retry_after_s=_opt(o.get("retry_after_s", o.get("static")), int),
         queue_depth=_opt(o.get("depth"), int),
         queue_depth_source=_opt(o.get("source"), str),
         drain_rate=_opt(o.get("drain"), float),
@@ -314,8 +314,8 @@ def answer(
             if value is not None:
                 return Decision(value[0], value[1], "computed", None, push.status_code)
         reason = "estimate_unusable"
-    if push.static_s is not None:
-        return Decision(push.static_s, push.static_s * 1000, "static", reason, push.status_code)
+    if push.retry_after_s is not None:
+        return Decision(push.retry_after_s, push.retry_after_s * 1000, "static", reason, push.status_code)
     return Decision(None, None, "none", reason, push.status_code)
 
 
@@ -399,12 +399,12 @@ def query(
     return result
 
 
-def query_or_static(path: str, service: str, static_retry_after_s: Optional[int], **kwargs):
-    """:func:`query`'s seconds, or ``static_retry_after_s`` if it fails for any reason."""
+def query_or_static(path: str, service: str, retry_after_s: Optional[int], **kwargs):
+    """:func:`query`'s seconds, or ``retry_after_s`` if it fails for any reason."""
     try:
         return query(path, service, **kwargs)["seconds"]
     except AgentError:
-        return static_retry_after_s
+        return retry_after_s
 
 
 #: Longest request line the agent accepts (bytes, without the newline).
@@ -465,13 +465,13 @@ class Subscription:
     """A live subscription to one service's estimate (a daemon thread).
 
     :meth:`retry_after` never blocks. When no push newer than ``stale_after`` is held it
-    answers ``static_retry_after_s`` (with the service's status code once one was pushed)."""
+    answers ``retry_after_s`` (with the service's status code once one was pushed)."""
 
     def __init__(
         self,
         path: str,
         service: str,
-        static_retry_after_s: Optional[int] = None,
+        retry_after_s: Optional[int] = None,
         status_code: int = 429,
         stale_after: float = 5.0,
         reconnect_min: float = 0.1,
@@ -479,7 +479,7 @@ class Subscription:
     ):
         self.path = path
         self.service = service
-        self.static_retry_after_s = static_retry_after_s
+        self.retry_after_s = retry_after_s
         self.status_code = status_code
         self.stale_after = stale_after
         self.reconnect_min = reconnect_min
@@ -508,7 +508,7 @@ class Subscription:
         held = self._held
         if held is None or time.monotonic() - held[1] > self.stale_after:
             status = held[0].status_code if held is not None else self.status_code
-            s = self.static_retry_after_s
+            s = self.retry_after_s
             decision = Decision(s, None if s is None else s * 1000, "static" if s is not None else "none", None, status)
         else:
             decision = self._answer(held, queue_depth, backoff_streak, rng.random())

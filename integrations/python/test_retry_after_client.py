@@ -77,7 +77,7 @@ class RealAgent(unittest.TestCase):
         client.report(env("RETRY_AFTER_SOCKET"), "api", 5, 2, 1, timeout=2.0, handed_out=handed_out)
 
     def test_a_subscription_answers_from_memory_with_the_agents_values(self):
-        sub = client.Subscription(env("RETRY_AFTER_SOCKET"), "api", static_retry_after_s=3, stale_after=2.0)
+        sub = client.Subscription(env("RETRY_AFTER_SOCKET"), "api", retry_after_s=3, stale_after=2.0)
         try:
             deadline = time.monotonic() + 5
             while sub.age() is None:

@@ -36,7 +36,7 @@ pub struct Answer {
 pub fn answer(
     policy: RetryAfterPolicy,
     constants: &PolicyConstants,
-    static_retry_after_s: Option<u64>,
+    retry_after_s: Option<u64>,
     signals: Signals,
     jitter_draw: f64,
 ) -> Answer {
@@ -70,7 +70,7 @@ pub fn answer(
         }
         Err(reason) => reason,
     };
-    let (seconds, rung) = match static_retry_after_s {
+    let (seconds, rung) = match retry_after_s {
         Some(s) => (Some(s), Rung::Static),
         None => (None, Rung::None),
     };

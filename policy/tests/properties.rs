@@ -27,7 +27,7 @@ proptest! {
         occupancy in prop::option::of(any_float()),
         streak in any::<u32>(),
         constants in strategies::constants(),
-        static_s in prop::option::of(1u64..3600),
+        retry_after_s in prop::option::of(1u64..3600),
         jitter_draw in any_float(),
         policy in prop::sample::select(RetryAfterPolicy::ALL.to_vec()),
         arrivals in prop::option::of(any_float()),
@@ -43,7 +43,7 @@ proptest! {
             promised: PromisedReturns::from_bins(promised),
             overload_age_s: age,
         };
-        let a = answer(policy, &constants, static_s, signals, jitter_draw);
+        let a = answer(policy, &constants, retry_after_s, signals, jitter_draw);
         match a.rung {
             Rung::Computed => {
                 let s = a.seconds.unwrap();
@@ -53,11 +53,11 @@ proptest! {
                 prop_assert_eq!(a.reason, None);
             }
             Rung::Static => {
-                prop_assert_eq!(a.seconds, static_s);
+                prop_assert_eq!(a.seconds, retry_after_s);
                 prop_assert!(a.reason.is_some());
             }
             Rung::None => {
-                prop_assert_eq!((a.seconds, static_s), (None, None));
+                prop_assert_eq!((a.seconds, retry_after_s), (None, None));
                 prop_assert!(a.reason.is_some());
             }
         }

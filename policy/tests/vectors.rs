@@ -76,7 +76,7 @@ fn random_push(rng: &mut impl Rng) -> EstimatePush {
             ],
         ),
         status_code: pick(rng, &[429, 503]),
-        static_s: rng.random_bool(0.7).then(|| rng.random_range(1..=120)),
+        retry_after_s: rng.random_bool(0.7).then(|| rng.random_range(1..=120)),
         queue_depth: rng.random_bool(0.7).then(|| QueueDepth {
             depth: rng.random_range(0..100_000),
             source: pick(

@@ -190,7 +190,7 @@ pub struct Schedule {
 /// queue depth, backoff streak and promised returns ([`EstimatePush::answer`]). One line:
 ///
 /// ```text
-/// ESTIMATE <service> seq=<n> policy=<name> status=<code> static=<s|none>
+/// ESTIMATE <service> seq=<n> policy=<name> status=<code> retry_after_s=<s|none>
 ///   depth=<n|none> source=<src|none> drain=<f|none> occupancy=<f|none>
 ///   arrivals=<f|none> returns=<n,n,...|none> overload=<rule> overload_age=<f|none>
 ///   horizon_factor=<f|none>
@@ -213,7 +213,7 @@ pub struct EstimatePush {
     /// Status code to reject with.
     pub status_code: u16,
     /// The static fallback, seconds.
-    pub static_s: Option<u64>,
+    pub retry_after_s: Option<u64>,
     /// The queue as the agent sees it, if it can.
     pub queue_depth: Option<QueueDepth>,
     /// Drain rate, responses per second, if warm.
@@ -263,7 +263,7 @@ impl EstimatePush {
         retry_after_policy::answer(
             self.policy,
             &self.constants,
-            self.static_s,
+            self.retry_after_s,
             signals,
             jitter_draw,
         )
@@ -303,7 +303,7 @@ impl EstimatePush {
             seq: 0,
             policy: RetryAfterPolicy::Static,
             status_code: 429,
-            static_s: None,
+            retry_after_s: None,
             queue_depth: None,
             drain_rate: None,
             occupancy: None,
@@ -321,7 +321,8 @@ impl EstimatePush {
                 "seq" => req(v).map(|x| p.seq = x),
                 "policy" => req(v).map(|x| p.policy = x),
                 "status" => req(v).map(|x| p.status_code = x),
-                "static" => opt(v).map(|x| p.static_s = x),
+                // `static`: its name before 2026-12-01, from older agents.
+                "retry_after_s" | "static" => opt(v).map(|x| p.retry_after_s = x),
                 "depth" => opt(v).map(|x| depth = x),
                 "source" => opt(v).map(|x| source = x),
                 "drain" => opt_float(v).map(|x| p.drain_rate = x),
@@ -365,12 +366,12 @@ impl fmt::Display for EstimatePush {
         let c = &self.constants;
         write!(
             f,
-            "ESTIMATE {} seq={} policy={} status={} static={} depth={} source={} drain={} occupancy={} arrivals={} returns={} overload={} overload_age={} horizon_factor={} occupancy_weight={} backoff_weight={} backoff_streak_saturation={} jitter={} min={} max={} base_ms={} reason={}",
+            "ESTIMATE {} seq={} policy={} status={} retry_after_s={} depth={} source={} drain={} occupancy={} arrivals={} returns={} overload={} overload_age={} horizon_factor={} occupancy_weight={} backoff_weight={} backoff_streak_saturation={} jitter={} min={} max={} base_ms={} reason={}",
             self.service,
             self.seq,
             self.policy,
             self.status_code,
-            Opt(&self.static_s),
+            Opt(&self.retry_after_s),
             Opt(&self.queue_depth.map(|q| q.depth)),
             Opt(&self.queue_depth.map(|q| q.source)),
             Float(self.drain_rate),

@@ -152,7 +152,7 @@ fn responses_print_as_documented() {
         seq: 7,
         policy: RetryAfterPolicy::RouterQueueDrainRate,
         status_code: 503,
-        static_s: Some(5),
+        retry_after_s: Some(5),
         queue_depth: Some(QueueDepth {
             depth: 10,
             source: QueueDepthSource::Frontend,
@@ -168,8 +168,14 @@ fn responses_print_as_documented() {
     };
     assert_eq!(
         push.to_string(),
-        "ESTIMATE chat seq=7 policy=router_queue_drain_rate status=503 static=5 depth=10 source=frontend drain=16.666666666666668 occupancy=1 arrivals=2.5 returns=0,3,0,12 overload=latest_with_room overload_age=4.5 horizon_factor=none occupancy_weight=0.25 backoff_weight=0.25 backoff_streak_saturation=5 jitter=0.2 min=1 max=60 base_ms=750 reason=none"
+        "ESTIMATE chat seq=7 policy=router_queue_drain_rate status=503 retry_after_s=5 depth=10 source=frontend drain=16.666666666666668 occupancy=1 arrivals=2.5 returns=0,3,0,12 overload=latest_with_room overload_age=4.5 horizon_factor=none occupancy_weight=0.25 backoff_weight=0.25 backoff_streak_saturation=5 jitter=0.2 min=1 max=60 base_ms=750 reason=none"
     );
+    // An older agent's names for the static value and the streak saturation still parse.
+    let older = push
+        .to_string()
+        .replace(" retry_after_s=", " static=")
+        .replace(" backoff_streak_saturation=", " backoff_saturation=");
+    assert_eq!(EstimatePush::parse(&older), Ok(push.clone()));
     // The longest schedule fits a response line.
     let full = EstimatePush {
         service: "s".repeat(retry_after_protocol::MAX_SERVICE_NAME_LEN),
@@ -268,7 +274,7 @@ fn push() -> impl Strategy<Value = EstimatePush> {
     )
         .prop_map(
             |(
-                (service, seq, policy, status_code, static_s),
+                (service, seq, policy, status_code, retry_after_s),
                 queue,
                 (drain_rate, occupancy, arrival_rate, returns, (overload_age_s, horizon)),
                 (overload_rule, w1, w2, b, jitter, min, max),
@@ -278,7 +284,7 @@ fn push() -> impl Strategy<Value = EstimatePush> {
                 seq,
                 policy,
                 status_code,
-                static_s,
+                retry_after_s,
                 queue_depth: queue.map(|(depth, source)| QueueDepth { depth, source }),
                 drain_rate,
                 occupancy,

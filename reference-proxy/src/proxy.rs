@@ -79,7 +79,7 @@ pub struct Rejection {
     /// The backoff streak then.
     pub backoff_streak: u32,
     /// The suggested delay, if a header was sent.
-    pub retry_after_s: Option<u64>,
+    pub suggested_s: Option<u64>,
     /// The ladder rung the answer came from.
     pub rung: Rung,
 }
@@ -88,7 +88,7 @@ impl Rejection {
     /// Its access-log line (without newline).
     pub fn log_line(&self) -> String {
         let retry_after = self
-            .retry_after_s
+            .suggested_s
             .map_or_else(|| "-".to_owned(), |s| s.to_string());
         format!(
             "t={:.3} depth={} streak={} retry_after={} rung={}",
@@ -354,7 +354,7 @@ fn reject(state: &State, depth: usize, streak: u32) -> Response<Body> {
         at: state.started.elapsed(),
         queue_depth: depth,
         backoff_streak: streak,
-        retry_after_s: seconds,
+        suggested_s: seconds,
         rung,
     };
     tracing::debug!(line = %rejection.log_line(), "rejected");

@@ -384,7 +384,7 @@ fn the_client_library_answers_through_an_agent_restart() {
         &agent.socket,
         "api",
         retry_after_client::ClientOptions {
-            static_retry_after_s: Some(3),
+            retry_after_s: Some(3),
             status_code: 429,
             stale_after: Duration::from_secs(1),
             reconnect_min: Duration::from_millis(50),

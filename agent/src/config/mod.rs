@@ -572,7 +572,7 @@ impl ServiceConfig {
             policy: backpressure.policy,
             constants: backpressure.constants,
             drain: backpressure.drain,
-            static_retry_after_s: backpressure.retry_after_s,
+            retry_after_s: backpressure.retry_after_s,
             status_code: backpressure.status_code,
             backends: self
                 .backends

@@ -65,7 +65,7 @@ pub struct ServiceSettings {
     /// The drain-rate EWMA's constants.
     pub drain: DrainRateConstants,
     /// The static value and fallback.
-    pub static_retry_after_s: Option<u64>,
+    pub retry_after_s: Option<u64>,
     /// The status code rejections carry.
     pub status_code: u16,
     /// Backends and their `max_ongoing_requests`.
@@ -166,7 +166,7 @@ impl ServiceEstimator {
         retry_after_policy::answer(
             s.policy,
             &s.constants,
-            s.static_retry_after_s,
+            s.retry_after_s,
             self.signals(query),
             jitter_draw,
         )
@@ -261,7 +261,7 @@ impl ServiceEstimator {
             seq,
             policy: s.policy,
             status_code: s.status_code,
-            static_s: s.static_retry_after_s,
+            retry_after_s: s.retry_after_s,
             queue_depth: own.signals.queue_depth,
             drain_rate: own.signals.drain_rate,
             occupancy: own.signals.occupancy,

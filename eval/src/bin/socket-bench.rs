@@ -157,7 +157,7 @@ fn follow(socket: &Path, service: &str) -> retry_after_client::Subscription {
         socket,
         service,
         retry_after_client::ClientOptions {
-            static_retry_after_s: Some(5),
+            retry_after_s: Some(5),
             ..Default::default()
         },
     );
