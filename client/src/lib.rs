@@ -255,26 +255,17 @@ async fn subscribe_once(
     held: &ArcSwapOption<Held>,
     options: &ClientOptions,
 ) -> Result<(), ClientError> {
-    let timed_out = || ClientError::Io(std::io::ErrorKind::TimedOut.into());
-    let stream = tokio::time::timeout(options.stale_after, UnixStream::connect(socket))
-        .await
-        .map_err(|_| timed_out())??;
+    let stream = within(options.stale_after, UnixStream::connect(socket)).await?;
     let (read, mut write) = stream.into_split();
     let request = Request::Subscribe { service };
-    tokio::time::timeout(
-        options.stale_after,
-        write.write_all(format!("{request}\n").as_bytes()),
-    )
-    .await
-    .map_err(|_| timed_out())??;
+    let subscribe = format!("{request}\n");
+    within(options.stale_after, write.write_all(subscribe.as_bytes())).await?;
     let mut reader = AsyncBufReader::new(read);
     let mut line = Vec::with_capacity(256);
     loop {
         line.clear();
         let limited = tokio::io::AsyncReadExt::take(&mut reader, MAX_RESPONSE_LEN as u64 + 1);
-        let read = tokio::time::timeout(options.stale_after, read_line(limited, &mut line))
-            .await
-            .map_err(|_| timed_out())??;
+        let read = within(options.stale_after, read_line(limited, &mut line)).await?;
         if read == 0 {
             return Ok(());
         }
@@ -292,6 +283,17 @@ async fn subscribe_once(
             Response::Err(error) => return Err(ClientError::Agent(error.to_string())),
             other => return Err(ClientError::Protocol(other.to_string())),
         }
+    }
+}
+
+/// `io` within `deadline`, a timeout being an I/O error like any other.
+pub(crate) async fn within<T>(
+    deadline: Duration,
+    io: impl Future<Output = std::io::Result<T>>,
+) -> Result<T, ClientError> {
+    match tokio::time::timeout(deadline, io).await {
+        Ok(result) => Ok(result?),
+        Err(_) => Err(ClientError::Io(std::io::ErrorKind::TimedOut.into())),
     }
 }
 

@@ -26,11 +26,14 @@ use retry_after_protocol::{
 };
 use tokio::{
     io::{AsyncWriteExt, BufReader},
-    net::UnixStream,
+    net::{
+        UnixStream,
+        unix::{OwnedReadHalf, OwnedWriteHalf},
+    },
     task::JoinHandle,
 };
 
-use crate::{ClientError, read_line};
+use crate::{ClientError, read_line, within};
 
 /// Seconds the table of handed-out values holds: 0 to [`MAX_RETRY_AFTER_S`].
 const SECONDS: usize = MAX_RETRY_AFTER_S as usize + 1;
@@ -232,29 +235,20 @@ async fn report_on_one_connection(
     counts: &Counts,
     pending: &mut Pending,
 ) -> Result<(), ClientError> {
-    let timed_out = || ClientError::Io(std::io::ErrorKind::TimedOut.into());
-    let stream = tokio::time::timeout(interval, UnixStream::connect(socket))
-        .await
-        .map_err(|_| timed_out())??;
-    let (read, mut write) = stream.into_split();
-    let mut reader = BufReader::new(read);
+    let stream = within(interval, UnixStream::connect(socket)).await?;
+    let (read, write) = stream.into_split();
+    let mut agent = Agent {
+        reader: BufReader::new(read),
+        write,
+        line: Vec::with_capacity(64),
+        deadline: interval,
+    };
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut line = Vec::with_capacity(64);
     loop {
         ticker.tick().await;
         pending.take(counts);
-        let depth = counts.queue_depth.load(Ordering::Relaxed);
-        let first = Report {
-            service,
-            admitted: pending.admitted,
-            rejected: pending.rejected,
-            queue_depth: (depth != u64::MAX).then_some(depth),
-            backoff_streak: Some(counts.backoff_streak.load(Ordering::Relaxed)),
-            retry_admitted: Some(pending.retry_admitted),
-            retry_rejected: Some(pending.retry_rejected),
-            handed_out: None,
-        };
+        let first = first_report(service, counts, pending);
         // Room for `handed_out=` on a line: what the longest first line takes besides it (a
         // name too long for the protocol leaves little, and the agent refuses it anyway).
         let room = MAX_LINE_LEN
@@ -271,34 +265,61 @@ async fn report_on_one_connection(
             };
             let report = Report {
                 handed_out,
-                ..if i == 0 {
-                    first
-                } else {
-                    // A continuation: the same queue, no admissions or rejections of its own.
-                    Report {
-                        admitted: 0,
-                        rejected: 0,
-                        retry_admitted: Some(0),
-                        retry_rejected: Some(0),
-                        ..first
-                    }
-                }
+                ..if i == 0 { first } else { continuation(first) }
             };
-            let text = format!("{}\n", Request::Report(report));
-            tokio::time::timeout(interval, write.write_all(text.as_bytes()))
-                .await
-                .map_err(|_| timed_out())??;
-            line.clear();
-            let limited = tokio::io::AsyncReadExt::take(&mut reader, MAX_RESPONSE_LEN as u64 + 1);
-            tokio::time::timeout(interval, read_line(limited, &mut line))
-                .await
-                .map_err(|_| timed_out())??;
-            let text = String::from_utf8_lossy(&line);
-            match Response::parse(text.trim_end()).map_err(|e| ClientError::Protocol(e.reason))? {
-                Response::Ok => pending.acknowledged(i, cells),
-                Response::Err(error) => return Err(ClientError::Agent(error.to_string())),
-                other => return Err(ClientError::Protocol(other.to_string())),
-            }
+            agent.report(&report).await?;
+            pending.acknowledged(i, cells);
+        }
+    }
+}
+
+/// The first line of a report: the counts since the last one, the queue and streak now.
+fn first_report<'a>(service: &'a str, counts: &Counts, pending: &Pending) -> Report<'a> {
+    let depth = counts.queue_depth.load(Ordering::Relaxed);
+    Report {
+        service,
+        admitted: pending.admitted,
+        rejected: pending.rejected,
+        queue_depth: (depth != u64::MAX).then_some(depth),
+        backoff_streak: Some(counts.backoff_streak.load(Ordering::Relaxed)),
+        retry_admitted: Some(pending.retry_admitted),
+        retry_rejected: Some(pending.retry_rejected),
+        handed_out: None,
+    }
+}
+
+/// A line after the first: the same queue, no admissions or rejections of its own.
+fn continuation(first: Report<'_>) -> Report<'_> {
+    Report {
+        admitted: 0,
+        rejected: 0,
+        retry_admitted: Some(0),
+        retry_rejected: Some(0),
+        ..first
+    }
+}
+
+/// One reporting connection to the agent; every step has the report interval as deadline.
+struct Agent {
+    reader: BufReader<OwnedReadHalf>,
+    write: OwnedWriteHalf,
+    line: Vec<u8>,
+    deadline: Duration,
+}
+
+impl Agent {
+    /// Send one `REPORT` line and wait for its `OK`.
+    async fn report(&mut self, report: &Report<'_>) -> Result<(), ClientError> {
+        let text = format!("{}\n", Request::Report(*report));
+        within(self.deadline, self.write.write_all(text.as_bytes())).await?;
+        self.line.clear();
+        let limited = tokio::io::AsyncReadExt::take(&mut self.reader, MAX_RESPONSE_LEN as u64 + 1);
+        within(self.deadline, read_line(limited, &mut self.line)).await?;
+        let text = String::from_utf8_lossy(&self.line);
+        match Response::parse(text.trim_end()).map_err(|e| ClientError::Protocol(e.reason))? {
+            Response::Ok => Ok(()),
+            Response::Err(error) => Err(ClientError::Agent(error.to_string())),
+            other => Err(ClientError::Protocol(other.to_string())),
         }
     }
 }
