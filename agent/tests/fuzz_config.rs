@@ -53,12 +53,7 @@ const AGENT_KEYS: &[&str] = &[
     "tick_intervall_ms",
 ];
 
-const SERVICE_KEYS: &[&str] = &[
-    "frontend",
-    "max_queued_requests",
-    "rejected_at",
-    "proxy_cgroup",
-];
+const SERVICE_KEYS: &[&str] = &["frontend", "rejected_at", "proxy_cgroup"];
 
 const BACKPRESSURE_KEYS: &[&str] = &[
     "status_code",

@@ -104,12 +104,8 @@ impl Policy {
     }
 
     /// The agent's `[[service]]` section for backends `addresses`, each taking
-    /// `max_ongoing_requests`, behind proxies whose queue holds `max_queued_requests`.
-    pub fn service_config(
-        &self,
-        backends: &[(String, usize)],
-        max_queued_requests: usize,
-    ) -> String {
+    /// `max_ongoing_requests`.
+    pub fn service_config(&self, backends: &[(String, usize)]) -> String {
         let backends: Vec<String> = backends
             .iter()
             .map(|(address, max)| {
@@ -117,7 +113,7 @@ impl Policy {
             })
             .collect();
         format!(
-            "[[service]]\nname = \"{SERVICE}\"\nmax_queued_requests = {max_queued_requests}\nbackends = [{}]\n[service.backpressure]\n{}",
+            "[[service]]\nname = \"{SERVICE}\"\nbackends = [{}]\n[service.backpressure]\n{}",
             backends.join(", "),
             self.backpressure()
         )

@@ -76,10 +76,7 @@ pub fn run(
         .zip(&scenario.replicas)
         .map(|(r, s)| (r.addr().to_string(), s.max_ongoing_requests))
         .collect();
-    let agent = AgentProcess::start(
-        "",
-        &policy.service_config(&backends, scenario.max_queued_requests),
-    );
+    let agent = AgentProcess::start("", &policy.service_config(&backends));
     let clients = clients(scenario, seed);
     let warm_up = scenario.warm_up();
     let warm_up_clients = clients.iter().take_while(|c| c.0 < warm_up).count();

@@ -635,7 +635,7 @@ fn agent_settings(scenario: &Scenario, policy: Policy) -> ServiceSettings {
         .collect();
     let text = format!(
         "[agent]\ntick_interval_ms = {AGENT_TICK_MS}\n{}",
-        policy.service_config(&backends, scenario.max_queued_requests)
+        policy.service_config(&backends)
     );
     let config = Config::parse(&text).expect("the evaluation's agent configuration is valid");
     config.services[0].settings()

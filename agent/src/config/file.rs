@@ -62,6 +62,7 @@ pub struct ServiceFile {
     pub name: String,
     pub backends: Vec<BackendFile>,
     pub frontend: Option<String>,
+    /// Refused with a clear error: the agent reads no queue limit.
     pub max_queued_requests: Option<u64>,
     pub rejected_at: Option<String>,
     pub proxy_cgroup: Option<String>,

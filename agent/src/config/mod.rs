@@ -75,8 +75,6 @@ pub struct ServiceConfig {
     pub backends: Vec<BackendConfig>,
     /// The proxy's own listener, if it runs on this node.
     pub frontend: Option<Endpoint>,
-    /// The proxy's queue limit (the proposal's `max_queued_requests`).
-    pub max_queued_requests: Option<u64>,
     /// Where requests are queued and rejected.
     pub rejected_at: RejectedAt,
     /// The proxy's cgroup v2, which alone counts on the backends' client side.
@@ -423,10 +421,14 @@ fn service(i: usize, s: ServiceFile) -> Result<ServiceConfig, ConfigError> {
         .map(|f| f.parse::<Endpoint>())
         .transpose()
         .map_err(|e| invalid(at("frontend"), e.to_string()))?;
-    let max_queued_requests = s
-        .max_queued_requests
-        .map(|n| bounded(&at("max_queued_requests"), n, 1..=1_000_000_000))
-        .transpose()?;
+    if let Some(n) = s.max_queued_requests {
+        return Err(invalid(
+            at("max_queued_requests"),
+            format!(
+                "{n}: the agent does not read a queue limit (the queue comes from the kernel or the proxy's depth=); remove the field"
+            ),
+        ));
+    }
     let rejected_at = s
         .rejected_at
         .map(|r| r.parse::<RejectedAt>())
@@ -444,7 +446,6 @@ fn service(i: usize, s: ServiceFile) -> Result<ServiceConfig, ConfigError> {
         name: s.name,
         backends,
         frontend,
-        max_queued_requests,
         rejected_at,
         proxy_cgroup: s.proxy_cgroup.map(PathBuf::from),
         backpressure,
@@ -627,6 +628,17 @@ mod tests {
         let e = error_of("[agent]\ntick_interval_ms = 5\n");
         assert!(
             e.contains("agent.tick_interval_ms") && e.contains('5'),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_queue_limit_is_refused_because_nothing_reads_it() {
+        let e = error_of(
+            "[[service]]\nname = \"a\"\nmax_queued_requests = 64\nbackends = [{ address = \"*:1\" }]\n",
+        );
+        assert!(
+            e.contains("service[0].max_queued_requests") && e.contains("64"),
             "{e}"
         );
     }
