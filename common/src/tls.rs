@@ -129,6 +129,16 @@ pub const fn is_record_header(h: [u8; 5]) -> bool {
     h[0] >= 20 && h[0] <= 23 && h[1] == 3 && h[2] <= 4 && len <= MAX_RECORD_LEN
 }
 
+/// What became of a record header held from an earlier segment.
+enum HeldHeader {
+    /// Completed and its record begun; the walk goes on at this position.
+    Begun(u32),
+    /// Still incomplete: the segment ended first.
+    Waiting,
+    /// Not a record header (or unreadable): the framing is lost.
+    Lost,
+}
+
 impl RecordStream {
     /// True once the stream was found to be TLS.
     #[inline(always)]
@@ -148,28 +158,66 @@ impl RecordStream {
         peer_flags: u8,
     ) -> Walked {
         let mut walked = Walked::default();
-        if len == 0 {
+        if len == 0 || !self.detect(seq, payload, &mut walked) {
             return walked;
         }
+        let end = seq.wrapping_add(len);
+        let Some(mut pos) = self.resume_at(seq, end, payload, &mut walked) else {
+            return walked;
+        };
+        if self.held_len > 0 {
+            match self.finish_held_header(pos, len, payload, sender, peer_flags) {
+                HeldHeader::Begun(after) => pos = after,
+                HeldHeader::Waiting => {
+                    self.next_seq = end;
+                    return walked;
+                }
+                HeldHeader::Lost => return self.lose_framing(walked),
+            }
+        }
+        if !self.walk_records(pos, len, payload, sender, peer_flags) {
+            return self.lose_framing(walked);
+        }
+        self.next_seq = end;
+        self.took_message(walked)
+    }
+
+    /// At the stream's first payload, decide whether it is TLS (it begins with a record
+    /// header). False when there is nothing to walk: the stream is plaintext.
+    #[inline(always)]
+    fn detect<P: Payload>(&mut self, seq: u32, payload: &P, walked: &mut Walked) -> bool {
         if self.flags() & DETECTED == 0 {
             self.set(DETECTED);
             if !payload.header_at(0).is_some_and(is_record_header) {
                 walked.plaintext = true;
-                return walked;
+                return false;
             }
             self.set(TLS);
             walked.found_tls = true;
             self.frame_at(seq);
         } else if self.flags() & TLS == 0 {
             walked.plaintext = true;
-            return walked;
+            return false;
         }
-        let end = seq.wrapping_add(len);
+        true
+    }
+
+    /// Where the segment's new bytes begin, framing anew at its start when the framing was
+    /// lost (or a gap lost it now). `None` when there is nothing to walk: a retransmission, or
+    /// a segment that does not begin with a record header while unframed.
+    #[inline(always)]
+    fn resume_at<P: Payload>(
+        &mut self,
+        seq: u32,
+        end: u32,
+        payload: &P,
+        walked: &mut Walked,
+    ) -> Option<u32> {
         let mut pos = 0;
         if self.flags() & FRAMED != 0 {
             if !seq_after(end, self.next_seq) {
                 // Every byte was walked before: a retransmission.
-                return walked;
+                return None;
             }
             if seq_after(seq, self.next_seq) {
                 self.clear(FRAMED);
@@ -180,33 +228,55 @@ impl RecordStream {
         if self.flags() & FRAMED == 0 {
             if !payload.header_at(0).is_some_and(is_record_header) {
                 walked.unframed = true;
-                return walked;
+                return None;
             }
             self.frame_at(seq);
         }
-        // A header begun at the end of an earlier segment.
-        if self.held_len > 0 {
-            let need = HEADER_LEN - self.held_len as u32;
-            let n = need.min(len - pos);
-            let Some(bytes) = payload.bytes_at(pos, n) else {
-                return self.lose_framing(walked);
-            };
-            pos += n;
-            let acc = (self.held as u64) << (8 * n) | bytes as u64;
-            if n < need {
-                self.held = acc as u32;
-                self.held_len += n as u8;
-                self.next_seq = end;
-                return walked;
-            }
-            self.held = 0;
-            self.held_len = 0;
-            let b = acc.to_be_bytes();
-            if !self.begin_record([b[3], b[4], b[5], b[6], b[7]], sender, peer_flags) {
-                return self.lose_framing(walked);
-            }
+        Some(pos)
+    }
+
+    /// Complete a header begun at the end of an earlier segment with the bytes at `pos`.
+    #[inline(always)]
+    fn finish_held_header<P: Payload>(
+        &mut self,
+        pos: u32,
+        len: u32,
+        payload: &P,
+        sender: Sender,
+        peer_flags: u8,
+    ) -> HeldHeader {
+        let need = HEADER_LEN - self.held_len as u32;
+        let n = need.min(len - pos);
+        let Some(bytes) = payload.bytes_at(pos, n) else {
+            return HeldHeader::Lost;
+        };
+        let acc = (self.held as u64) << (8 * n) | bytes as u64;
+        if n < need {
+            self.held = acc as u32;
+            self.held_len += n as u8;
+            return HeldHeader::Waiting;
         }
-        // Records whose headers lie whole in this segment.
+        self.held = 0;
+        self.held_len = 0;
+        let b = acc.to_be_bytes();
+        if !self.begin_record([b[3], b[4], b[5], b[6], b[7]], sender, peer_flags) {
+            return HeldHeader::Lost;
+        }
+        HeldHeader::Begun(pos + n)
+    }
+
+    /// From `pos`: the rest of the current record's body, then the records whose headers lie
+    /// whole in the segment; a header cut by the segment's end is held. False if the framing
+    /// is lost.
+    #[inline(always)]
+    fn walk_records<P: Payload>(
+        &mut self,
+        mut pos: u32,
+        len: u32,
+        payload: &P,
+        sender: Sender,
+        peer_flags: u8,
+    ) -> bool {
         let mut records = 0;
         loop {
             // The rest of the current record's body, as far as this segment goes.
@@ -218,31 +288,29 @@ impl RecordStream {
             self.left -= take as u16;
             let rest = len - pos;
             if rest == 0 {
-                break;
+                return true;
             }
             if rest < HEADER_LEN {
                 // A header cut by the end of the segment: hold its first bytes.
                 let Some(bytes) = payload.bytes_at(pos, rest) else {
-                    return self.lose_framing(walked);
+                    return false;
                 };
                 self.held = bytes;
                 self.held_len = rest as u8;
-                break;
+                return true;
             }
             if records == MAX_RECORDS_PER_SEGMENT {
-                return self.lose_framing(walked);
+                return false;
             }
             records += 1;
             let Some(header) = payload.header_at(pos) else {
-                return self.lose_framing(walked);
+                return false;
             };
             pos += HEADER_LEN;
             if !self.begin_record(header, sender, peer_flags) {
-                return self.lose_framing(walked);
+                return false;
             }
         }
-        self.next_seq = end;
-        self.took_message(walked)
     }
 
     /// The framing is lost at this segment.
