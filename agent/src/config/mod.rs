@@ -18,10 +18,10 @@ use std::{
 };
 
 use retry_after_common::MAX_WATCHED_ENDPOINTS;
-use retry_after_policy::{MAX_RETRY_AFTER_S, OverloadRule, PolicyConstants, RetryAfterPolicy};
+use retry_after_policy::{MAX_RETRY_AFTER_S, PolicyConstants, RetryAfterPolicy};
 use retry_after_protocol::MAX_SERVICE_NAME_LEN;
 
-use self::file::{AgentFile, BackpressureFile, ConfigFile, ServiceFile};
+use self::file::{AgentFile, BackendFile, BackpressureFile, ConfigFile, ServiceFile};
 use crate::{
     endpoint::Endpoint,
     estimate::{DrainRateConstants, Estimator, RejectedAt, ServiceSettings},
@@ -280,8 +280,50 @@ fn agent(a: AgentFile) -> Result<AgentConfig, ConfigError> {
         bounded(&format!("agent.{field}"), value, range).map(Duration::from_millis)
     };
     let tick_interval = ms("tick_interval_ms", a.tick_interval_ms, 10..=60_000)?;
-    let attach_cgroups = match a.attach_cgroups {
-        None => Vec::new(),
+    let attach_cgroups = attach_cgroups(a.attach_cgroups)?;
+    if !a.socket_path.starts_with('/') {
+        return Err(invalid(
+            "agent.socket_path",
+            format!("{:?} is not an absolute path", a.socket_path),
+        ));
+    }
+    let socket_mode = socket_mode(&a.socket_mode)?;
+    if a.allowed_uids.as_ref().is_some_and(Vec::is_empty) {
+        return Err(invalid(
+            "agent.allowed_uids",
+            "[] would refuse every proxy; omit it to allow any peer that can open the socket",
+        ));
+    }
+    let max_clients = bounded("agent.max_clients", a.max_clients, 4..=65_536)?;
+    let client_idle_timeout = ms(
+        "client_idle_timeout_ms",
+        a.client_idle_timeout_ms,
+        100..=86_400_000,
+    )?;
+    let client_write_timeout = ms(
+        "client_write_timeout_ms",
+        a.client_write_timeout_ms,
+        10..=60_000,
+    )?;
+    let metrics_listen = metrics_listen(&a.metrics_listen, a.metrics_allow_remote)?;
+    Ok(AgentConfig {
+        tick_interval,
+        cgroup: a.cgroup.map(PathBuf::from),
+        attach_cgroups,
+        socket_path: PathBuf::from(a.socket_path),
+        socket_mode,
+        allowed_uids: a.allowed_uids,
+        max_clients,
+        client_idle_timeout,
+        client_write_timeout,
+        metrics_listen,
+    })
+}
+
+/// `agent.attach_cgroups`: none (the root), else distinct, non-empty, not nested paths.
+fn attach_cgroups(paths: Option<Vec<String>>) -> Result<Vec<PathBuf>, ConfigError> {
+    let paths = match paths {
+        None => return Ok(Vec::new()),
         Some(paths) if paths.is_empty() => {
             return Err(invalid(
                 "agent.attach_cgroups",
@@ -311,65 +353,37 @@ fn agent(a: AgentFile) -> Result<AgentConfig, ConfigError> {
             paths
         }
     };
-    if !a.socket_path.starts_with('/') {
-        return Err(invalid(
-            "agent.socket_path",
-            format!("{:?} is not an absolute path", a.socket_path),
-        ));
+    Ok(paths)
+}
+
+/// `agent.socket_mode`: an octal mode.
+fn socket_mode(text: &str) -> Result<u32, ConfigError> {
+    match u32::from_str_radix(text, 8) {
+        Ok(mode) if mode <= 0o777 => Ok(mode),
+        _ => Err(invalid(
+            "agent.socket_mode",
+            format!("{text:?} is not an octal mode such as \"0660\""),
+        )),
     }
-    let socket_mode = match u32::from_str_radix(&a.socket_mode, 8) {
-        Ok(mode) if mode <= 0o777 => mode,
-        _ => {
-            return Err(invalid(
-                "agent.socket_mode",
-                format!("{:?} is not an octal mode such as \"0660\"", a.socket_mode),
-            ));
-        }
-    };
-    if a.allowed_uids.as_ref().is_some_and(Vec::is_empty) {
-        return Err(invalid(
-            "agent.allowed_uids",
-            "[] would refuse every proxy; omit it to allow any peer that can open the socket",
-        ));
-    }
-    let max_clients = bounded("agent.max_clients", a.max_clients, 4..=65_536)?;
-    let client_idle_timeout = ms(
-        "client_idle_timeout_ms",
-        a.client_idle_timeout_ms,
-        100..=86_400_000,
-    )?;
-    let client_write_timeout = ms(
-        "client_write_timeout_ms",
-        a.client_write_timeout_ms,
-        10..=60_000,
-    )?;
-    let metrics_listen: SocketAddr = a.metrics_listen.parse().map_err(|_| {
+}
+
+/// `agent.metrics_listen`: an address, on loopback unless `allow_remote`.
+fn metrics_listen(text: &str, allow_remote: bool) -> Result<SocketAddr, ConfigError> {
+    let metrics_listen: SocketAddr = text.parse().map_err(|_| {
         invalid(
             "agent.metrics_listen",
-            format!("{:?} is not ADDRESS:PORT", a.metrics_listen),
+            format!("{text:?} is not ADDRESS:PORT"),
         )
     })?;
-    if !metrics_listen.ip().is_loopback() && !a.metrics_allow_remote {
+    if !metrics_listen.ip().is_loopback() && !allow_remote {
         return Err(invalid(
             "agent.metrics_listen",
             format!(
-                "{:?} is not a loopback address: the metrics name backends and their load; set agent.metrics_allow_remote = true to expose them off the node",
-                a.metrics_listen
+                "{text:?} is not a loopback address: the metrics name backends and their load; set agent.metrics_allow_remote = true to expose them off the node"
             ),
         ));
     }
-    Ok(AgentConfig {
-        tick_interval,
-        cgroup: a.cgroup.map(PathBuf::from),
-        attach_cgroups,
-        socket_path: PathBuf::from(a.socket_path),
-        socket_mode,
-        allowed_uids: a.allowed_uids,
-        max_clients,
-        client_idle_timeout,
-        client_write_timeout,
-        metrics_listen,
-    })
+    Ok(metrics_listen)
 }
 
 fn service(i: usize, s: ServiceFile) -> Result<ServiceConfig, ConfigError> {
@@ -395,27 +409,7 @@ fn service(i: usize, s: ServiceFile) -> Result<ServiceConfig, ConfigError> {
             "a service needs at least one backend",
         ));
     }
-    let mut backends = Vec::with_capacity(s.backends.len());
-    for (j, backend) in s.backends.into_iter().enumerate() {
-        let endpoint = backend
-            .address
-            .parse::<Endpoint>()
-            .map_err(|e| invalid(at(&format!("backends[{j}].address")), e.to_string()))?;
-        let max_ongoing_requests = backend
-            .max_ongoing_requests
-            .map(|n| {
-                bounded(
-                    &at(&format!("backends[{j}].max_ongoing_requests")),
-                    n,
-                    1..=1_000_000_000,
-                )
-            })
-            .transpose()?;
-        backends.push(BackendConfig {
-            endpoint,
-            max_ongoing_requests,
-        });
-    }
+    let backends = backends(&at, s.backends)?;
     let frontend = s
         .frontend
         .map(|f| f.parse::<Endpoint>())
@@ -452,65 +446,83 @@ fn service(i: usize, s: ServiceFile) -> Result<ServiceConfig, ConfigError> {
     })
 }
 
+/// A service's `backends`: each address parsed, each `max_ongoing_requests` bounded.
+fn backends(
+    at: &impl Fn(&str) -> String,
+    files: Vec<BackendFile>,
+) -> Result<Vec<BackendConfig>, ConfigError> {
+    let mut backends = Vec::with_capacity(files.len());
+    for (j, backend) in files.into_iter().enumerate() {
+        let endpoint = backend
+            .address
+            .parse::<Endpoint>()
+            .map_err(|e| invalid(at(&format!("backends[{j}].address")), e.to_string()))?;
+        let max_ongoing_requests = backend
+            .max_ongoing_requests
+            .map(|n| {
+                bounded(
+                    &at(&format!("backends[{j}].max_ongoing_requests")),
+                    n,
+                    1..=1_000_000_000,
+                )
+            })
+            .transpose()?;
+        backends.push(BackendConfig {
+            endpoint,
+            max_ongoing_requests,
+        });
+    }
+    Ok(backends)
+}
+
 fn backpressure(at: &str, b: BackpressureFile) -> Result<BackpressureConfig, ConfigError> {
-    let field = |name: &str| format!("{at}.{name}");
+    let section = Section(at);
     if ![429, 503].contains(&b.status_code) {
         return Err(invalid(
-            field("status_code"),
+            section.field("status_code"),
             format!("{} is not 429 or 503", b.status_code),
         ));
     }
-    let policy = b
-        .retry_after_policy
-        .parse::<RetryAfterPolicy>()
-        .map_err(|e| invalid(field("retry_after_policy"), e.to_string()))?;
-    let retry_after_s = b
-        .retry_after_s
-        .map(|s| bounded(&field("retry_after_s"), s, 0..=86_400))
-        .transpose()?;
-    if !(b.alpha > 0.0 && b.alpha <= 1.0) {
-        return Err(invalid(
-            field("alpha"),
-            format!("{} is outside (0, 1]", b.alpha),
-        ));
-    }
-    let seconds = |name: &str, value: f64, max: f64| {
-        if value > 0.0 && value <= max {
-            Ok(Duration::from_secs_f64(value))
-        } else {
-            Err(invalid(
-                field(name),
-                format!("{value} is outside (0, {max}] seconds"),
-            ))
-        }
-    };
-    let warm_after = seconds("warm_after_s", b.warm_after_s, 3600.0)?;
-    let cold_after = seconds("cold_after_s", b.cold_after_s, 86_400.0)?;
+    Ok(BackpressureConfig {
+        status_code: b.status_code,
+        policy: section.parse("retry_after_policy", &b.retry_after_policy)?,
+        retry_after_s: b
+            .retry_after_s
+            .map(|s| bounded(&section.field("retry_after_s"), s, 0..=86_400))
+            .transpose()?,
+        drain: drain_constants(&section, &b)?,
+        constants: policy_constants(&section, &b)?,
+    })
+}
+
+/// The drain-rate average's constants of a `backpressure` section.
+fn drain_constants(
+    section: &Section<'_>,
+    b: &BackpressureFile,
+) -> Result<DrainRateConstants, ConfigError> {
+    Ok(DrainRateConstants {
+        alpha: section.above_zero("alpha", b.alpha, 1.0, "")?,
+        warm_after: section.seconds("warm_after_s", b.warm_after_s, 3600.0)?,
+        cold_after: section.seconds("cold_after_s", b.cold_after_s, 86_400.0)?,
+    })
+}
+
+/// The policy's constants of a `backpressure` section.
+fn policy_constants(
+    section: &Section<'_>,
+    b: &BackpressureFile,
+) -> Result<PolicyConstants, ConfigError> {
     let backoff_streak_saturation = bounded(
-        &field("backoff_streak_saturation"),
+        &section.field("backoff_streak_saturation"),
         b.backoff_streak_saturation,
         1..=1_000_000,
     )?;
-    for (name, weight) in [
-        ("occupancy_weight", b.occupancy_weight),
-        ("backoff_weight", b.backoff_weight),
-    ] {
-        if !(0.0..=100.0).contains(&weight) {
-            return Err(invalid(
-                field(name),
-                format!("{weight} is outside [0, 100]"),
-            ));
-        }
-    }
-    if !(0.0..=0.5).contains(&b.jitter) {
-        return Err(invalid(
-            field("jitter"),
-            format!("{} is outside [0, 0.5]", b.jitter),
-        ));
-    }
+    let occupancy_weight = section.between("occupancy_weight", b.occupancy_weight, 0.0, 100.0)?;
+    let backoff_weight = section.between("backoff_weight", b.backoff_weight, 0.0, 100.0)?;
+    let jitter = section.between("jitter", b.jitter, 0.0, 0.5)?;
     if !(1..=MAX_RETRY_AFTER_S).contains(&b.max_retry_after_s) {
         return Err(invalid(
-            field("max_retry_after_s"),
+            section.field("max_retry_after_s"),
             format!(
                 "{} is outside 1..={MAX_RETRY_AFTER_S} (the clamp may narrow, never widen)",
                 b.max_retry_after_s
@@ -518,42 +530,72 @@ fn backpressure(at: &str, b: BackpressureFile) -> Result<BackpressureConfig, Con
         ));
     }
     let min_retry_after_s = bounded(
-        &field("min_retry_after_s"),
+        &section.field("min_retry_after_s"),
         b.min_retry_after_s,
         1..=b.max_retry_after_s,
     )?;
-    let overload_rule = b
-        .overload_rule
-        .parse::<OverloadRule>()
-        .map_err(|e| invalid(field("overload_rule"), e.to_string()))?;
-    if let Some(factor) = b.overload_horizon_factor
-        && !(factor > 0.0 && factor <= 100.0)
-    {
-        return Err(invalid(
-            field("overload_horizon_factor"),
-            format!("{factor} is outside (0, 100]"),
-        ));
-    }
-    Ok(BackpressureConfig {
-        status_code: b.status_code,
-        policy,
-        retry_after_s,
-        drain: DrainRateConstants {
-            alpha: b.alpha,
-            warm_after,
-            cold_after,
-        },
-        constants: PolicyConstants {
-            backoff_streak_saturation,
-            occupancy_weight: b.occupancy_weight,
-            backoff_weight: b.backoff_weight,
-            jitter: b.jitter,
-            min_retry_after_s,
-            max_retry_after_s: b.max_retry_after_s,
-            overload_rule,
-            overload_horizon_factor: b.overload_horizon_factor,
-        },
+    let overload_rule = section.parse("overload_rule", &b.overload_rule)?;
+    let overload_horizon_factor = b
+        .overload_horizon_factor
+        .map(|factor| section.above_zero("overload_horizon_factor", factor, 100.0, ""))
+        .transpose()?;
+    Ok(PolicyConstants {
+        backoff_streak_saturation,
+        occupancy_weight,
+        backoff_weight,
+        jitter,
+        min_retry_after_s,
+        max_retry_after_s: b.max_retry_after_s,
+        overload_rule,
+        overload_horizon_factor,
     })
+}
+
+/// A section of the file, for checks whose errors name `section.field` and the value.
+struct Section<'a>(&'a str);
+
+impl Section<'_> {
+    /// The field's path.
+    fn field(&self, name: &str) -> String {
+        format!("{}.{name}", self.0)
+    }
+
+    /// `text` parsed, or an error naming the field with the parser's reason.
+    fn parse<T: std::str::FromStr>(&self, name: &str, text: &str) -> Result<T, ConfigError>
+    where
+        T::Err: std::fmt::Display,
+    {
+        text.parse()
+            .map_err(|e: T::Err| invalid(self.field(name), e.to_string()))
+    }
+
+    /// `value` in `(0, max]` (`unit` follows the bound in the error).
+    fn above_zero(&self, name: &str, value: f64, max: f64, unit: &str) -> Result<f64, ConfigError> {
+        if value > 0.0 && value <= max {
+            return Ok(value);
+        }
+        Err(invalid(
+            self.field(name),
+            format!("{value} is outside (0, {max}]{unit}"),
+        ))
+    }
+
+    /// `value` seconds in `(0, max]`.
+    fn seconds(&self, name: &str, value: f64, max: f64) -> Result<Duration, ConfigError> {
+        self.above_zero(name, value, max, " seconds")
+            .map(Duration::from_secs_f64)
+    }
+
+    /// `value` in `[low, high]`.
+    fn between(&self, name: &str, value: f64, low: f64, high: f64) -> Result<f64, ConfigError> {
+        if (low..=high).contains(&value) {
+            return Ok(value);
+        }
+        Err(invalid(
+            self.field(name),
+            format!("{value} is outside [{low}, {high}]"),
+        ))
+    }
 }
 
 impl Config {
