@@ -124,46 +124,8 @@ fn ensure_bpf_linker(root: &Path, tools: &Path) -> Result<()> {
     if linker.exists() && fs::read_to_string(&stamp_path).ok().as_deref() == Some(stamp.as_str()) {
         return Ok(());
     }
-    let llvm_major = rustc
-        .lines()
-        .find_map(|line| line.strip_prefix("LLVM version: "))
-        .and_then(|version| version.split('.').next())
-        .context("rustc -vV does not name its LLVM version")?
-        .to_owned();
-    let sysroot = PathBuf::from(
-        capture(
-            Command::new("rustc")
-                .current_dir(root)
-                .args(["--print", "sysroot"]),
-        )?
-        .trim(),
-    );
-    let llvm_lib = fs::read_dir(sysroot.join("lib"))
-        .with_context(|| format!("reading {}/lib", sysroot.display()))?
-        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
-        .find(|path| {
-            path.file_name()
-                .and_then(|name| name.to_str())
-                .is_some_and(|name| name.starts_with("libLLVM.so."))
-        })
-        .with_context(|| {
-            format!(
-                "no libLLVM.so.* in {}/lib: is this a rustup toolchain?",
-                sysroot.display()
-            )
-        })?;
-    // bpf-linker's build looks for $LLVM_PREFIX/lib/libLLVM.so; point it at the toolchain's.
-    let prefix = tools.join("llvm");
-    let prefix_lib = prefix.join("lib");
-    fs::create_dir_all(&prefix_lib)?;
-    for name in [
-        OsString::from("libLLVM.so"),
-        llvm_lib.file_name().unwrap().to_owned(),
-    ] {
-        let link = prefix_lib.join(name);
-        let _ = fs::remove_file(&link);
-        symlink(&llvm_lib, &link).with_context(|| format!("linking {}", link.display()))?;
-    }
+    let (llvm_major, llvm_lib) = toolchain_llvm(root, &rustc)?;
+    let prefix = llvm_prefix(tools, &llvm_lib)?;
     eprintln!(
         "+ building bpf-linker {BPF_LINKER_VERSION} against LLVM {llvm_major} of the pinned toolchain"
     );
@@ -192,6 +154,56 @@ fn ensure_bpf_linker(root: &Path, tools: &Path) -> Result<()> {
     }
     fs::write(&stamp_path, stamp)?;
     Ok(())
+}
+
+/// The pinned toolchain's LLVM: its major version (from `rustc -vV`) and its shared library.
+fn toolchain_llvm(root: &Path, rustc: &str) -> Result<(String, PathBuf)> {
+    let llvm_major = rustc
+        .lines()
+        .find_map(|line| line.strip_prefix("LLVM version: "))
+        .and_then(|version| version.split('.').next())
+        .context("rustc -vV does not name its LLVM version")?
+        .to_owned();
+    let sysroot = PathBuf::from(
+        capture(
+            Command::new("rustc")
+                .current_dir(root)
+                .args(["--print", "sysroot"]),
+        )?
+        .trim(),
+    );
+    let llvm_lib = fs::read_dir(sysroot.join("lib"))
+        .with_context(|| format!("reading {}/lib", sysroot.display()))?
+        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+        .find(|path| {
+            path.file_name()
+                .and_then(|name| name.to_str())
+                .is_some_and(|name| name.starts_with("libLLVM.so."))
+        })
+        .with_context(|| {
+            format!(
+                "no libLLVM.so.* in {}/lib: is this a rustup toolchain?",
+                sysroot.display()
+            )
+        })?;
+    Ok((llvm_major, llvm_lib))
+}
+
+/// A prefix whose lib/libLLVM.so is the toolchain's, as bpf-linker's build looks for
+/// `$LLVM_PREFIX/lib/libLLVM.so`.
+fn llvm_prefix(tools: &Path, llvm_lib: &Path) -> Result<PathBuf> {
+    let prefix = tools.join("llvm");
+    let prefix_lib = prefix.join("lib");
+    fs::create_dir_all(&prefix_lib)?;
+    for name in [
+        OsString::from("libLLVM.so"),
+        llvm_lib.file_name().unwrap().to_owned(),
+    ] {
+        let link = prefix_lib.join(name);
+        let _ = fs::remove_file(&link);
+        symlink(llvm_lib, &link).with_context(|| format!("linking {}", link.display()))?;
+    }
+    Ok(prefix)
 }
 
 fn ensure_debian_packages() -> Result<()> {
