@@ -72,7 +72,31 @@ pub fn listener_backlogs() -> io::Result<Vec<ListenerBacklog>> {
     Ok(listeners)
 }
 
+/// Dump the TCP listeners of `family` into `out`.
 fn dump(socket: &OwnedFd, family: u8, out: &mut Vec<ListenerBacklog>) -> io::Result<()> {
+    send_dump_request(socket, family)?;
+    let mut buffer = vec![0u8; 64 * 1024];
+    loop {
+        // SAFETY: `buffer` is valid for its whole length.
+        let received = unsafe {
+            libc::recv(
+                socket.as_raw_fd(),
+                buffer.as_mut_ptr().cast(),
+                buffer.len(),
+                0,
+            )
+        };
+        if received < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if read_messages(&buffer[..received as usize], out)? {
+            return Ok(());
+        }
+    }
+}
+
+/// Ask the kernel for every listening TCP socket of `family` (`SOCK_DIAG_BY_FAMILY`, dump).
+fn send_dump_request(socket: &OwnedFd, family: u8) -> io::Result<()> {
     let mut request = [0u8; NLMSG_HEADER_LEN + INET_DIAG_REQ_LEN];
     let len = request.len() as u32;
     request[0..4].copy_from_slice(&len.to_ne_bytes());
@@ -101,48 +125,38 @@ fn dump(socket: &OwnedFd, family: u8, out: &mut Vec<ListenerBacklog>) -> io::Res
     if sent < 0 {
         return Err(io::Error::last_os_error());
     }
-    let mut buffer = vec![0u8; 64 * 1024];
-    loop {
-        // SAFETY: `buffer` is valid for its whole length.
-        let received = unsafe {
-            libc::recv(
-                socket.as_raw_fd(),
-                buffer.as_mut_ptr().cast(),
-                buffer.len(),
-                0,
-            )
-        };
-        if received < 0 {
-            return Err(io::Error::last_os_error());
+    Ok(())
+}
+
+/// The netlink messages of one read: listeners into `out`; true at the dump's end.
+fn read_messages(mut rest: &[u8], out: &mut Vec<ListenerBacklog>) -> io::Result<bool> {
+    while rest.len() >= NLMSG_HEADER_LEN {
+        let msg_len = u32::from_ne_bytes(rest[0..4].try_into().unwrap()) as usize;
+        let msg_type = u16::from_ne_bytes(rest[4..6].try_into().unwrap());
+        if msg_len < NLMSG_HEADER_LEN || msg_len > rest.len() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "truncated netlink message",
+            ));
         }
-        let mut rest = &buffer[..received as usize];
-        while rest.len() >= NLMSG_HEADER_LEN {
-            let msg_len = u32::from_ne_bytes(rest[0..4].try_into().unwrap()) as usize;
-            let msg_type = u16::from_ne_bytes(rest[4..6].try_into().unwrap());
-            if msg_len < NLMSG_HEADER_LEN || msg_len > rest.len() {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    "truncated netlink message",
-                ));
+        match msg_type {
+            NLMSG_DONE => return Ok(true),
+            NLMSG_ERROR => {
+                let errno = i32::from_ne_bytes(rest[16..20].try_into().unwrap());
+                return Err(io::Error::from_raw_os_error(-errno));
             }
-            match msg_type {
-                NLMSG_DONE => return Ok(()),
-                NLMSG_ERROR => {
-                    let errno = i32::from_ne_bytes(rest[16..20].try_into().unwrap());
-                    return Err(io::Error::from_raw_os_error(-errno));
+            SOCK_DIAG_BY_FAMILY => {
+                if let Some(listener) = parse_diag_msg(&rest[NLMSG_HEADER_LEN..msg_len]) {
+                    out.push(listener);
                 }
-                SOCK_DIAG_BY_FAMILY => {
-                    if let Some(listener) = parse_diag_msg(&rest[NLMSG_HEADER_LEN..msg_len]) {
-                        out.push(listener);
-                    }
-                }
-                _ => {}
             }
-            // Messages are 4-byte aligned.
-            let advance = (msg_len + 3) & !3;
-            rest = &rest[advance.min(rest.len())..];
+            _ => {}
         }
+        // Messages are 4-byte aligned.
+        let advance = (msg_len + 3) & !3;
+        rest = &rest[advance.min(rest.len())..];
     }
+    Ok(false)
 }
 
 /// A `struct inet_diag_msg`: family, state, timer, retrans, socket id (ports big-endian,
