@@ -183,6 +183,25 @@ pub struct Signals {
     pub overload_age_s: Option<f64>,
 }
 
+impl Signals {
+    /// A proxy's own queue of `depth` requests draining at `drain_rate`, and nothing else
+    /// known: no occupancy, streak, arrivals, promises or overload.
+    pub fn proxy_queue(depth: u64, drain_rate: f64) -> Self {
+        Self {
+            queue_depth: Some(QueueDepth {
+                depth,
+                source: QueueDepthSource::Proxy,
+            }),
+            drain_rate: Some(drain_rate),
+            occupancy: None,
+            backoff_streak: 0,
+            arrival_rate: None,
+            promised: PromisedReturns::NONE,
+            overload_age_s: None,
+        }
+    }
+}
+
 /// A policy's base estimate and the terms it was made of.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Computed {
@@ -351,18 +370,7 @@ mod tests {
     use super::*;
 
     fn signals(depth: u64, drain: f64) -> Signals {
-        Signals {
-            queue_depth: Some(QueueDepth {
-                depth,
-                source: QueueDepthSource::Proxy,
-            }),
-            drain_rate: Some(drain),
-            occupancy: None,
-            backoff_streak: 0,
-            arrival_rate: None,
-            promised: PromisedReturns::NONE,
-            overload_age_s: None,
-        }
+        Signals::proxy_queue(depth, drain)
     }
 
     const COMPUTED: RetryAfterPolicy = RetryAfterPolicy::RouterQueueDrainRate;

@@ -155,16 +155,10 @@ fn scheduling(
     overload_age_s: Option<f64>,
 ) -> Signals {
     Signals {
-        queue_depth: Some(QueueDepth {
-            depth,
-            source: QueueDepthSource::Proxy,
-        }),
-        drain_rate: Some(drain),
-        occupancy: None,
-        backoff_streak: 0,
         arrival_rate: Some(arrivals),
         promised,
         overload_age_s,
+        ..Signals::proxy_queue(depth, drain)
     }
 }
 
