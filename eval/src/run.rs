@@ -44,12 +44,7 @@ pub fn clients(scenario: &Scenario, seed: u64) -> Vec<(Duration, crate::load::Be
 ///
 /// # Panics
 /// With more than one proxy (see the module's note), or when a piece cannot start.
-pub fn run(
-    scenario: &Scenario,
-    policy: Policy,
-    seed: u64,
-    mut progress: impl FnMut(f64),
-) -> RunResult {
+pub fn run(scenario: &Scenario, policy: Policy, seed: u64, progress: impl FnMut(f64)) -> RunResult {
     assert_eq!(
         scenario.proxies, 1,
         "{}: the real-socket run has one proxy; run scenarios with more in the simulator",
@@ -60,17 +55,7 @@ pub fn run(
         .enable_all()
         .build()
         .expect("a tokio runtime");
-    let replicas: Vec<Replica> = runtime.block_on(async {
-        let mut replicas = Vec::new();
-        for (i, r) in scenario.replicas.iter().enumerate() {
-            replicas.push(
-                Replica::start(r.spec, seeds::replica(seed, i))
-                    .await
-                    .expect("start a replica"),
-            );
-        }
-        replicas
-    });
+    let replicas = runtime.block_on(start_replicas(scenario, seed));
     let backends: Vec<(String, usize)> = replicas
         .iter()
         .zip(&scenario.replicas)
@@ -81,55 +66,17 @@ pub fn run(
     let warm_up = scenario.warm_up();
     let warm_up_clients = clients.iter().take_while(|c| c.0 < warm_up).count();
     let (load, idle, proxy) = runtime.block_on(async {
-        let proxy = Proxy::start(
-            ProxyConfig {
-                service: SERVICE.to_owned(),
-                replicas: replicas
-                    .iter()
-                    .zip(&scenario.replicas)
-                    .map(|(r, s)| (r.addr(), s.max_ongoing_requests))
-                    .collect(),
-                max_queued_requests: scenario.max_queued_requests,
-                status_code: 429,
-                header: policy.header(),
-                seed: seeds::proxy(seed, 0),
-                record_rejections: true,
-            },
-            &agent.socket,
-        )
-        .await
-        .expect("start the proxy");
+        let config = proxy_config(scenario, &replicas, policy, seed);
+        let proxy = Proxy::start(config, &agent.socket)
+            .await
+            .expect("start the proxy");
         for (i, r) in scenario.replicas.iter().enumerate() {
             if !r.present {
                 proxy.set_replica_up(i, false);
             }
         }
         let load = Load::start(proxy.addr(), clients, scenario.attempts, seed);
-        let length = scenario.length();
-        let mut idle = 0.0;
-        let mut ticker = tokio::time::interval(SAMPLE_EVERY);
-        let mut events = scenario.events.iter().peekable();
-        let mut last_report = Instant::now();
-        loop {
-            ticker.tick().await;
-            let elapsed = load.started().elapsed();
-            while let Some(event) = events.next_if(|e| elapsed >= e.at) {
-                match event.kind {
-                    EventKind::LoseReplica(i) => replicas[i].stop(),
-                    EventKind::AddReplica(i) => proxy.set_replica_up(i, true),
-                }
-            }
-            if elapsed >= warm_up && load.waiting.load(Ordering::Relaxed) > 0 {
-                idle += SAMPLE_EVERY.as_secs_f64() * proxy.idle_replicas();
-            }
-            if last_report.elapsed() >= Duration::from_millis(500) {
-                last_report = Instant::now();
-                progress((elapsed.as_secs_f64() / (length + DRAIN_LIMIT).as_secs_f64()).min(1.0));
-            }
-            if elapsed >= length && load.finished() || elapsed >= length + DRAIN_LIMIT {
-                break;
-            }
-        }
+        let idle = follow(scenario, &replicas, &proxy, &load, progress).await;
         (load, idle, proxy)
     });
     // The proxies report every 200 ms: let the last counts reach the agent before its
@@ -155,6 +102,75 @@ pub fn run(
     drop(replicas);
     drop(agent);
     result
+}
+
+/// One replica server per replica of the scenario, each with its own seed.
+async fn start_replicas(scenario: &Scenario, seed: u64) -> Vec<Replica> {
+    let mut replicas = Vec::new();
+    for (i, r) in scenario.replicas.iter().enumerate() {
+        let replica = Replica::start(r.spec, seeds::replica(seed, i)).await;
+        replicas.push(replica.expect("start a replica"));
+    }
+    replicas
+}
+
+/// The reference proxy in front of `replicas`, answering with `policy`'s header.
+fn proxy_config(
+    scenario: &Scenario,
+    replicas: &[Replica],
+    policy: Policy,
+    seed: u64,
+) -> ProxyConfig {
+    ProxyConfig {
+        service: SERVICE.to_owned(),
+        replicas: replicas
+            .iter()
+            .zip(&scenario.replicas)
+            .map(|(r, s)| (r.addr(), s.max_ongoing_requests))
+            .collect(),
+        max_queued_requests: scenario.max_queued_requests,
+        status_code: 429,
+        header: policy.header(),
+        seed: seeds::proxy(seed, 0),
+        record_rejections: true,
+    }
+}
+
+/// Follow the run to its end (every client done after the schedule, or the drain limit):
+/// play the scenario's events, sample idle replicas while clients wait, tell `progress`.
+/// Returns the idle replica-seconds while clients waited, after the warm-up.
+async fn follow(
+    scenario: &Scenario,
+    replicas: &[Replica],
+    proxy: &Proxy,
+    load: &Load,
+    mut progress: impl FnMut(f64),
+) -> f64 {
+    let (length, warm_up) = (scenario.length(), scenario.warm_up());
+    let mut idle = 0.0;
+    let mut ticker = tokio::time::interval(SAMPLE_EVERY);
+    let mut events = scenario.events.iter().peekable();
+    let mut last_report = Instant::now();
+    loop {
+        ticker.tick().await;
+        let elapsed = load.started().elapsed();
+        while let Some(event) = events.next_if(|e| elapsed >= e.at) {
+            match event.kind {
+                EventKind::LoseReplica(i) => replicas[i].stop(),
+                EventKind::AddReplica(i) => proxy.set_replica_up(i, true),
+            }
+        }
+        if elapsed >= warm_up && load.waiting.load(Ordering::Relaxed) > 0 {
+            idle += SAMPLE_EVERY.as_secs_f64() * proxy.idle_replicas();
+        }
+        if last_report.elapsed() >= Duration::from_millis(500) {
+            last_report = Instant::now();
+            progress((elapsed.as_secs_f64() / (length + DRAIN_LIMIT).as_secs_f64()).min(1.0));
+        }
+        if elapsed >= length && load.finished() || elapsed >= length + DRAIN_LIMIT {
+            return idle;
+        }
+    }
 }
 
 /// The judge's figures for `policy`'s rung from the agent's Prometheus text.

@@ -127,120 +127,170 @@ fn in_kernel_cost(
     let _stats =
         aya::sys::enable_stats(aya::sys::Stats::RunTime).expect("enable BPF run-time stats");
     let elsewhere = TestCgroup::create("retry-after-bench-elsewhere");
-    let mut lines = Vec::new();
-    let (mut idle_run, mut watch_run) = (Vec::new(), Vec::new());
-    let (mut idle_request, mut watch_request, mut marginal) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut elsewhere_runs, mut elsewhere_request) = (Vec::new(), Vec::new());
-    let (mut churn_runs, mut churn_request) = (Vec::new(), Vec::new());
-    for round in 0..rounds {
-        // Not watching, watching, attached elsewhere (keep-alive), attached elsewhere (a new
-        // connection per request).
-        let mut per_run = [0.0; 4];
-        let mut per_request = [0.0; 4];
-        let mut runs_per_request = [0.0; 4];
-        let mut rps = [0.0; 4];
-        for step in 0..4 {
-            let setup = (step + round as usize) % 4;
-            let probe = match setup {
-                0 => AttachedProbe::attach(),
-                1 => AttachedProbe::watching(&[endpoint]),
-                _ => {
-                    let mut probe = AttachedProbe::attach_with(&ProbeOptions {
-                        attach_to: vec![elsewhere.path().to_path_buf()],
-                        ..ProbeOptions::default()
-                    });
-                    probe.watch(endpoint);
-                    probe
-                }
-            };
-            let measured = if setup == 3 {
-                wrk_closing(url, seconds, connections)
-            } else {
-                wrk(url, seconds, connections)
-            };
-            let requests = measured * seconds as f64;
-            let (runs, nanos) = probe
-                .probe
-                .program_run_stats()
-                .iter()
-                .fold((0u64, 0u128), |(r, n), s| {
-                    (r + s.run_count, n + s.run_time.as_nanos())
-                });
-            rps[setup] = measured;
-            per_run[setup] = nanos as f64 / runs.max(1) as f64;
-            per_request[setup] = nanos as f64 / requests;
-            runs_per_request[setup] = runs as f64 / requests;
-        }
-        lines.push(format!(
-            "| {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1} | {:.2} | {:.0} | {:.0} | {:.2} | {:.0} |",
-            round + 1,
-            rps[0],
-            rps[1],
-            rps[2],
-            per_run[0],
-            per_run[1],
-            per_request[0],
-            per_request[1],
-            per_request[1] - per_request[0],
-            runs_per_request[1],
-            runs_per_request[2],
-            per_request[2],
-            rps[3],
-            runs_per_request[3],
-            per_request[3]
-        ));
-        elsewhere_runs.push(runs_per_request[2]);
-        elsewhere_request.push(per_request[2]);
-        churn_runs.push(runs_per_request[3]);
-        churn_request.push(per_request[3]);
-        idle_run.push(per_run[0]);
-        watch_run.push(per_run[1]);
-        idle_request.push(per_request[0]);
-        watch_request.push(per_request[1]);
-        marginal.push(per_request[1] - per_request[0]);
-    }
-    // Each figure's median and spread, with `digits` decimals.
-    let summary_to = |digits: usize, name: &str, values: &[f64]| {
-        let low = values.iter().copied().fold(f64::INFINITY, f64::min);
-        let high = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        format!(
-            "| {name} | {:.digits$} | {low:.digits$} to {high:.digits$} |",
-            median(values.to_vec())
-        )
+    let load = Wrk {
+        url,
+        seconds,
+        connections,
     };
-    let summary = |name: &str, values: &[f64]| summary_to(0, name, values);
+    let mut measured: Vec<[Measured; 4]> = Vec::new();
+    for round in 0..rounds as usize {
+        let mut setups = [Measured::default(); 4];
+        // In a different order each round.
+        for step in 0..4 {
+            let setup = (step + round) % 4;
+            setups[setup] = measure(setup, endpoint, &elsewhere, &load);
+        }
+        measured.push(setups);
+    }
+    let lines: Vec<String> = measured.iter().enumerate().map(round_row).collect();
+    let figure = |setup: usize, of: fn(&Measured) -> f64| -> Vec<f64> {
+        measured.iter().map(|m| of(&m[setup])).collect()
+    };
+    let marginal: Vec<f64> = measured
+        .iter()
+        .map(|m| m[WATCHING].per_request - m[NOT_WATCHING].per_request)
+        .collect();
+    let rows = [
+        summary(
+            0,
+            "ns per run, not watching",
+            &figure(NOT_WATCHING, |m| m.per_run),
+        ),
+        summary(0, "ns per run, watching", &figure(WATCHING, |m| m.per_run)),
+        summary(
+            0,
+            "program ns per request, not watching",
+            &figure(NOT_WATCHING, |m| m.per_request),
+        ),
+        summary(
+            0,
+            "program ns per request, watching",
+            &figure(WATCHING, |m| m.per_request),
+        ),
+        summary(
+            0,
+            "marginal ns per request (watching − not watching)",
+            &marginal,
+        ),
+        summary(
+            2,
+            "program runs per request, attached elsewhere",
+            &figure(ELSEWHERE, |m| m.runs_per_request),
+        ),
+        summary(
+            0,
+            "program ns per request, attached elsewhere",
+            &figure(ELSEWHERE, |m| m.per_request),
+        ),
+        summary(
+            2,
+            "program runs per request, attached elsewhere, new connections",
+            &figure(ELSEWHERE_NEW_CONNECTIONS, |m| m.runs_per_request),
+        ),
+        summary(
+            0,
+            "program ns per request, attached elsewhere, new connections",
+            &figure(ELSEWHERE_NEW_CONNECTIONS, |m| m.per_request),
+        ),
+    ];
     format!(
         "In-kernel cost (BPF run-time statistics on), {rounds} rounds of {seconds} s:\n\n\
          | round | req/s, not watching | req/s, watching | req/s, attached elsewhere | ns per run, not watching | ns per run, watching | program ns per request, not watching | program ns per request, watching | marginal ns per request | runs per request, watching | runs per request, attached elsewhere | program ns per request, attached elsewhere | req/s, attached elsewhere, new connections | runs per request, attached elsewhere, new connections | program ns per request, attached elsewhere, new connections |\n\
          |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n{}\n\n\
-         | figure | median | spread |\n|---|---|---|\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}",
+         | figure | median | spread |\n|---|---|---|\n{}",
         lines.join("\n"),
-        summary("ns per run, not watching", &idle_run),
-        summary("ns per run, watching", &watch_run),
-        summary("program ns per request, not watching", &idle_request),
-        summary("program ns per request, watching", &watch_request),
-        summary(
-            "marginal ns per request (watching − not watching)",
-            &marginal
-        ),
-        summary_to(
-            2,
-            "program runs per request, attached elsewhere",
-            &elsewhere_runs
-        ),
-        summary(
-            "program ns per request, attached elsewhere",
-            &elsewhere_request
-        ),
-        summary_to(
-            2,
-            "program runs per request, attached elsewhere, new connections",
-            &churn_runs
-        ),
-        summary(
-            "program ns per request, attached elsewhere, new connections",
-            &churn_request
-        ),
+        rows.join("\n"),
+    )
+}
+
+/// The setups of a round: attached and not watching, watching, attached to an empty cgroup
+/// and watching (keep-alive), the same with a new connection per request.
+const NOT_WATCHING: usize = 0;
+const WATCHING: usize = 1;
+const ELSEWHERE: usize = 2;
+const ELSEWHERE_NEW_CONNECTIONS: usize = 3;
+
+/// The load of each measurement.
+struct Wrk<'a> {
+    url: &'a str,
+    seconds: u64,
+    connections: u64,
+}
+
+/// What one setup measured.
+#[derive(Clone, Copy, Debug, Default)]
+struct Measured {
+    rps: f64,
+    per_run: f64,
+    per_request: f64,
+    runs_per_request: f64,
+}
+
+/// Attach as `setup` says, run the load, read the programs' run-time statistics.
+fn measure(setup: usize, endpoint: Endpoint, elsewhere: &TestCgroup, load: &Wrk<'_>) -> Measured {
+    let probe = match setup {
+        NOT_WATCHING => AttachedProbe::attach(),
+        WATCHING => AttachedProbe::watching(&[endpoint]),
+        _ => {
+            let mut probe = AttachedProbe::attach_with(&ProbeOptions {
+                attach_to: vec![elsewhere.path().to_path_buf()],
+                ..ProbeOptions::default()
+            });
+            probe.watch(endpoint);
+            probe
+        }
+    };
+    let rps = if setup == ELSEWHERE_NEW_CONNECTIONS {
+        wrk_closing(load.url, load.seconds, load.connections)
+    } else {
+        wrk(load.url, load.seconds, load.connections)
+    };
+    let requests = rps * load.seconds as f64;
+    let (runs, nanos) = probe
+        .probe
+        .program_run_stats()
+        .iter()
+        .fold((0u64, 0u128), |(r, n), s| {
+            (r + s.run_count, n + s.run_time.as_nanos())
+        });
+    Measured {
+        rps,
+        per_run: nanos as f64 / runs.max(1) as f64,
+        per_request: nanos as f64 / requests,
+        runs_per_request: runs as f64 / requests,
+    }
+}
+
+/// One round's row of the table.
+fn round_row((round, m): (usize, &[Measured; 4])) -> String {
+    let [idle, watch, elsewhere, churn] = m;
+    format!(
+        "| {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1} | {:.2} | {:.0} | {:.0} | {:.2} | {:.0} |",
+        round + 1,
+        idle.rps,
+        watch.rps,
+        elsewhere.rps,
+        idle.per_run,
+        watch.per_run,
+        idle.per_request,
+        watch.per_request,
+        watch.per_request - idle.per_request,
+        watch.runs_per_request,
+        elsewhere.runs_per_request,
+        elsewhere.per_request,
+        churn.rps,
+        churn.runs_per_request,
+        churn.per_request
+    )
+}
+
+/// A figure's median and spread (lowest to highest), with `digits` decimals.
+fn summary(digits: usize, name: &str, values: &[f64]) -> String {
+    let low = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let high = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    format!(
+        "| {name} | {:.digits$} | {low:.digits$} to {high:.digits$} |",
+        median(values.to_vec())
     )
 }
 
