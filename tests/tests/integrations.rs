@@ -1,7 +1,8 @@
 //! The Python and Lua ports of the policy, against the Rust implementation's answers in the
 //! shared vectors (`policy/tests/vectors.tsv`, which `cargo test -p retry-after-policy`
-//! checks against the Rust answers), run by `lua5.3` and `python3`; and the Python client
-//! against the real agent.
+//! checks against the Rust answers): the one Lua policy module under both interpreters the
+//! proxies embed (`lua5.3`, HAProxy's; `luajit`, nginx's) and the Python client under
+//! `python3`; and the Python client against the real agent.
 
 use std::{path::PathBuf, process::Command};
 
@@ -14,12 +15,17 @@ fn integrations() -> PathBuf {
 #[test]
 fn the_lua_and_python_ports_answer_exactly_as_the_agent_on_shared_vectors() {
     let vectors = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../policy/tests/vectors.tsv");
-    let text = run_ok(
-        Command::new("lua5.3")
-            .arg(integrations().join("haproxy/check_vectors.lua"))
-            .arg(&vectors),
-    );
-    assert!(text.contains("2000 vectors agree"), "{text}");
+    for (lua, version) in [("lua5.3", "Lua 5.3"), ("luajit", "LuaJIT")] {
+        let text = run_ok(
+            Command::new(lua)
+                .arg(integrations().join("lua/check_vectors.lua"))
+                .arg(&vectors),
+        );
+        assert!(
+            text.contains(&format!("2000 vectors agree ({version}")),
+            "{lua}: {text}"
+        );
+    }
     let text = run_ok(
         Command::new("python3")
             .args([

@@ -8,10 +8,11 @@
 //!   toolchain change rebuilds it and an unchanged one costs nothing.
 //! * Debian packages: `wrk` (load generator for the benchmark and the proxy tests), `bpftool`
 //!   (the tests check with it that nothing stays attached), `haproxy` (the real proxy the
-//!   estimate is tested behind), `lua5.3` (checks the HAProxy integration's formula against
-//!   the agent's), and `nginx` with `apache2-utils` (ab): a real backend and one-request
-//!   connections whose own counters judge the kernel's; `openssl` makes the certificates of
-//!   the TLS tests.
+//!   estimate is tested behind), `nginx` with `apache2-utils` (ab): a real backend and
+//!   one-request connections whose own counters judge the kernel's, and with
+//!   `libnginx-mod-http-lua` the nginx integration; `lua5.3` and `luajit2` (the LuaJIT that
+//!   nginx's Lua module links) check the Lua policy module against the agent's answers under
+//!   both interpreters; `openssl` makes the certificates of the TLS tests.
 //! * Python packages, pinned (`PYTHON_PACKAGES`), with the machine's python3.
 
 use std::{
@@ -34,12 +35,14 @@ const PYTHON_PACKAGES: [(&str, &str, &str); 2] = [
 ];
 
 /// Debian packages the tests and benchmarks run.
-const DEBIAN_PACKAGES: [&str; 7] = [
+const DEBIAN_PACKAGES: [&str; 9] = [
     "wrk",
     "bpftool",
     "haproxy",
     "lua5.3",
     "nginx",
+    "libnginx-mod-http-lua",
+    "luajit2",
     "apache2-utils",
     "openssl",
 ];
