@@ -204,6 +204,13 @@ impl Nginx {
     /// [`Nginx::start`], in `cgroup` if given (a cgroup v2 directory the process joins before
     /// it starts, so every socket it opens belongs to it).
     pub fn start_in(servers: &str, cgroup: Option<&Path>) -> Self {
+        Self::start_with("", servers, cgroup)
+    }
+
+    /// [`Nginx::start_in`] with `main` added to the main context (`load_module` lines, a
+    /// `worker_processes` other than 1) and `http` (server blocks and any other http-level
+    /// directives) to the http block.
+    pub fn start_with(main: &str, http: &str, cgroup: Option<&Path>) -> Self {
         let dir = std::env::temp_dir().join(format!(
             "retry-after-nginx-{}-{}",
             std::process::id(),
@@ -212,12 +219,17 @@ impl Nginx {
         std::fs::create_dir_all(&dir).unwrap();
         let status = crate::free_port();
         let d = dir.display();
+        let workers = if main.contains("worker_processes") {
+            ""
+        } else {
+            "worker_processes 1;\n"
+        };
         let config = format!(
-            "daemon off;\nmaster_process on;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
+            "daemon off;\nmaster_process on;\n{workers}pid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n{main}\n\
              events {{ worker_connections 4096; }}\n\
              http {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n  \
              fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n\
-             {servers}\n  server {{ listen {status}; location / {{ stub_status; }} }}\n}}\n"
+             {http}\n  server {{ listen {status}; location / {{ stub_status; }} }}\n}}\n"
         );
         let path = dir.join("nginx.conf");
         std::fs::write(&path, config).unwrap();

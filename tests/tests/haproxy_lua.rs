@@ -6,8 +6,7 @@
 //! without a header in between.
 
 use std::{
-    io::{Read, Write},
-    net::{SocketAddr, TcpStream},
+    net::SocketAddr,
     path::PathBuf,
     sync::{
         Arc, Mutex,
@@ -22,6 +21,7 @@ use retry_after_testkit::{
     AgentProcess, free_port,
     http::{HttpServer, ServerOptions},
     proxies::{Haproxy, Wrk},
+    rejections::{median, prober, values},
     sample,
 };
 
@@ -73,70 +73,6 @@ fn frontend(name: &str, bind: SocketAddr, limit: u32, replicas: &[&HttpServer]) 
          \x20   default_backend be_{name}\n\
          backend be_{name}\n    balance roundrobin\n{servers}"
     )
-}
-
-#[derive(Clone, Debug)]
-struct Rejection {
-    at: Instant,
-    status: u16,
-    retry_after: Option<String>,
-}
-
-/// One request on its own connection; a rejection (answered at once) is recorded, an
-/// admitted request (queued behind slow replicas) is left after 150 ms.
-fn probe(target: SocketAddr) -> Option<Rejection> {
-    let mut stream = TcpStream::connect(target).ok()?;
-    stream
-        .set_read_timeout(Some(Duration::from_millis(150)))
-        .ok()?;
-    stream
-        .write_all(b"GET / HTTP/1.1\r\nHost: probe\r\nConnection: close\r\n\r\n")
-        .ok()?;
-    let mut response = Vec::new();
-    let _ = stream.read_to_end(&mut response);
-    let text = String::from_utf8_lossy(&response);
-    let status: u16 = text.split(' ').nth(1)?.parse().ok()?;
-    if status == 200 {
-        return None;
-    }
-    let retry_after = text
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("retry-after: ")
-                .or_else(|| l.strip_prefix("Retry-After: "))
-        })
-        .map(|v| v.trim().to_owned());
-    Some(Rejection {
-        at: Instant::now(),
-        status,
-        retry_after,
-    })
-}
-
-/// Probes `target` until `stop`, recording every rejection.
-fn prober(target: SocketAddr, stop: Arc<AtomicBool>) -> thread::JoinHandle<Vec<Rejection>> {
-    thread::spawn(move || {
-        let mut seen = Vec::new();
-        while !stop.load(Ordering::SeqCst) {
-            seen.extend(probe(target));
-            thread::sleep(Duration::from_millis(20));
-        }
-        seen
-    })
-}
-
-fn values(rejections: &[Rejection], from: Instant, to: Instant) -> Vec<u64> {
-    rejections
-        .iter()
-        .filter(|r| r.at >= from && r.at <= to)
-        .map(|r| r.retry_after.as_deref().unwrap().parse().unwrap())
-        .collect()
-}
-
-fn median(mut v: Vec<u64>) -> u64 {
-    assert!(!v.is_empty(), "no rejections in the window");
-    v.sort_unstable();
-    v[v.len() / 2]
 }
 
 #[test]
