@@ -140,6 +140,8 @@ pub struct EndpointCounters {
     pub requests_started: u64,
     /// Request turns whose server→client payload completed (see [`turn`]).
     pub responses_completed: u64,
+    /// Of those, rejections: responses whose status line was 429 or 503.
+    pub responses_rejected: u64,
     /// Request turns ended by the connection closing before any response byte.
     pub requests_abandoned: u64,
     /// Client→server payload bytes (new bytes only; retransmissions are not counted).
@@ -149,6 +151,12 @@ pub struct EndpointCounters {
 }
 
 impl EndpointCounters {
+    /// Responses completed that were not rejections: the work drained.
+    pub const fn responses_served(&self) -> u64 {
+        self.responses_completed
+            .wrapping_sub(self.responses_rejected)
+    }
+
     /// Requests begun and not yet answered or abandoned.
     pub const fn in_flight(&self) -> u64 {
         self.requests_started
@@ -171,6 +179,9 @@ impl EndpointCounters {
             responses_completed: self
                 .responses_completed
                 .wrapping_add(other.responses_completed),
+            responses_rejected: self
+                .responses_rejected
+                .wrapping_add(other.responses_rejected),
             requests_abandoned: self
                 .requests_abandoned
                 .wrapping_add(other.requests_abandoned),

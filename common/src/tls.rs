@@ -412,7 +412,7 @@ mod tests {
     use std::vec::Vec;
 
     use super::*;
-    use crate::turn::Turn;
+    use crate::turn::{ResponseStart, Turn};
 
     struct Bytes<'a>(&'a [u8]);
 
@@ -483,7 +483,7 @@ mod tests {
             self.unframed += w.unframed as u32;
             if w.plaintext || w.message {
                 self.turn
-                    .on_server_segment(self.server_seq, len, true, false);
+                    .on_server_segment(self.server_seq, len, true, ResponseStart::Other);
             }
             self.server_seq += len;
         }

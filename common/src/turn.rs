@@ -12,6 +12,10 @@
 //!   segment that ends each write, so an ACK that catches up with a response the server is
 //!   still writing does not end the turn).
 //!
+//! A response whose status line says the request was turned away (`HTTP/1.x 429` or `503`,
+//! read by the caller from the response's first bytes) completes like any other, and is
+//! counted as **rejected** too: a rejection is not drained work.
+//!
 //! The same segments are seen from both ends (server: requests in, responses out; client: the
 //! reverse), so both vantage points reach the same counts. Retransmitted bytes are recognised
 //! by sequence number and never start a second turn.
@@ -51,6 +55,46 @@ const EARLY_REQUEST: u8 = 2;
 const RESPONSE_PUSHED: u8 = 1;
 /// Server word: `response_end` holds the end of an earlier response (or interim response).
 const HAVE_RESPONSE_END: u8 = 2;
+/// Server word: the current response is a rejection (429 or 503).
+const RESPONSE_REJECTED: u8 = 4;
+
+/// How a response begins, as its first bytes (an HTTP/1.x status line) tell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResponseStart {
+    /// Anything else: a final response, or bytes that are not an HTTP/1.x status line.
+    Other,
+    /// An interim response (`1xx`): it answers without ending the turn (`100 Continue`,
+    /// `103 Early Hints`).
+    Interim,
+    /// A final response turning the request away: `429 Too Many Requests` or
+    /// `503 Service Unavailable`.
+    Rejection,
+}
+
+/// The status line's first 12 bytes a caller must read to classify a response.
+pub const STATUS_LINE_PREFIX: usize = 12;
+
+/// What the first bytes of a response say it is (`HTTP/1.1 429`, `HTTP/1.0 100`, …).
+#[inline(always)]
+pub const fn response_start(first: [u8; STATUS_LINE_PREFIX]) -> ResponseStart {
+    let http1 = first[0] == b'H'
+        && first[1] == b'T'
+        && first[2] == b'T'
+        && first[3] == b'P'
+        && first[4] == b'/'
+        && first[5] == b'1'
+        && first[6] == b'.'
+        && (first[7] == b'1' || first[7] == b'0')
+        && first[8] == b' ';
+    if !http1 {
+        return ResponseStart::Other;
+    }
+    match [first[9], first[10], first[11]] {
+        [b'1', _, _] => ResponseStart::Interim,
+        [b'4', b'2', b'9'] | [b'5', b'0', b'3'] => ResponseStart::Rejection,
+        _ => ResponseStart::Other,
+    }
+}
 
 /// What the client→server direction knows, packed into [`Turn::client`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -134,6 +178,8 @@ pub struct TurnDelta {
     pub started: u8,
     /// Responses completed by this event (0 or 1).
     pub completed: u8,
+    /// Of those, rejections (0 or 1): the response was a 429 or a 503.
+    pub rejected: u8,
     /// Requests abandoned by this event (0 or 1).
     pub abandoned: u8,
     /// Requests started earlier and withdrawn by this event (0 or 1): the bytes that came with
@@ -201,7 +247,7 @@ impl Turn {
                 && !seq_after(s.response_end, ack)
             {
                 c.ended = c.requests;
-                delta.completed = 1;
+                complete(&mut delta, s);
             }
         }
         if c != before {
@@ -211,15 +257,15 @@ impl Turn {
     }
 
     /// A server→client segment: `len` payload bytes at `seq`; `push` if it carried PSH;
-    /// `interim` if its payload begins an interim (1xx) HTTP response, which answers a request
-    /// without ending its turn (`100 Continue`, `103 Early Hints`).
+    /// `start`: what its payload's first bytes say, where they could begin this request's
+    /// response ([`ResponseStart::Other`] where the caller did not look).
     #[inline(always)]
     pub fn on_server_segment(
         &mut self,
         seq: u32,
         len: u32,
         push: bool,
-        interim: bool,
+        start: ResponseStart,
     ) -> TurnDelta {
         let mut delta = TurnDelta::default();
         if len == 0 {
@@ -236,7 +282,7 @@ impl Turn {
                 return delta;
             }
             // An interim response: its bytes are passed over, the request stays open.
-            PHASE_REQUEST if interim => {
+            PHASE_REQUEST if matches!(start, ResponseStart::Interim) => {
                 s.response_end = end;
                 s.flags |= HAVE_RESPONSE_END;
             }
@@ -250,6 +296,11 @@ impl Turn {
                 s.response_end = end;
                 s.flags |= HAVE_RESPONSE_END;
                 s.flags = with_push(s.flags, push);
+                s.flags = if matches!(start, ResponseStart::Rejection) {
+                    s.flags | RESPONSE_REJECTED
+                } else {
+                    s.flags & !RESPONSE_REJECTED
+                };
             }
             PHASE_RESPONSE if seq_after(end, s.response_end) => {
                 delta.response_bytes = end.wrapping_sub(s.response_end).min(len);
@@ -320,13 +371,20 @@ impl Turn {
                 return self.withdraw_early_request(c);
             }
             PHASE_REQUEST => delta.abandoned = 1,
-            PHASE_RESPONSE => delta.completed = 1,
+            PHASE_RESPONSE => complete(&mut delta, s),
             _ => return delta,
         }
         c.ended = c.requests;
         self.store_client(c);
         delta
     }
+}
+
+/// The current response completes, as a rejection if it was one.
+#[inline(always)]
+fn complete(delta: &mut TurnDelta, s: ServerWord) {
+    delta.completed = 1;
+    delta.rejected = u8::from(s.flags & RESPONSE_REJECTED != 0);
 }
 
 #[inline(always)]
@@ -367,7 +425,7 @@ fn on_request_payload(
         PHASE_RESPONSE => {
             c.ended = c.requests;
             c.requests = c.requests.wrapping_add(1);
-            delta.completed = 1;
+            complete(delta, s);
             delta.started = 1;
         }
         // More of the same request (or a pipelined one: see the module docs).
@@ -385,12 +443,12 @@ mod tests {
     fn a_retransmitted_tail_of_the_previous_response_does_not_end_the_next_turn() {
         let mut t = Turn::default();
         t.on_client_segment(100, 50, ACK);
-        t.on_server_segment(1000, 200, true, false);
+        t.on_server_segment(1000, 200, true, ResponseStart::Other);
         assert_eq!(t.on_client_segment(150, 0, Some(1200)).completed, 1);
         // The next request, then a spurious retransmission of the old response's last bytes.
         assert_eq!(t.on_client_segment(150, 40, Some(1200)).started, 1);
         assert_eq!(
-            t.on_server_segment(1100, 100, true, false),
+            t.on_server_segment(1100, 100, true, ResponseStart::Other),
             TurnDelta::default()
         );
         assert_eq!(
@@ -404,7 +462,7 @@ mod tests {
             TurnDelta::default()
         );
         // The real response; an overlapping start counts only its new bytes.
-        let d = t.on_server_segment(1150, 150, true, false);
+        let d = t.on_server_segment(1150, 150, true, ResponseStart::Other);
         assert_eq!((d.response_bytes, t.phase()), (100, PHASE_RESPONSE));
         assert_eq!(t.on_client_segment(190, 0, Some(1300)).completed, 1);
     }
@@ -423,7 +481,7 @@ mod tests {
             }
         );
         assert_eq!(t.on_client_segment(101, 60, ACK), TurnDelta::default());
-        t.on_server_segment(5000, 300, true, false);
+        t.on_server_segment(5000, 300, true, ResponseStart::Other);
         assert_eq!(t.on_client_segment(161, 0, Some(5300)).completed, 1);
         // The next request on the same connection is an ordinary turn.
         assert_eq!(t.on_client_segment(161, 40, Some(5300)).started, 1);
@@ -435,7 +493,7 @@ mod tests {
         // Expect: 100-continue: headers, then "100 Continue", then the body, then the answer.
         assert_eq!(t.on_client_segment(100, 80, ACK).started, 1);
         assert_eq!(
-            t.on_server_segment(1000, 25, true, true),
+            t.on_server_segment(1000, 25, true, ResponseStart::Interim),
             TurnDelta::default()
         );
         assert_eq!(
@@ -444,7 +502,7 @@ mod tests {
         );
         let d = t.on_client_segment(180, 500, Some(1025));
         assert_eq!((d.started, d.completed, d.request_bytes), (0, 0, 500));
-        let d = t.on_server_segment(1025, 300, true, false);
+        let d = t.on_server_segment(1025, 300, true, ResponseStart::Other);
         assert_eq!((d.response_bytes, t.phase()), (300, PHASE_RESPONSE));
         assert_eq!(t.on_client_segment(680, 0, Some(1325)).completed, 1);
     }
@@ -455,7 +513,7 @@ mod tests {
         let d = t.on_client_segment(100, 50, ACK);
         assert_eq!((d.started, d.completed, d.request_bytes), (1, 0, 50));
         assert_eq!(t.phase(), PHASE_REQUEST);
-        let d = t.on_server_segment(1000, 200, true, false);
+        let d = t.on_server_segment(1000, 200, true, ResponseStart::Other);
         assert_eq!((d.started, d.completed, d.response_bytes), (0, 0, 200));
         // An ACK short of the end keeps the turn open.
         let d = t.on_client_segment(150, 0, Some(1100));
@@ -470,10 +528,10 @@ mod tests {
         let mut t = Turn::default();
         t.on_client_segment(0, 10, None);
         // The first 64 KiB of a larger write, without PSH, acknowledged in full.
-        t.on_server_segment(0, 65536, false, false);
+        t.on_server_segment(0, 65536, false, ResponseStart::Other);
         assert_eq!(t.on_client_segment(10, 0, Some(65536)).completed, 0);
         // The rest of the write ends with PSH; its ACK ends the turn.
-        t.on_server_segment(65536, 1000, true, false);
+        t.on_server_segment(65536, 1000, true, ResponseStart::Other);
         assert_eq!(t.on_client_segment(10, 0, Some(66536)).completed, 1);
     }
 
@@ -481,7 +539,7 @@ mod tests {
     fn next_request_completes_the_previous_response() {
         let mut t = Turn::default();
         t.on_client_segment(0, 10, None);
-        t.on_server_segment(0, 10, true, false);
+        t.on_server_segment(0, 10, true, ResponseStart::Other);
         // The next request carries an ACK of the whole response; it counts once.
         let d = t.on_client_segment(10, 10, Some(10));
         assert_eq!((d.started, d.completed), (1, 1));
@@ -498,7 +556,7 @@ mod tests {
             started += d.started;
         }
         for i in 0..5u32 {
-            let d = t.on_server_segment(i * 1000, 1000, i == 4, false);
+            let d = t.on_server_segment(i * 1000, 1000, i == 4, ResponseStart::Other);
             completed += d.completed;
             let d = t.on_client_segment(5000, 0, Some(i * 1000 + 500));
             completed += d.completed;
@@ -512,7 +570,7 @@ mod tests {
     fn retransmitted_request_bytes_do_not_start_a_turn() {
         let mut t = Turn::default();
         t.on_client_segment(0, 100, None);
-        t.on_server_segment(0, 10, true, false);
+        t.on_server_segment(0, 10, true, ResponseStart::Other);
         let d = t.on_client_segment(0, 100, None);
         assert_eq!(d, TurnDelta::default());
         assert_eq!(t.phase(), PHASE_RESPONSE);
@@ -528,7 +586,7 @@ mod tests {
         assert_eq!(t.on_close(false).abandoned, 1);
         let mut t = Turn::default();
         t.on_client_segment(0, 1, None);
-        t.on_server_segment(0, 1, true, false);
+        t.on_server_segment(0, 1, true, ResponseStart::Other);
         assert_eq!(t.on_close(false).completed, 1);
         let mut t = Turn::default();
         assert_eq!(t.on_close(false), TurnDelta::default());
@@ -538,7 +596,7 @@ mod tests {
     fn sequence_numbers_wrap() {
         let mut t = Turn::default();
         t.on_client_segment(u32::MAX - 5, 10, None);
-        let d = t.on_server_segment(u32::MAX - 1, 4, true, false);
+        let d = t.on_server_segment(u32::MAX - 1, 4, true, ResponseStart::Other);
         assert_eq!(d.response_bytes, 4);
         assert_eq!(t.on_client_segment(4, 0, Some(2)).completed, 1);
         assert!(seq_after(3, u32::MAX));
@@ -549,10 +607,51 @@ mod tests {
     fn server_bytes_outside_a_turn_are_ignored() {
         let mut t = Turn::default();
         assert_eq!(
-            t.on_server_segment(0, 100, true, false),
+            t.on_server_segment(0, 100, true, ResponseStart::Other),
             TurnDelta::default()
         );
         assert_eq!(t.phase(), PHASE_IDLE);
+    }
+
+    #[test]
+    fn a_rejection_completes_its_turn_and_is_counted_as_rejected() {
+        let mut t = Turn::default();
+        // A 429, ended by the next request; then a 200, ended by its ACK; then a 503, ended by
+        // the close.
+        t.on_client_segment(100, 50, ACK);
+        t.on_server_segment(1000, 200, true, ResponseStart::Rejection);
+        let next = t.on_client_segment(150, 50, Some(1200));
+        assert_eq!((next.started, next.completed, next.rejected), (1, 1, 1));
+        t.on_server_segment(1200, 100, true, ResponseStart::Other);
+        let acked = t.on_client_segment(200, 0, Some(1300));
+        assert_eq!((acked.completed, acked.rejected), (1, 0));
+        t.on_client_segment(200, 50, Some(1300));
+        t.on_server_segment(1300, 100, true, ResponseStart::Rejection);
+        let closed = t.on_close(false);
+        assert_eq!((closed.completed, closed.rejected), (1, 1));
+    }
+
+    #[test]
+    fn only_an_http1_status_line_of_429_or_503_is_a_rejection() {
+        let start = |line: &[u8; 12]| response_start(*line);
+        assert_eq!(start(b"HTTP/1.1 429"), ResponseStart::Rejection);
+        assert_eq!(start(b"HTTP/1.0 503"), ResponseStart::Rejection);
+        assert_eq!(start(b"HTTP/1.1 100"), ResponseStart::Interim);
+        assert_eq!(start(b"HTTP/1.1 103"), ResponseStart::Interim);
+        for other in [
+            b"HTTP/1.1 200",
+            b"HTTP/1.1 500",
+            b"HTTP/1.1 502",
+            b"HTTP/2.0 429",
+            b"XTTP/1.1 429",
+        ] {
+            assert_eq!(
+                start(other),
+                ResponseStart::Other,
+                "{:?}",
+                core::str::from_utf8(other)
+            );
+        }
     }
 
     #[test]
@@ -563,7 +662,7 @@ mod tests {
             let d = t.on_client_segment(i * 10, 10, Some(i * 100));
             started += d.started as u32;
             completed += d.completed as u32;
-            t.on_server_segment(i * 100, 100, true, false);
+            t.on_server_segment(i * 100, 100, true, ResponseStart::Other);
         }
         completed += t.on_client_segment(10_000, 0, Some(100_000)).completed as u32;
         assert_eq!((started, completed), (1000, 1000));
@@ -590,7 +689,12 @@ mod tests {
                 client_seq += len;
                 assert_eq!(t.server, before.server);
             } else {
-                t.on_server_segment(server_seq, len, x.is_multiple_of(3), x.is_multiple_of(5));
+                let start = match x % 7 {
+                    0 => ResponseStart::Interim,
+                    1 => ResponseStart::Rejection,
+                    _ => ResponseStart::Other,
+                };
+                t.on_server_segment(server_seq, len, x.is_multiple_of(3), start);
                 server_seq += len;
                 assert_eq!(t.client, before.client);
             }

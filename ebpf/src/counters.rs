@@ -40,6 +40,7 @@ pub unsafe fn apply(c: *mut EndpointCounters, delta: &TurnDelta) {
             (delta.withdrawn as u64).wrapping_neg(),
         );
         add(&mut (*c).responses_completed, delta.completed as u64);
+        add(&mut (*c).responses_rejected, delta.rejected as u64);
         add(&mut (*c).requests_abandoned, delta.abandoned as u64);
         add(&mut (*c).request_bytes, delta.request_bytes as u64);
         add(&mut (*c).response_bytes, delta.response_bytes as u64);

@@ -52,7 +52,7 @@ use retry_after_common::{
     ConnState, EndpointCounters, EndpointKey, MAX_WATCHED_ENDPOINTS, PROBE_STATS_LEN, ProbeStat,
     Side, WATCHED_PORT_WORDS, WatchValue, counter_index,
     tls::{RecordStream, Sender, Walked},
-    turn::{PHASE_REQUEST, TurnDelta},
+    turn::{PHASE_REQUEST, ResponseStart, STATUS_LINE_PREFIX, TurnDelta},
 };
 
 /// Endpoints to observe; edited by the agent at run time.
@@ -647,13 +647,17 @@ fn server_segment(
         return TurnDelta::default();
     }
     // Only a plaintext segment that could begin this request's response is looked into for
-    // an interim (1xx) response.
-    let interim = walked.plaintext
+    // its status line: interim (1xx), or a rejection (429, 503).
+    let start = if walked.plaintext
         && conn.turn.phase() == PHASE_REQUEST
-        && segment.payload_len >= 12
-        && packet::starts_interim_response(ctx, segment.payload_offset);
+        && segment.payload_len >= STATUS_LINE_PREFIX as u32
+    {
+        packet::response_start(ctx, segment.payload_offset)
+    } else {
+        ResponseStart::Other
+    };
     conn.turn
-        .on_server_segment(segment.seq, segment.payload_len, segment.push, interim)
+        .on_server_segment(segment.seq, segment.payload_len, segment.push, start)
 }
 
 /// Walk the TLS records of one segment sent by `sender` (`peer_flags`: the other direction's

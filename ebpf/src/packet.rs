@@ -7,7 +7,11 @@
 //! on both paths; `bpf_skb_load_bytes` is the fallback.
 
 use aya_ebpf::{EbpfContext, bindings::__sk_buff, programs::SkBuffContext};
-use retry_after_common::{ProbeStat, tls::Payload};
+use retry_after_common::{
+    ProbeStat,
+    tls::Payload,
+    turn::{self, ResponseStart, STATUS_LINE_PREFIX},
+};
 
 use crate::counters;
 
@@ -99,17 +103,13 @@ impl Payload for SegmentPayload<'_> {
     }
 }
 
-/// True if the payload at `offset` begins an interim HTTP/1.x response (`HTTP/1.1 1xx`).
+/// What the payload at `offset` says of the response it begins (its status line): interim,
+/// a rejection (429, 503), or anything else.
 #[inline(always)]
-pub fn starts_interim_response(ctx: &SkBuffContext, offset: u32) -> bool {
-    match ctx.load::<[u8; 10]>(offset as usize) {
-        Ok(start) => {
-            start[..7] == *b"HTTP/1."
-                && (start[7] == b'1' || start[7] == b'0')
-                && start[8] == b' '
-                && start[9] == b'1'
-        }
-        Err(_) => false,
+pub fn response_start(ctx: &SkBuffContext, offset: u32) -> ResponseStart {
+    match ctx.load::<[u8; STATUS_LINE_PREFIX]>(offset as usize) {
+        Ok(first) => turn::response_start(first),
+        Err(_) => ResponseStart::Other,
     }
 }
 

@@ -505,6 +505,7 @@ fn metrics_parse_and_carry_every_series() {
         "retry_after_endpoint_connections_closed_total",
         "retry_after_endpoint_requests_started_total",
         "retry_after_endpoint_responses_completed_total",
+        "retry_after_endpoint_responses_rejected_total",
         "retry_after_endpoint_requests_abandoned_total",
         "retry_after_endpoint_request_bytes_total",
         "retry_after_endpoint_response_bytes_total",

@@ -430,3 +430,40 @@ fn tls_keepalive_connections_opened_before_the_probe_are_counted_from_their_next
     let _ = client.wait();
     assert_eq!(probe.read().probe.tls_segments_unframed, 0);
 }
+
+/// nginx answering some requests 200 and turning others away (429, 503), on new connections
+/// (ab) and keep-alive ones (wrk): every response completes a turn, and exactly the 429s and
+/// 503s are counted as rejections, from both vantage points.
+#[test]
+fn rejections_429_and_503_are_counted_apart_from_served_responses() {
+    let port = free_port();
+    let nginx = Nginx::start(&format!(
+        "  server {{ listen {port}; keepalive_requests 100000; location / {{ return 200 \"ok\\n\"; }} location /busy {{ return 429 \"busy\\n\"; }} location /down {{ return 503 \"down\\n\"; }} }}"
+    ));
+    let endpoint = Endpoint::from(port);
+    let probe = AttachedProbe::watching(&[endpoint]);
+    // Served, rejected, served again, with a reading of nginx's counters between each.
+    let before = nginx.status();
+    ab(&format!("http://{port}/"), None, 300, 10);
+    let after_served = nginx.status();
+    ab(&format!("http://{port}/busy"), None, 200, 10);
+    ab(&format!("http://{port}/down"), None, 100, 10);
+    Wrk::start_url(&format!("http://{port}/busy"), 1, 4, 2).finish();
+    let after_rejected = nginx.status();
+    Wrk::start_url(&format!("http://{port}/"), 1, 4, 2).finish();
+    let rejections = traffic(after_served, after_rejected).requests;
+    let served =
+        traffic(before, after_served).requests + traffic(after_rejected, nginx.status()).requests;
+    let total = served + rejections;
+    eprintln!("nginx counted {served} served and {rejections} rejected");
+    assert!(rejections > 300 && served > 300, "{served} {rejections}");
+    for side in [Side::Server, Side::Client] {
+        let seen = probe.wait_for(endpoint, side, SETTLE, "nginx's own counts", |s| {
+            s.counters.requests_started == total && s.counters.responses_completed == total
+        });
+        let c = seen.counters;
+        eprintln!("{side:?}: {c:?}");
+        assert_eq!(c.responses_rejected, rejections, "{side:?}: {c:?}");
+        assert_eq!(c.responses_served(), served, "{side:?}");
+    }
+}

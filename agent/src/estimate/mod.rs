@@ -308,7 +308,7 @@ impl ServiceEstimator {
                 .endpoint(endpoint, side)
                 .map_or(SideLoad::default(), |s| SideLoad {
                     in_flight: s.in_flight(),
-                    completed_total: s.counters.responses_completed,
+                    completed_total: s.counters.responses_served(),
                 })
         };
         ServiceLoad {

@@ -31,7 +31,7 @@ use crate::{
 /// Every metric of the agent.
 pub struct Metrics {
     registry: Registry,
-    endpoint_counters: [IntCounterVec; 7],
+    endpoint_counters: [IntCounterVec; ENDPOINT_COUNTERS.len()],
     endpoint_in_flight: IntGaugeVec,
     endpoint_accept_backlog: IntGaugeVec,
     probe_problems: IntGaugeVec,
@@ -67,7 +67,7 @@ pub struct Metrics {
     last_returns_dropped: std::sync::Mutex<HashMap<String, u64>>,
 }
 
-const ENDPOINT_COUNTERS: [(&str, &str); 7] = [
+const ENDPOINT_COUNTERS: [(&str, &str); 8] = [
     (
         "retry_after_endpoint_connections_opened_total",
         "Connections accepted (server side) or opened (client side) to the endpoint.",
@@ -83,6 +83,10 @@ const ENDPOINT_COUNTERS: [(&str, &str); 7] = [
     (
         "retry_after_endpoint_responses_completed_total",
         "Request turns whose response completed.",
+    ),
+    (
+        "retry_after_endpoint_responses_rejected_total",
+        "Of the completed responses, rejections (status 429 or 503): not counted as drained work.",
     ),
     (
         "retry_after_endpoint_requests_abandoned_total",
@@ -104,6 +108,7 @@ fn field(c: &EndpointCounters, i: usize) -> u64 {
         c.connections_closed,
         c.requests_started,
         c.responses_completed,
+        c.responses_rejected,
         c.requests_abandoned,
         c.request_bytes,
         c.response_bytes,
