@@ -13,8 +13,11 @@
 //!   still writing does not end the turn).
 //!
 //! A response whose status line says the request was turned away (`HTTP/1.x 429` or `503`,
-//! read by the caller from the response's first bytes) completes like any other, and is
-//! counted as **rejected** too: a rejection is not drained work.
+//! read by the caller from the response's first bytes) is counted as completed and
+//! **rejected** as soon as its write ends (a segment with PSH), without waiting for the
+//! client's acknowledgement: a client rejected in microseconds on a keep-alive connection would
+//! otherwise stay "in flight" until its next request, and make a queue of what was turned
+//! away. A rejection is not drained work.
 //!
 //! The same segments are seen from both ends (server: requests in, responses out; client: the
 //! reverse), so both vantage points reach the same counts. Retransmitted bytes are recognised
@@ -57,6 +60,9 @@ const RESPONSE_PUSHED: u8 = 1;
 const HAVE_RESPONSE_END: u8 = 2;
 /// Server word: the current response is a rejection (429 or 503).
 const RESPONSE_REJECTED: u8 = 4;
+/// Server word: the current response, a rejection, was counted as completed when its write
+/// ended; its turn's end counts nothing more.
+const REJECTION_COUNTED: u8 = 8;
 
 /// How a response begins, as its first bytes (an HTTP/1.x status line) tell.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -295,17 +301,17 @@ impl Turn {
                 s.answered = c.requests;
                 s.response_end = end;
                 s.flags |= HAVE_RESPONSE_END;
-                s.flags = with_push(s.flags, push);
-                s.flags = if matches!(start, ResponseStart::Rejection) {
-                    s.flags | RESPONSE_REJECTED
-                } else {
-                    s.flags & !RESPONSE_REJECTED
-                };
+                s.flags = with_push(s.flags, push) & !(RESPONSE_REJECTED | REJECTION_COUNTED);
+                if matches!(start, ResponseStart::Rejection) {
+                    s.flags |= RESPONSE_REJECTED;
+                }
+                count_rejection(&mut s, &mut delta);
             }
             PHASE_RESPONSE if seq_after(end, s.response_end) => {
                 delta.response_bytes = end.wrapping_sub(s.response_end).min(len);
                 s.response_end = end;
                 s.flags = with_push(s.flags, push);
+                count_rejection(&mut s, &mut delta);
             }
             // Retransmitted response bytes, or server bytes outside a turn (a greeting, or the
             // tail of a response that already completed at a pause): nothing to count.
@@ -380,11 +386,29 @@ impl Turn {
     }
 }
 
-/// The current response completes, as a rejection if it was one.
+/// The current response's turn ends: it completes, unless it was a rejection already counted
+/// when its write ended.
 #[inline(always)]
 fn complete(delta: &mut TurnDelta, s: ServerWord) {
+    if s.flags & REJECTION_COUNTED != 0 {
+        return;
+    }
     delta.completed = 1;
     delta.rejected = u8::from(s.flags & RESPONSE_REJECTED != 0);
+}
+
+/// A rejection completes when its write ends (PSH), once.
+#[inline(always)]
+fn count_rejection(s: &mut ServerWord, delta: &mut TurnDelta) {
+    let flags = s.flags;
+    if flags & RESPONSE_REJECTED != 0
+        && flags & RESPONSE_PUSHED != 0
+        && flags & REJECTION_COUNTED == 0
+    {
+        s.flags |= REJECTION_COUNTED;
+        delta.completed = 1;
+        delta.rejected = 1;
+    }
 }
 
 #[inline(always)]
@@ -614,21 +638,28 @@ mod tests {
     }
 
     #[test]
-    fn a_rejection_completes_its_turn_and_is_counted_as_rejected() {
+    fn a_rejection_completes_when_its_write_ends_and_is_counted_as_rejected() {
         let mut t = Turn::default();
-        // A 429, ended by the next request; then a 200, ended by its ACK; then a 503, ended by
-        // the close.
+        // A 429 in two writes: counted at the end of the first (PSH), once; the next request
+        // ends its turn without counting it again.
         t.on_client_segment(100, 50, ACK);
-        t.on_server_segment(1000, 200, true, ResponseStart::Rejection);
-        let next = t.on_client_segment(150, 50, Some(1200));
-        assert_eq!((next.started, next.completed, next.rejected), (1, 1, 1));
-        t.on_server_segment(1200, 100, true, ResponseStart::Other);
-        let acked = t.on_client_segment(200, 0, Some(1300));
+        let first = t.on_server_segment(1000, 100, false, ResponseStart::Rejection);
+        assert_eq!((first.completed, first.rejected), (0, 0));
+        let pushed = t.on_server_segment(1100, 100, true, ResponseStart::Other);
+        assert_eq!((pushed.completed, pushed.rejected), (1, 1));
+        let more = t.on_server_segment(1200, 10, true, ResponseStart::Other);
+        assert_eq!((more.completed, more.rejected), (0, 0));
+        let next = t.on_client_segment(150, 50, Some(1210));
+        assert_eq!((next.started, next.completed, next.rejected), (1, 0, 0));
+        // A 200 completes at its ACK, as before.
+        t.on_server_segment(1210, 100, true, ResponseStart::Other);
+        let acked = t.on_client_segment(200, 0, Some(1310));
         assert_eq!((acked.completed, acked.rejected), (1, 0));
-        t.on_client_segment(200, 50, Some(1300));
-        t.on_server_segment(1300, 100, true, ResponseStart::Rejection);
-        let closed = t.on_close(false);
-        assert_eq!((closed.completed, closed.rejected), (1, 1));
+        // A 503 then the close: counted once, at its write.
+        t.on_client_segment(200, 50, Some(1310));
+        let down = t.on_server_segment(1310, 100, true, ResponseStart::Rejection);
+        assert_eq!((down.completed, down.rejected), (1, 1));
+        assert_eq!(t.on_close(false), TurnDelta::default());
     }
 
     #[test]
