@@ -13,7 +13,9 @@
 //!   `libnginx-mod-http-lua` the nginx integration; `lua5.3` and `luajit2` (the LuaJIT that
 //!   nginx's Lua module links) check the Lua policy module against the agent's answers under
 //!   both interpreters; `openssl` makes the certificates of the TLS tests.
-//! * Python packages, pinned (`PYTHON_PACKAGES`), with the machine's python3.
+//! * Python packages, pinned (`PYTHON_PACKAGES`), with the machine's python3; Ray Serve,
+//!   pinned (`SERVE_PACKAGES`), in the project's own virtual environment `.tools/serve-venv`
+//!   (`python3-venv` makes it on a Debian python3).
 
 use std::{
     ffi::OsString,
@@ -34,8 +36,12 @@ const PYTHON_PACKAGES: [(&str, &str, &str); 2] = [
     ("urllib3", "2.7.0", "urllib3"),
 ];
 
+/// Ray Serve, the proposal's own system, for its end-to-end tests (pinned), in the project's
+/// virtual environment (`ensure_serve_venv`); its FastAPI comes with it.
+const SERVE_PACKAGES: [(&str, &str, &str); 1] = [("ray[serve]", "2.60.0", "ray.serve")];
+
 /// Debian packages the tests and benchmarks run.
-const DEBIAN_PACKAGES: [&str; 9] = [
+const DEBIAN_PACKAGES: [&str; 10] = [
     "wrk",
     "bpftool",
     "haproxy",
@@ -45,24 +51,28 @@ const DEBIAN_PACKAGES: [&str; 9] = [
     "luajit2",
     "apache2-utils",
     "openssl",
+    "python3-venv",
 ];
 
 /// Install the pinned Python packages that are missing, with the machine's python3.
-fn ensure_python_packages() -> Result<()> {
-    for (package, version, module) in PYTHON_PACKAGES {
-        // Importable, and the pinned version.
+/// Install with `python` (an interpreter's path or name) those of `packages` (requirement,
+/// pinned version, module to import) that are missing or at another version.
+fn ensure_pip_packages(python: &Path, packages: &[(&str, &str, &str)]) -> Result<()> {
+    for (package, version, module) in packages {
+        // Importable, and the pinned version (of the distribution, without its extras).
+        let distribution = package.split('[').next().unwrap_or(package);
         let check = format!(
-            "import {module}, importlib.metadata as m; assert m.version({package:?}) == {version:?}"
+            "import {module}, importlib.metadata as m; assert m.version({distribution:?}) == {version:?}"
         );
-        let installed = Command::new("python3")
+        let installed = Command::new(python)
             .args(["-c", &check])
             .output()
             .is_ok_and(|out| out.status.success());
         if installed {
             continue;
         }
-        eprintln!("+ python3 -m pip install {package}=={version}");
-        let status = Command::new("python3")
+        eprintln!("+ {} -m pip install {package}=={version}", python.display());
+        let status = Command::new(python)
             .args([
                 "-m",
                 "pip",
@@ -71,12 +81,33 @@ fn ensure_python_packages() -> Result<()> {
                 "--disable-pip-version-check",
             ])
             .arg(format!("{package}=={version}"))
-            .status()?;
+            .status()
+            .with_context(|| format!("cannot run {}", python.display()))?;
         if !status.success() {
             bail!("pip install {package}=={version} failed ({status})");
         }
     }
     Ok(())
+}
+
+/// The project's own virtual environment with Ray Serve (`SERVE_PACKAGES`), at
+/// `.tools/serve-venv`: Ray is large and pins its own dependencies, so it stays out of the
+/// machine's python3.
+fn ensure_serve_venv(tools: &Path) -> Result<()> {
+    let venv = tools.join("serve-venv");
+    let python = venv.join("bin/python");
+    if !python.exists() {
+        eprintln!("+ python3 -m venv {}", venv.display());
+        let status = Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&venv)
+            .status()
+            .context("cannot run python3 -m venv")?;
+        if !status.success() {
+            bail!("python3 -m venv {} failed ({status})", venv.display());
+        }
+    }
+    ensure_pip_packages(&python, &SERVE_PACKAGES)
 }
 
 /// The environment later steps run in: PATH with `.tools/bin` first.
@@ -114,7 +145,8 @@ pub fn setup(root: &Path, needs: Needs) -> Result<Env> {
     ensure_bpf_linker(root, &tools)?;
     if needs == Needs::Everything {
         ensure_debian_packages()?;
-        ensure_python_packages()?;
+        ensure_pip_packages(Path::new("python3"), &PYTHON_PACKAGES)?;
+        ensure_serve_venv(&tools)?;
     }
     Ok(Env { path })
 }
