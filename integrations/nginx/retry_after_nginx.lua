@@ -17,6 +17,7 @@
 --   }
 -- and in each location whose rejections it answers:
 --   header_filter_by_lua_block { require("retry_after_nginx").stamp("api") }
+-- (stamp("api", { replace_upstream = true }) also replaces an upstream's own Retry-After).
 -- Options of start (defaults): socket ("/run/retry-after-agent/agent.sock"), retry_after_s (5,
 -- or false for no header without an estimate), stale_ms (5000), reconnect_max_ms (5000),
 -- dict ("retry_after").
@@ -90,8 +91,10 @@ local function answer(service)
 end
 
 -- header_filter_by_lua: a 429 or 503 without Retry-After gets the agent's; every response
--- is counted, as admitted or rejected, for the reports.
-function M.stamp(service)
+-- is counted, as admitted or rejected, for the reports. With { replace_upstream = true }, an
+-- upstream's own Retry-After (Ray Serve's static retry_after_s, say) is replaced too, while a
+-- fresh estimate is held; without one it is left as the upstream sent it.
+function M.stamp(service, stamp_options)
   local shared = dict()
   local status = ngx.status
   if status ~= 429 and status ~= 503 then
@@ -99,7 +102,10 @@ function M.stamp(service)
     return
   end
   shared:incr("rejected:" .. service, 1, 0)
-  if ngx.header["Retry-After"] ~= nil then return end
+  if ngx.header["Retry-After"] ~= nil then
+    local replace = stamp_options and stamp_options.replace_upstream
+    if not (replace and fresh_push(service)) then return end
+  end
   local seconds, rung = answer(service)
   if seconds == nil then return end
   ngx.header["Retry-After"] = string.format("%d", seconds)

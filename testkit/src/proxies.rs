@@ -177,6 +177,35 @@ impl Drop for Wrk {
     }
 }
 
+/// The `load_module` lines the distribution's nginx needs for Lua (libnginx-mod-http-lua).
+pub const NGINX_LUA_MODULES: &str = "load_module /usr/lib/nginx/modules/ndk_http_module.so;\nload_module /usr/lib/nginx/modules/ngx_http_lua_module.so;\n";
+
+/// nginx's `lua_package_path` for the nginx integration and the policy module of this
+/// checkout.
+pub fn nginx_lua_package_path() -> String {
+    let integrations = Path::new(env!("CARGO_MANIFEST_DIR")).join("../integrations");
+    let dir = |name: &str| integrations.join(name).canonicalize().unwrap();
+    format!(
+        "{}/?.lua;{}/?.lua;;",
+        dir("nginx").display(),
+        dir("lua").display()
+    )
+}
+
+/// The agent's `[agent]` lines that let nginx's workers (the distribution's nginx started by
+/// root runs them as `nobody`) open its socket, and root, and no one else.
+pub fn nginx_workers_may_connect() -> String {
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap();
+    let nobody: u32 = passwd
+        .lines()
+        .find_map(|l| {
+            let fields: Vec<&str> = l.split(':').collect();
+            (fields[0] == "nobody").then(|| fields[2].parse().unwrap())
+        })
+        .expect("a nobody user");
+    format!("socket_mode = \"0666\"\nallowed_uids = [0, {nobody}]")
+}
+
 /// A running nginx (the distribution's) with a configuration of the test's: `servers` are the
 /// `server { … }` blocks; a stub_status server on its own loopback port is added, and its
 /// counters are the truth.

@@ -24,15 +24,17 @@ pub struct Rejection {
     pub retry_after: Option<String>,
 }
 
-/// One request on its own connection; a rejection (answered at once) is returned, an
-/// admitted request (queued behind slow replicas) is left after 150 ms.
-pub fn probe(target: SocketAddr) -> Option<Rejection> {
+/// One request for `path` on its own connection; a rejection (answered at once) is returned,
+/// an admitted request (queued behind slow replicas) is left after 150 ms.
+pub fn probe(target: SocketAddr, path: &str) -> Option<Rejection> {
     let mut stream = TcpStream::connect(target).ok()?;
     stream
         .set_read_timeout(Some(Duration::from_millis(150)))
         .ok()?;
     stream
-        .write_all(b"GET / HTTP/1.1\r\nHost: probe\r\nConnection: close\r\n\r\n")
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: probe\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
         .ok()?;
     let mut response = Vec::new();
     let _ = stream.read_to_end(&mut response);
@@ -55,12 +57,16 @@ pub fn probe(target: SocketAddr) -> Option<Rejection> {
     })
 }
 
-/// Probes `target` every 20 ms until `stop`, recording every rejection.
-pub fn prober(target: SocketAddr, stop: Arc<AtomicBool>) -> thread::JoinHandle<Vec<Rejection>> {
+/// Probes `path` at `target` every 20 ms until `stop`, recording every rejection.
+pub fn prober(
+    target: SocketAddr,
+    path: &'static str,
+    stop: Arc<AtomicBool>,
+) -> thread::JoinHandle<Vec<Rejection>> {
     thread::spawn(move || {
         let mut seen = Vec::new();
         while !stop.load(Ordering::SeqCst) {
-            seen.extend(probe(target));
+            seen.extend(probe(target, path));
             thread::sleep(Duration::from_millis(20));
         }
         seen

@@ -101,8 +101,8 @@ fn haproxy_rejections_carry_the_computed_value_then_the_static_one_then_the_comp
     ];
     let stop = Arc::new(AtomicBool::new(false));
     let probes = [
-        prober(short_fe, stop.clone()),
-        prober(long_fe, stop.clone()),
+        prober(short_fe, "/", stop.clone()),
+        prober(long_fe, "/", stop.clone()),
     ];
     let marks = Arc::new(Mutex::new(Vec::new()));
     let mark = |what: &str| {

@@ -27,7 +27,7 @@ use retry_after_protocol::{
 use retry_after_testkit::{
     AgentProcess, free_port,
     http::{HttpServer, ServerOptions},
-    proxies::{Nginx, Wrk},
+    proxies::{NGINX_LUA_MODULES, Nginx, Wrk, nginx_lua_package_path, nginx_workers_may_connect},
     rejections::{median, prober, values},
     sample,
 };
@@ -35,34 +35,12 @@ use retry_after_testkit::{
 /// nginx's own fallback: the computed values here stay far below it.
 const LUA_STATIC: u64 = 31;
 
-/// The modules the distribution's nginx needs for Lua (libnginx-mod-http-lua).
-const LUA_MODULES: &str = "load_module /usr/lib/nginx/modules/ndk_http_module.so;\nload_module /usr/lib/nginx/modules/ngx_http_lua_module.so;\n";
-
-/// The directories of the nginx glue and of the policy module it loads.
-fn lua_dirs() -> (PathBuf, PathBuf) {
-    let integrations = Path::new(env!("CARGO_MANIFEST_DIR")).join("../integrations");
-    (
-        integrations.join("nginx").canonicalize().unwrap(),
-        integrations.join("lua").canonicalize().unwrap(),
-    )
-}
-
-/// nginx's `lua_package_path` for the files in this checkout.
-fn package_path() -> String {
-    let (nginx, lua) = lua_dirs();
-    format!("{}/?.lua;{}/?.lua;;", nginx.display(), lua.display())
-}
-
-/// The uid nginx's workers run as (the distribution's nginx started by root: `nobody`).
-fn nobody_uid() -> u32 {
-    let passwd = std::fs::read_to_string("/etc/passwd").unwrap();
-    passwd
-        .lines()
-        .find_map(|l| {
-            let fields: Vec<&str> = l.split(':').collect();
-            (fields[0] == "nobody").then(|| fields[2].parse().unwrap())
-        })
-        .expect("a nobody user")
+/// The directory of the nginx glue and its example.
+fn nginx_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../integrations/nginx")
+        .canonicalize()
+        .unwrap()
 }
 
 fn replica() -> HttpServer {
@@ -83,11 +61,7 @@ fn nginx_rejections_carry_the_computed_value_then_the_static_one_then_the_comput
     let logs = tempfile::tempdir().unwrap();
     let access_log = logs.path().join("access.log");
     let mut agent = AgentProcess::start(
-        // nginx's workers run as nobody: they may open the socket, nobody else.
-        &format!(
-            "socket_mode = \"0666\"\nallowed_uids = [0, {}]",
-            nobody_uid()
-        ),
+        &nginx_workers_may_connect(),
         &format!(
             "[[service]]\nname = \"api\"\nfrontend = \"{front}\"\nbackends = [{{ address = \"{}\", max_ongoing_requests = 2 }}, {{ address = \"{}\", max_ongoing_requests = 2 }}]\n[service.backpressure]\nretry_after_policy = \"router_queue_drain_rate\"\nretry_after_s = 7\njitter = 0.0\n",
             r1.addr(),
@@ -105,16 +79,20 @@ fn nginx_rejections_carry_the_computed_value_then_the_static_one_then_the_comput
          server {{\n  listen {front};\n  server_name api;\n  access_log {} rejections;\n\
          \x20 location / {{\n    limit_req zone=api burst=30;\n    limit_req_status 429;\n    proxy_http_version 1.1;\n    proxy_set_header Connection \"\";\n    proxy_pass http://replicas;\n    header_filter_by_lua_block {{ require(\"retry_after_nginx\").stamp(\"api\") }}\n  }}\n\
          \x20 location /busy {{ proxy_pass http://{busy}; header_filter_by_lua_block {{ require(\"retry_after_nginx\").stamp(\"api\") }} }}\n}}\n",
-        package_path(),
+        nginx_lua_package_path(),
         agent.socket.display(),
         r1.addr(),
         r2.addr(),
         access_log.display(),
     );
-    let nginx = Nginx::start_with(&format!("{LUA_MODULES}worker_processes 2;\n"), &http, None);
+    let nginx = Nginx::start_with(
+        &format!("{NGINX_LUA_MODULES}worker_processes 2;\n"),
+        &http,
+        None,
+    );
     let load = Wrk::start(front, 1, 60, 24);
     let stop = Arc::new(AtomicBool::new(false));
-    let probes = prober(front, stop.clone());
+    let probes = prober(front, "/", stop.clone());
     let mut marks = Vec::new();
     let mut mark = |what: &str| marks.push((what.to_owned(), Instant::now()));
     // The agent's own answer for the queue it sees at nginx's listener.
@@ -250,14 +228,13 @@ fn nginx_rejections_carry_the_computed_value_then_the_static_one_then_the_comput
 
 #[test]
 fn the_example_configuration_is_valid_for_the_distributions_nginx() {
-    let (nginx_dir, _) = lua_dirs();
-    let example = std::fs::read_to_string(nginx_dir.join("nginx.conf")).unwrap();
+    let example = std::fs::read_to_string(nginx_dir().join("nginx.conf")).unwrap();
     assert!(example.contains("lua_package_path \"/etc/nginx/lua/?.lua;;\";"));
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("nginx.conf");
     std::fs::write(
         &config,
-        example.replace("/etc/nginx/lua/?.lua;;", &package_path()),
+        example.replace("/etc/nginx/lua/?.lua;;", &nginx_lua_package_path()),
     )
     .unwrap();
     let out = Command::new("nginx")

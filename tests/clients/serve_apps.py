@@ -1,0 +1,85 @@
+"""Two Ray Serve apps for the end-to-end tests, started once and kept running until stdin
+closes: Serve's HTTP proxy on the port given, "/direct" (its ingress is the model: Serve's
+proxy rejects) and "/ingress" (a FastAPI ingress calling the model through a
+DeploymentHandle: the handle rejects, retry_after_ray answers). The model: two replicas,
+max_ongoing_requests 2, max_queued_requests 8, 0.2 s of work, BackpressureConfig(status_code
+429, retry_after_s 29).
+
+    python serve_apps.py PORT AGENT_SOCKET
+
+Prints "ready" once both apps answer.
+"""
+
+import asyncio
+import sys
+import time
+import urllib.request
+
+import ray
+from fastapi import FastAPI
+from ray import serve
+from ray.serve.config import BackpressureConfig, HTTPOptions
+
+import retry_after_ray
+
+PORT, SOCKET = int(sys.argv[1]), sys.argv[2]
+#: Serve's own static value: one the agent's answers here never take, so the tests can tell.
+SERVE_STATIC_S = 29
+
+MODEL = dict(
+    num_replicas=2,
+    max_ongoing_requests=2,
+    max_queued_requests=8,
+    backpressure_config=BackpressureConfig(status_code=429, retry_after_s=SERVE_STATIC_S),
+    ray_actor_options={"num_cpus": 0},
+)
+
+
+@serve.deployment(**MODEL)
+class Direct:
+    async def __call__(self, request):
+        await asyncio.sleep(0.2)
+        return "ok\n"
+
+
+@serve.deployment(**MODEL)
+class Model:
+    async def __call__(self):
+        await asyncio.sleep(0.2)
+        return "ok\n"
+
+
+app = FastAPI()
+retry_after_ray.install(app, "serve-ingress", socket=SOCKET, stale_after=1.5, reconnect_max=1.0)
+
+
+@serve.deployment(max_ongoing_requests=1000, ray_actor_options={"num_cpus": 0})
+@serve.ingress(app)
+class Ingress:
+    def __init__(self, model):
+        self.model = model
+
+    @app.get("/")
+    async def root(self):
+        return await self.model.remote()
+
+
+ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+serve.start(http_options=HTTPOptions(host="127.0.0.1", port=PORT))
+serve.run(Direct.bind(), name="direct", route_prefix="/direct")
+serve.run(Ingress.bind(Model.bind()), name="ingress", route_prefix="/ingress")
+for path in ("/direct", "/ingress"):
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{PORT}{path}", timeout=5) as r:
+                assert r.status == 200
+            break
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+print("ready", flush=True)
+sys.stdin.read()
+serve.shutdown()
+ray.shutdown()

@@ -1,0 +1,332 @@
+//! Ray Serve, the proposal's own system, end to end: the real Ray Serve 2.60 from PyPI
+//! (`tests/clients/serve_apps.py`, in the project's virtual environment), started once for
+//! this binary, the real agent watching Serve's HTTP port from the kernel, wrk as the load.
+//! Both places a Serve rejection happens:
+//!
+//! * **Serve's proxy rejects** (`/direct`: the ingress deployment's queue is full). nginx in
+//!   front replaces Serve's static `Retry-After` with the agent's while the agent runs; Serve's
+//!   own value passes through with the agent stopped; the agent's again after it restarts. The
+//!   queue is the one the kernel sees at Serve's port beyond the replicas' capacity, and the
+//!   drain Serve's completed work, not its rejections.
+//! * **A DeploymentHandle rejects inside an ingress** (`/ingress`: a FastAPI ingress calling
+//!   the model): `retry_after_ray` answers the `BackPressureError` with the agent's value for
+//!   the depth Serve states in it, Serve's own value with the agent stopped.
+//!
+//! Then urllib3 clients honouring Retry-After get in through nginx.
+
+use std::{
+    io::{BufRead, BufReader},
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    process::{Child, ChildStdin, Command, Stdio},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use retry_after_protocol::{
+    Response,
+    policy::{QueueDepthSource, Rung},
+};
+use retry_after_testkit::{
+    AgentProcess, free_port,
+    proxies::{NGINX_LUA_MODULES, Nginx, Wrk, nginx_lua_package_path, nginx_workers_may_connect},
+    rejections::{Rejection, median, prober, values},
+    sample,
+};
+
+/// Serve's own static value (`serve_apps.py`): one the agent's answers here never take.
+const SERVE_STATIC_S: u64 = 29;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The two Serve apps, running until dropped (their stdin closes: Serve and Ray shut down).
+struct ServeApps {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    addr: SocketAddr,
+}
+
+impl ServeApps {
+    /// Serve on `addr`, its ingress answering with the agent at `agent_socket`.
+    fn start(addr: SocketAddr, agent_socket: &Path) -> Self {
+        let python = repo().join(".tools/serve-venv/bin/python");
+        assert!(
+            python.exists(),
+            "{} is missing: ./dev setup --for test installs Ray Serve there",
+            python.display()
+        );
+        let integrations = repo().join("integrations");
+        let mut child = Command::new(python)
+            .arg(repo().join("tests/clients/serve_apps.py"))
+            .arg(addr.port().to_string())
+            .arg(agent_socket)
+            .env(
+                "PYTHONPATH",
+                format!(
+                    "{}:{}",
+                    integrations.join("python").display(),
+                    integrations.join("ray").display()
+                ),
+            )
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the Serve apps");
+        let started = Instant::now();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "ready", "the Serve apps did not start");
+        eprintln!("Ray Serve up in {:.1} s", started.elapsed().as_secs_f64());
+        let stdin = child.stdin.take();
+        Self { child, stdin, addr }
+    }
+}
+
+impl Drop for ServeApps {
+    fn drop(&mut self) {
+        drop(self.stdin.take());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(200));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let ray = repo().join(".tools/serve-venv/bin/ray");
+        let _ = Command::new(ray)
+            .args(["stop", "--force"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+fn services(serve: SocketAddr) -> String {
+    let service = |name: &str, capacity: &str, policy: &str| {
+        format!(
+            "[[service]]\nname = \"{name}\"\nrejected_at = \"replica\"\nbackends = [{{ address = \"{serve}\"{capacity} }}]\n[service.backpressure]\nretry_after_policy = \"{policy}\"\nretry_after_s = 7\njitter = 0.0\n"
+        )
+    };
+    // Two replicas × max_ongoing_requests 2: beyond 4 in flight at Serve's port, a queue.
+    service(
+        "serve-direct",
+        ", max_ongoing_requests = 4",
+        "router_queue_drain_rate",
+    ) + &service("serve-ingress", "", "router_queue_drain_rate")
+        + &service(
+            "serve-scheduled",
+            ", max_ongoing_requests = 4",
+            "scheduled_returns",
+        )
+}
+
+/// What the probes of one layout saw through the agent's kill and restart.
+struct Cycle {
+    seen: Vec<Rejection>,
+    computed: Vec<u64>,
+    agent_before: u64,
+    fallback: Vec<u64>,
+    again: Vec<u64>,
+    agent_after: u64,
+}
+
+/// Load `target`, probe `path` there, and kill and restart the agent; `agent_says` is the
+/// agent's own answer for the queue the layout answers for.
+fn kill_and_restart(
+    agent: &mut AgentProcess,
+    target: SocketAddr,
+    path: &'static str,
+    agent_says: impl Fn(&AgentProcess) -> u64,
+) -> Cycle {
+    let load = Wrk::start_url(&format!("http://{target}{path}"), 1, 30, 24);
+    let stop = Arc::new(AtomicBool::new(false));
+    let probes = prober(target, path, stop.clone());
+    thread::sleep(Duration::from_secs(6));
+    let computed_from = Instant::now();
+    thread::sleep(Duration::from_secs(2));
+    let agent_before = agent_says(agent);
+    thread::sleep(Duration::from_secs(2));
+    let killed = Instant::now();
+    agent.kill();
+    thread::sleep(Duration::from_millis(2500));
+    let stale = Instant::now();
+    thread::sleep(Duration::from_secs(3));
+    let restarted = Instant::now();
+    agent.restart();
+    thread::sleep(Duration::from_secs(6));
+    let again_from = Instant::now();
+    thread::sleep(Duration::from_millis(1500));
+    let agent_after = agent_says(agent);
+    thread::sleep(Duration::from_millis(1500));
+    let end = Instant::now();
+    stop.store(true, Ordering::SeqCst);
+    let seen = probes.join().unwrap();
+    drop(load);
+    Cycle {
+        computed: values(&seen, computed_from, killed),
+        fallback: values(&seen, stale, restarted),
+        again: values(&seen, again_from, end),
+        seen,
+        agent_before,
+        agent_after,
+    }
+}
+
+impl Cycle {
+    /// Every rejection carried an integer Retry-After; the agent's value while it ran, Serve's
+    /// own with it stopped, the agent's again after the restart.
+    fn check(&self, layout: &str) {
+        eprintln!(
+            "{layout}: {} rejections probed\n  computed {:?}, the agent said {}\n  agent stopped {:?}\n  computed again {:?}, the agent said {}",
+            self.seen.len(),
+            self.computed,
+            self.agent_before,
+            self.fallback,
+            self.again,
+            self.agent_after
+        );
+        assert!(self.seen.len() > 100, "{layout}: {}", self.seen.len());
+        for r in &self.seen {
+            assert_eq!(r.status, 429, "{layout}: {r:?}");
+            let value = r.retry_after.as_deref().expect("a Retry-After");
+            let seconds: u64 = value.parse().expect("delta-seconds");
+            assert!((1..=60).contains(&seconds), "{layout}: {seconds}");
+        }
+        assert!(self.computed.iter().all(|v| *v != SERVE_STATIC_S));
+        assert!(median(self.computed.clone()).abs_diff(self.agent_before) <= 1);
+        assert!(!self.fallback.is_empty() && self.fallback.iter().all(|v| *v == SERVE_STATIC_S));
+        assert!(self.again.iter().all(|v| *v != SERVE_STATIC_S));
+        assert!(median(self.again.clone()).abs_diff(self.agent_after) <= 1);
+    }
+}
+
+/// nginx in front of Serve's proxy, replacing its Retry-After with the agent's.
+fn front(serve: SocketAddr, agent_socket: &Path) -> (Nginx, SocketAddr) {
+    let front = free_port();
+    let http = format!(
+        "lua_package_path \"{}\";\n\
+         lua_shared_dict retry_after 1m;\n\
+         init_worker_by_lua_block {{ require(\"retry_after_nginx\").start({{ services = {{ \"serve-direct\", \"serve-scheduled\" }}, socket = \"{}\", retry_after_s = false, stale_ms = 1500, reconnect_max_ms = 1000 }}) }}\n\
+         upstream serve {{ server {serve}; keepalive 32; }}\n\
+         server {{\n  listen {front};\n  location / {{\n    proxy_http_version 1.1;\n    proxy_set_header Connection \"\";\n    proxy_pass http://serve;\n    header_filter_by_lua_block {{ require(\"retry_after_nginx\").stamp(\"serve-direct\", {{ replace_upstream = true }}) }}\n  }}\n\
+         \x20 location /scheduled {{\n    proxy_http_version 1.1;\n    proxy_set_header Connection \"\";\n    proxy_pass http://serve/direct;\n    header_filter_by_lua_block {{ require(\"retry_after_nginx\").stamp(\"serve-scheduled\", {{ replace_upstream = true }}) }}\n  }}\n}}\n",
+        nginx_lua_package_path(),
+        agent_socket.display(),
+    );
+    (Nginx::start_with(NGINX_LUA_MODULES, &http, None), front)
+}
+
+/// The agent's computed answer to `request`, checking the queue's source.
+fn computed(agent: &AgentProcess, request: &str, source: QueueDepthSource) -> (u64, u64) {
+    let line = agent.request(request).unwrap();
+    match Response::parse(&line) {
+        Ok(Response::RetryAfter(a)) if a.rung == Rung::Computed => {
+            assert_eq!(a.queue_depth_source, Some(source), "{line}");
+            (a.seconds.unwrap(), a.queue_depth.unwrap())
+        }
+        other => panic!("not computed: {line} ({other:?})"),
+    }
+}
+
+#[test]
+fn serve_rejections_carry_the_agents_retry_after_in_both_places_serve_rejects() {
+    let serve_addr = free_port();
+    let mut agent = AgentProcess::start(&nginx_workers_may_connect(), &services(serve_addr));
+    let serve = ServeApps::start(serve_addr, &agent.socket);
+
+    // Serve's proxy rejects; nginx in front answers with the agent's value for the queue the
+    // kernel sees at Serve's port beyond its replicas' capacity.
+    let (nginx, front) = front(serve.addr, &agent.socket);
+    let direct = kill_and_restart(&mut agent, front, "/direct", |agent| {
+        let (seconds, depth) = computed(
+            agent,
+            "QUERY serve-direct",
+            QueueDepthSource::BeyondCapacity,
+        );
+        eprintln!("serve-direct: the agent sees a queue of {depth}");
+        seconds
+    });
+    direct.check("Serve's proxy, nginx in front");
+    // The drain is Serve's work: its rejections are counted apart.
+    let metrics = agent.metrics();
+    let counter = |name: &str| {
+        sample(
+            &metrics,
+            &format!("{name}{{endpoint=\"{serve_addr}\",side=\"server\"}}"),
+        )
+        .unwrap()
+    };
+    let (completed, rejected) = (
+        counter("retry_after_endpoint_responses_completed_total"),
+        counter("retry_after_endpoint_responses_rejected_total"),
+    );
+    eprintln!("at Serve's port since the restart: {completed} responses, {rejected} rejections");
+    assert!(rejected > 0.0 && rejected < completed);
+
+    // A DeploymentHandle rejects inside the ingress; retry_after_ray answers for the depth
+    // Serve states in the error (the model's queue: max_queued_requests 8).
+    let ingress = kill_and_restart(&mut agent, serve.addr, "/ingress/", |agent| {
+        computed(
+            agent,
+            "QUERY serve-ingress depth=8",
+            QueueDepthSource::Proxy,
+        )
+        .0
+    });
+    ingress.check("a DeploymentHandle, retry_after_ray");
+    let reported = sample(
+        &agent.metrics(),
+        "retry_after_proxy_requests_total{outcome=\"rejected\",service=\"serve-ingress\"}",
+    )
+    .unwrap_or(0.0);
+    eprintln!("retry_after_ray reported {reported} rejections to the restarted agent");
+    assert!(reported > 0.0);
+
+    // Clients that honour Retry-After (urllib3's own Retry) get in through nginx, told by
+    // scheduled_returns (the same Serve app, under its own service name).
+    let script = repo().join("tests/clients/retrying_clients.py");
+    let out = retry_after_testkit::run_ok(
+        Command::new("python3")
+            .arg(script)
+            .args(["--url", &format!("http://{front}/scheduled")])
+            .args([
+                "--rate",
+                "30",
+                "--seconds",
+                "15",
+                "--retries",
+                "3",
+                "--seed",
+                "7",
+            ]),
+    );
+    let record: serde_json::Value = serde_json::from_str(out.trim()).expect("the clients' record");
+    let count = |key: &str| record[key].as_u64().unwrap();
+    let (clients, succeeded, retries, admitted) = (
+        count("clients"),
+        count("succeeded"),
+        count("retries"),
+        count("retries_admitted"),
+    );
+    eprintln!(
+        "urllib3 clients at 30/s, scheduled_returns: {clients} clients, {succeeded} succeeded, {} gave up; {retries} retries, {admitted} admitted",
+        count("gave_up")
+    );
+    assert!(clients > 300);
+    assert!(retries > 20, "the clients were rejected and retried");
+    assert!(
+        admitted * 2 >= retries,
+        "most retries at the agent's time got in"
+    );
+    assert!(succeeded * 10 >= clients * 9, "nearly every client got in");
+    drop(nginx);
+    drop(serve);
+}
