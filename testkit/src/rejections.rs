@@ -2,6 +2,8 @@
 //! connection and records each rejection with its status and its `Retry-After`, as a client
 //! sees them.
 
+use crate::AgentProcess;
+
 use std::{
     io::{Read, Write},
     net::{SocketAddr, TcpStream},
@@ -73,11 +75,12 @@ pub fn prober(
     })
 }
 
-/// The `Retry-After` seconds of the rejections between `from` and `to`.
+/// The `Retry-After` seconds of the rejections within `window` (from, to).
 ///
 /// # Panics
 /// If one of them has no header, or not delta-seconds.
-pub fn values(rejections: &[Rejection], from: Instant, to: Instant) -> Vec<u64> {
+pub fn values(rejections: &[Rejection], window: (Instant, Instant)) -> Vec<u64> {
+    let (from, to) = window;
     rejections
         .iter()
         .filter(|r| r.at >= from && r.at <= to)
@@ -93,4 +96,66 @@ pub fn median(mut values: Vec<u64>) -> u64 {
     assert!(!values.is_empty(), "no rejections in the window");
     values.sort_unstable();
     values[values.len() / 2]
+}
+
+/// An agent outage, as [`outage`] drove it: the windows in which rejections carried the
+/// computed value, the fallback, and the computed value again, and what `ask` said in each
+/// computed window.
+#[derive(Debug)]
+pub struct Outage<T> {
+    /// The agent computing, before the kill.
+    pub computed: (Instant, Instant),
+    /// The agent gone and its estimate stale in the proxy.
+    pub fallback: (Instant, Instant),
+    /// The restarted agent computing again.
+    pub again: (Instant, Instant),
+    /// `ask` before the kill.
+    pub before: T,
+    /// `ask` after the restart.
+    pub after: T,
+}
+
+impl<T> Outage<T> {
+    /// Where `at` falls among the windows, for a failure's message.
+    pub fn describe(&self, at: Instant) -> String {
+        let since = |t: Instant| at.saturating_duration_since(t).as_secs_f64();
+        format!(
+            "{:.2} s after the computed window began, {:.2} s after the fallback's, {:.2} s after the restart's",
+            since(self.computed.0),
+            since(self.fallback.0),
+            since(self.again.0)
+        )
+    }
+}
+
+/// Kill and restart `agent` on the schedule the integration tests share, while the proxy in
+/// front is under load and probed: 6 s for the drain to warm, 4 s computing (`ask` halfway),
+/// the kill, 2.5 s for the proxy's estimate to go stale (their `stale` is 1.5 s), 3 s of
+/// fallback, the restart, 6 s to reconnect and warm, 3 s computing again (`ask` halfway):
+/// 24.5 s and what `ask` takes twice. The load must last longer.
+pub fn outage<T>(agent: &mut AgentProcess, mut ask: impl FnMut(&AgentProcess) -> T) -> Outage<T> {
+    thread::sleep(Duration::from_secs(6));
+    let computed_from = Instant::now();
+    thread::sleep(Duration::from_secs(2));
+    let before = ask(agent);
+    thread::sleep(Duration::from_secs(2));
+    let killed = Instant::now();
+    agent.kill();
+    thread::sleep(Duration::from_millis(2500));
+    let stale = Instant::now();
+    thread::sleep(Duration::from_secs(3));
+    let restarted = Instant::now();
+    agent.restart();
+    thread::sleep(Duration::from_secs(6));
+    let again_from = Instant::now();
+    thread::sleep(Duration::from_millis(1500));
+    let after = ask(agent);
+    thread::sleep(Duration::from_millis(1500));
+    Outage {
+        computed: (computed_from, killed),
+        fallback: (stale, restarted),
+        again: (again_from, Instant::now()),
+        before,
+        after,
+    }
 }

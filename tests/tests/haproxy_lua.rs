@@ -9,11 +9,10 @@ use std::{
     net::SocketAddr,
     path::PathBuf,
     sync::{
-        Arc, Mutex,
+        Arc,
         atomic::{AtomicBool, Ordering},
     },
-    thread,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use retry_after_protocol::{Response, policy::Rung};
@@ -21,7 +20,7 @@ use retry_after_testkit::{
     AgentProcess, free_port,
     http::{HttpServer, ServerOptions},
     proxies::{Haproxy, Wrk},
-    rejections::{median, prober, values},
+    rejections::{median, outage, prober, values},
     sample,
 };
 
@@ -104,14 +103,6 @@ fn haproxy_rejections_carry_the_computed_value_then_the_static_one_then_the_comp
         prober(short_fe, "/", stop.clone()),
         prober(long_fe, "/", stop.clone()),
     ];
-    let marks = Arc::new(Mutex::new(Vec::new()));
-    let mark = |what: &str| {
-        marks
-            .lock()
-            .unwrap()
-            .push((what.to_owned(), Instant::now()))
-    };
-
     // What the agent itself answers for HAProxy's queue on a service (10 short, 50 long).
     let agent_says = |agent: &AgentProcess, service: &str, depth: u64| {
         let line = agent
@@ -122,56 +113,29 @@ fn haproxy_rejections_carry_the_computed_value_then_the_static_one_then_the_comp
             other => panic!("not computed: {line} ({other:?})"),
         }
     };
-    // Computed: warm after 3 s of completions; give the EWMA time to settle.
-    thread::sleep(Duration::from_secs(6));
-    mark("computed");
-    thread::sleep(Duration::from_secs(2));
-    let before_kill = agent_says(&agent, "long", 50);
-    thread::sleep(Duration::from_secs(2));
-    mark("kill");
-    agent.kill();
-    // Stale after 1.5 s: HAProxy's static value.
-    thread::sleep(Duration::from_millis(2500));
-    mark("static");
-    thread::sleep(Duration::from_secs(3));
-    mark("restart");
-    agent.restart();
-    thread::sleep(Duration::from_secs(6));
-    mark("computed again");
-    thread::sleep(Duration::from_millis(1500));
-    let after_restart = (
-        agent_says(&agent, "short", 10),
-        agent_says(&agent, "long", 50),
-    );
-    thread::sleep(Duration::from_millis(1500));
-    mark("end");
+    let outage = outage(&mut agent, |agent| {
+        (
+            agent_says(agent, "short", 10),
+            agent_says(agent, "long", 50),
+        )
+    });
+    let before_kill = outage.before.1;
+    let after_restart = outage.after;
     let metrics = agent.metrics();
     stop.store(true, Ordering::SeqCst);
     let [short, long] = probes.map(|p| p.join().unwrap());
     drop(load);
     drop(haproxy);
 
-    let at = |name: &str| {
-        marks
-            .lock()
-            .unwrap()
-            .iter()
-            .find(|(n, _)| n == name)
-            .unwrap()
-            .1
-    };
     for (name, seen) in [("short", &short), ("long", &long)] {
         assert!(seen.len() > 100, "{name}: {} rejections probed", seen.len());
         for r in seen.iter() {
             assert_eq!(r.status, 429, "{name}: {r:?}");
             let value = r.retry_after.as_deref().unwrap_or_else(|| {
-                let marks: Vec<_> = marks
-                    .lock()
-                    .unwrap()
-                    .iter()
-                    .map(|(n, t)| (n.clone(), r.at.saturating_duration_since(*t)))
-                    .collect();
-                panic!("{name}: a rejection without Retry-After: {r:?}; since the marks: {marks:?}")
+                panic!(
+                    "{name}: a rejection without Retry-After: {r:?}, {}",
+                    outage.describe(r.at)
+                )
             });
             let seconds: u64 = value
                 .parse()
@@ -180,8 +144,8 @@ fn haproxy_rejections_carry_the_computed_value_then_the_static_one_then_the_comp
         }
     }
     // While the agent computes: 10 queued over 16/s × 1.25 → 1 s; 50 queued → 3.9 → 4 s.
-    let computed_short = values(&short, at("computed"), at("kill"));
-    let computed_long = values(&long, at("computed"), at("kill"));
+    let computed_short = values(&short, outage.computed);
+    let computed_long = values(&long, outage.computed);
     eprintln!("computed: short {computed_short:?}\ncomputed: long {computed_long:?}");
     assert!(
         computed_short
@@ -201,8 +165,8 @@ fn haproxy_rejections_carry_the_computed_value_then_the_static_one_then_the_comp
         "agent: {before_kill}"
     );
     // Agent gone: HAProxy's own static value, on every rejection.
-    let static_short = values(&short, at("static"), at("restart"));
-    let static_long = values(&long, at("static"), at("restart"));
+    let static_short = values(&short, outage.fallback);
+    let static_long = values(&long, outage.fallback);
     eprintln!("static: short {static_short:?} long {static_long:?}");
     assert!(!static_short.is_empty() && !static_long.is_empty());
     assert!(
@@ -212,8 +176,8 @@ fn haproxy_rejections_carry_the_computed_value_then_the_static_one_then_the_comp
             .all(|v| *v == LUA_STATIC)
     );
     // Back: computed again, each the restarted agent's own answer for that queue.
-    let again_short = values(&short, at("computed again"), at("end"));
-    let again_long = values(&long, at("computed again"), at("end"));
+    let again_short = values(&short, outage.again);
+    let again_long = values(&long, outage.again);
     eprintln!("computed again: short {again_short:?}\ncomputed again: long {again_long:?}");
     assert!(
         again_short

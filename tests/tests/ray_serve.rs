@@ -34,7 +34,7 @@ use retry_after_protocol::{
 use retry_after_testkit::{
     AgentProcess, free_port,
     proxies::{NGINX_LUA_MODULES, Nginx, Wrk, nginx_lua_package_path, nginx_workers_may_connect},
-    rejections::{Rejection, median, prober, values},
+    rejections::{Rejection, median, outage, prober, values},
     sample,
 };
 
@@ -146,37 +146,21 @@ fn kill_and_restart(
     path: &'static str,
     agent_says: impl Fn(&AgentProcess) -> u64,
 ) -> Cycle {
-    let load = Wrk::start_url(&format!("http://{target}{path}"), 1, 30, 24);
+    // Longer than the outage's schedule (about 25 s).
+    let load = Wrk::start_url(&format!("http://{target}{path}"), 1, 30, 30);
     let stop = Arc::new(AtomicBool::new(false));
     let probes = prober(target, path, stop.clone());
-    thread::sleep(Duration::from_secs(6));
-    let computed_from = Instant::now();
-    thread::sleep(Duration::from_secs(2));
-    let agent_before = agent_says(agent);
-    thread::sleep(Duration::from_secs(2));
-    let killed = Instant::now();
-    agent.kill();
-    thread::sleep(Duration::from_millis(2500));
-    let stale = Instant::now();
-    thread::sleep(Duration::from_secs(3));
-    let restarted = Instant::now();
-    agent.restart();
-    thread::sleep(Duration::from_secs(6));
-    let again_from = Instant::now();
-    thread::sleep(Duration::from_millis(1500));
-    let agent_after = agent_says(agent);
-    thread::sleep(Duration::from_millis(1500));
-    let end = Instant::now();
+    let outage = outage(agent, agent_says);
     stop.store(true, Ordering::SeqCst);
     let seen = probes.join().unwrap();
     drop(load);
     Cycle {
-        computed: values(&seen, computed_from, killed),
-        fallback: values(&seen, stale, restarted),
-        again: values(&seen, again_from, end),
+        computed: values(&seen, outage.computed),
+        fallback: values(&seen, outage.fallback),
+        again: values(&seen, outage.again),
         seen,
-        agent_before,
-        agent_after,
+        agent_before: outage.before,
+        agent_after: outage.after,
     }
 }
 
@@ -193,7 +177,13 @@ impl Cycle {
             self.again,
             self.agent_after
         );
-        assert!(self.seen.len() > 100, "{layout}: {}", self.seen.len());
+        // A probe waits 150 ms on each admitted request: tens of rejections a layout, more on
+        // an idle machine.
+        assert!(self.seen.len() > 40, "{layout}: {}", self.seen.len());
+        assert!(
+            !self.computed.is_empty() && !self.again.is_empty(),
+            "{layout}"
+        );
         for r in &self.seen {
             assert_eq!(r.status, 429, "{layout}: {r:?}");
             let value = r.retry_after.as_deref().expect("a Retry-After");
