@@ -94,6 +94,20 @@ pub struct HttpServer {
 }
 
 impl HttpServer {
+    /// A replica on an ephemeral loopback port that takes `service_time` per request, with a
+    /// 100-byte body, and no limit of its own on concurrent requests (a proxy in front caps
+    /// them).
+    pub fn replica(service_time: Duration) -> Self {
+        Self::start(
+            "127.0.0.1:0",
+            ServerOptions {
+                response_body: 100,
+                service_time,
+                ..Default::default()
+            },
+        )
+    }
+
     /// Start on `bind` (use port 0 for an ephemeral port).
     pub fn start(bind: &str, options: ServerOptions) -> Self {
         let listener = TcpListener::bind(bind).unwrap_or_else(|e| panic!("bind {bind}: {e}"));

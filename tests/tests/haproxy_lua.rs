@@ -18,7 +18,7 @@ use std::{
 use retry_after_protocol::{Response, policy::Rung};
 use retry_after_testkit::{
     AgentProcess, free_port,
-    http::{HttpServer, ServerOptions},
+    http::HttpServer,
     proxies::{Haproxy, Wrk},
     rejections::{median, outage, prober, values},
     sample,
@@ -29,14 +29,7 @@ use retry_after_testkit::{
 const LUA_STATIC: u64 = 31;
 
 fn replica() -> HttpServer {
-    HttpServer::start(
-        "127.0.0.1:0",
-        ServerOptions {
-            response_body: 100,
-            service_time: Duration::from_millis(250),
-            ..Default::default()
-        },
-    )
+    HttpServer::replica(Duration::from_millis(250))
 }
 
 fn service(name: &str, replicas: &[&HttpServer]) -> String {

@@ -26,7 +26,7 @@ use retry_after_protocol::{
 };
 use retry_after_testkit::{
     AgentProcess, free_port,
-    http::{HttpServer, ServerOptions},
+    http::HttpServer,
     proxies::{NGINX_LUA_MODULES, Nginx, Wrk, nginx_lua_package_path, nginx_workers_may_connect},
     rejections::{median, outage, prober, values},
     sample,
@@ -44,14 +44,7 @@ fn nginx_dir() -> PathBuf {
 }
 
 fn replica() -> HttpServer {
-    HttpServer::start(
-        "127.0.0.1:0",
-        ServerOptions {
-            response_body: 100,
-            service_time: Duration::from_millis(250),
-            ..Default::default()
-        },
-    )
+    HttpServer::replica(Duration::from_millis(250))
 }
 
 #[test]
