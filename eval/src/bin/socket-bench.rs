@@ -66,46 +66,63 @@ fn main() {
     let agent_socket = dir.join("agent.sock");
     let echo_socket = dir.join("echo.sock");
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let shared = Arc::new(Shared::new(warm_estimator(), 0));
-    {
-        let _guard = runtime.enter();
-        let listener = server::bind(&agent_socket, 0o600).unwrap();
-        runtime.spawn(server::serve(
-            listener,
-            shared.clone(),
-            ServerOptions {
-                allowed_uids: None,
-                max_clients: 256,
-                idle_timeout: Duration::from_secs(60),
-                write_timeout: Duration::from_secs(1),
-            },
-            std::future::pending(),
-        ));
-        let echo = UnixListener::bind(&echo_socket).unwrap();
-        runtime.spawn(echo_server(echo));
-    }
+    start_servers(&runtime, &agent_socket, &echo_socket);
+    socket_table(&agent_socket, &echo_socket, round_trips, clients, seconds);
+    let _guard = runtime.enter();
+    reject_path_table(&agent_socket);
+    let _ = std::fs::remove_dir_all(&dir);
+}
 
+/// The agent's socket server over a warm estimator, and a bare echo server to compare with.
+fn start_servers(runtime: &tokio::runtime::Runtime, agent_socket: &Path, echo_socket: &Path) {
+    let shared = Arc::new(Shared::new(warm_estimator(), 0));
+    let _guard = runtime.enter();
+    let listener = server::bind(agent_socket, 0o600).unwrap();
+    runtime.spawn(server::serve(
+        listener,
+        shared,
+        ServerOptions {
+            allowed_uids: None,
+            max_clients: 256,
+            idle_timeout: Duration::from_secs(60),
+            write_timeout: Duration::from_secs(1),
+        },
+        std::future::pending(),
+    ));
+    let echo = UnixListener::bind(echo_socket).unwrap();
+    runtime.spawn(echo_server(echo));
+}
+
+/// Round trip and throughput of `QUERY` against the bare echo, in the same run.
+fn socket_table(
+    agent_socket: &Path,
+    echo_socket: &Path,
+    round_trips: u64,
+    clients: u64,
+    seconds: u64,
+) {
     let request = b"QUERY api depth=12\n";
     println!("| measurement | bare echo | agent QUERY | ratio |");
     println!("|---|---|---|---|");
-    let echo_rtt = round_trip_ns(&echo_socket, request, round_trips);
-    let agent_rtt = round_trip_ns(&agent_socket, request, round_trips);
+    let echo_rtt = round_trip_ns(echo_socket, request, round_trips);
+    let agent_rtt = round_trip_ns(agent_socket, request, round_trips);
     println!(
         "| round trip, one connection (µs, median of {round_trips}) | {:.1} | {:.1} | {:.2} |",
         echo_rtt / 1000.0,
         agent_rtt / 1000.0,
         agent_rtt / echo_rtt
     );
-    let echo_tput = throughput(&echo_socket, request, clients, seconds);
-    let agent_tput = throughput(&agent_socket, request, clients, seconds);
+    let echo_tput = throughput(echo_socket, request, clients, seconds);
+    let agent_tput = throughput(agent_socket, request, clients, seconds);
     println!(
         "| throughput, {clients} connections (requests/s) | {echo_tput:.0} | {agent_tput:.0} | {:.2} |",
         echo_tput / agent_tput
     );
+}
 
-    // The reject path.
-    let _guard = runtime.enter();
-    let subscription = follow(&agent_socket, "api");
+/// The reject path read from memory, per call, against one random draw (within a runtime).
+fn reject_path_table(agent_socket: &Path) {
+    let subscription = follow(agent_socket, "api");
     let mut rng = rand::rng();
     let decision = subscription.retry_after(&mut rng);
     assert_eq!(
@@ -127,7 +144,7 @@ fn main() {
     });
     // scheduled_returns reads the schedule and adds each value handed out to it: as the
     // calls fill it, later ones walk all of its 60 seconds.
-    let scheduled = follow(&agent_socket, "scheduled");
+    let scheduled = follow(agent_socket, "scheduled");
     let mut rng = rand::rng();
     let with_schedule = per_call_ns(calls, || {
         black_box(scheduled.retry_after_with(Some(black_box(17)), None, &mut rng));
@@ -136,19 +153,16 @@ fn main() {
     println!("| reject path | ns per call | ratio to baseline |");
     println!("|---|---|---|");
     println!("| baseline: one random draw | {baseline:.1} | 1.00 |");
-    println!(
-        "| `retry_after` (agent's depth) | {read:.1} | {:.2} |",
-        read / baseline
-    );
-    println!(
-        "| `retry_after_with` (own depth and streak) | {with_depth:.1} | {:.2} |",
-        with_depth / baseline
-    );
-    println!(
-        "| `retry_after_with`, `scheduled_returns` (own depth, schedule filling) | {with_schedule:.1} | {:.2} |",
-        with_schedule / baseline
-    );
-    let _ = std::fs::remove_dir_all(&dir);
+    for (name, ns) in [
+        ("`retry_after` (agent's depth)", read),
+        ("`retry_after_with` (own depth and streak)", with_depth),
+        (
+            "`retry_after_with`, `scheduled_returns` (own depth, schedule filling)",
+            with_schedule,
+        ),
+    ] {
+        println!("| {name} | {ns:.1} | {:.2} |", ns / baseline);
+    }
 }
 
 /// A subscription to `service` that holds its first estimate (within a tokio runtime).
