@@ -45,27 +45,47 @@ fn main() {
     // Warm up the server, the page cache and the CPU frequency.
     wrk(&url, 2, connections);
 
+    throughput_table(&load(&url, seconds, connections), endpoint, rounds);
+    println!();
+    println!(
+        "{}",
+        in_kernel_cost(&load(&url, seconds, connections), endpoint, kernel_rounds)
+    );
+}
+
+/// The load of one measurement at `url`.
+fn load(url: &str, seconds: u64, connections: u64) -> Wrk<'_> {
+    Wrk {
+        url,
+        seconds,
+        connections,
+    }
+}
+
+/// Throughput with no programs, attached and not watching, and watching, in `rounds` rounds
+/// (the order rotating from round to round, so drift in the machine's speed favours none),
+/// then the median ratios.
+fn throughput_table(load: &Wrk<'_>, endpoint: Endpoint, rounds: u64) {
     println!(
         "| round | no programs (req/s) | attached, not watching (req/s) | attached, watching (req/s) | not watching / none | watching / none | requests counted |"
     );
     println!("|---|---|---|---|---|---|---|");
+    let run = || wrk(load.url, load.seconds, load.connections);
     let (mut idle_ratios, mut watch_ratios) = (Vec::new(), Vec::new());
     for round in 0..rounds {
-        // Rotate the order of the setups from round to round, so drift in the machine's speed
-        // does not favour one of them.
         let mut rps = [0.0; 3];
         let mut counted = 0;
         for step in 0..3 {
             let setup = (step + round as usize) % 3;
             rps[setup] = match setup {
-                0 => wrk(&url, seconds, connections),
+                0 => run(),
                 1 => {
                     let _probe = AttachedProbe::attach();
-                    wrk(&url, seconds, connections)
+                    run()
                 }
                 _ => {
                     let probe = AttachedProbe::watching(&[endpoint]);
-                    let result = wrk(&url, seconds, connections);
+                    let result = run();
                     std::thread::sleep(Duration::from_millis(200));
                     counted = probe
                         .counters(endpoint, Side::Server)
@@ -91,7 +111,10 @@ fn main() {
     if rounds > 0 {
         let (idle, watch) = (median(idle_ratios), median(watch_ratios));
         println!();
-        println!("{rounds} rounds of {seconds} s, {connections} connections; median ratios:");
+        println!(
+            "{rounds} rounds of {} s, {} connections; median ratios:",
+            load.seconds, load.connections
+        );
         println!(
             "attached, not watching / no programs: {idle:.4} ({:+.2}% throughput)",
             (idle - 1.0) * 100.0
@@ -101,11 +124,6 @@ fn main() {
             (watch - 1.0) * 100.0
         );
     }
-    println!();
-    println!(
-        "{}",
-        in_kernel_cost(&url, endpoint, kernel_rounds, seconds, connections)
-    );
 }
 
 /// The programs' own run time per request, from the kernel's run-time statistics (enabled for
@@ -117,28 +135,18 @@ fn main() {
 /// of the socket programs; with a new connection per request it still runs the close
 /// tracepoint, which sees every TCP state change of the node. Prints each round, then the
 /// median and the spread (lowest to highest) of each figure.
-fn in_kernel_cost(
-    url: &str,
-    endpoint: Endpoint,
-    rounds: u64,
-    seconds: u64,
-    connections: u64,
-) -> String {
+fn in_kernel_cost(load: &Wrk<'_>, endpoint: Endpoint, rounds: u64) -> String {
+    let seconds = load.seconds;
     let _stats =
         aya::sys::enable_stats(aya::sys::Stats::RunTime).expect("enable BPF run-time stats");
     let elsewhere = TestCgroup::create("retry-after-bench-elsewhere");
-    let load = Wrk {
-        url,
-        seconds,
-        connections,
-    };
     let mut measured: Vec<[Measured; 4]> = Vec::new();
     for round in 0..rounds as usize {
         let mut setups = [Measured::default(); 4];
         // In a different order each round.
         for step in 0..4 {
             let setup = (step + round) % 4;
-            setups[setup] = measure(setup, endpoint, &elsewhere, &load);
+            setups[setup] = measure(setup, endpoint, &elsewhere, load);
         }
         measured.push(setups);
     }
