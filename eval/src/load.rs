@@ -165,6 +165,32 @@ pub fn arrivals(phases: &[Phase], seed: u64) -> Vec<Duration> {
     times
 }
 
+/// One attempt of a client (its `number`, in the `x-retry-attempt` header): served, rejected
+/// with the `Retry-After` it carried, or failed (another status, an error, 120 s without an
+/// answer).
+async fn attempt(http: &Client<HttpConnector, Empty<Bytes>>, url: &str, number: u32) -> Outcome {
+    let request = Request::get(url)
+        .header("x-retry-attempt", number.to_string())
+        .body(Empty::new())
+        .expect("a valid request");
+    let Ok(Ok(response)) =
+        tokio::time::timeout(Duration::from_secs(120), http.request(request)).await
+    else {
+        return Outcome::Failed;
+    };
+    let status = response.status().as_u16();
+    let suggested_s = response
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok()?.parse().ok());
+    let body = response.into_body().collect().await;
+    match (status, body) {
+        (200, Ok(_)) => Outcome::Served,
+        (429 | 503, _) => Outcome::Rejected { suggested_s },
+        _ => Outcome::Failed,
+    }
+}
+
 impl Load {
     /// Start the clients of `arrivals` (each with its behaviour) against `target`, the
     /// proxy. Returns at once; each client runs in its own task.
@@ -201,30 +227,8 @@ impl Load {
                 let mut rng = StdRng::seed_from_u64(seed);
                 let mut after_suggested_s = None;
                 for number in 1..=max_attempts {
-                    let request = Request::get(&url)
-                        .header("x-retry-attempt", number.to_string())
-                        .body(Empty::new())
-                        .expect("a valid request");
                     let sent = started.elapsed();
-                    let outcome =
-                        match tokio::time::timeout(Duration::from_secs(120), http.request(request))
-                            .await
-                        {
-                            Ok(Ok(response)) => {
-                                let status = response.status().as_u16();
-                                let suggested_s = response
-                                    .headers()
-                                    .get("retry-after")
-                                    .and_then(|v| v.to_str().ok()?.parse().ok());
-                                let body = response.into_body().collect().await;
-                                match (status, body) {
-                                    (200, Ok(_)) => Outcome::Served,
-                                    (429 | 503, _) => Outcome::Rejected { suggested_s },
-                                    _ => Outcome::Failed,
-                                }
-                            }
-                            _ => Outcome::Failed,
-                        };
+                    let outcome = attempt(&http, &url, number).await;
                     attempts
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
