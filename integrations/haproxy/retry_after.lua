@@ -19,6 +19,7 @@
 -- Actions:
 --   http-request lua.retry_after <service>           sets txn.retry_after, txn.retry_after_status
 --   http-request lua.retry_after_admitted <service>  counts an admitted request
+--   http-response lua.retry_after_response <service> the agent's value on a server's 429/503
 
 -- The policy (shared with the nginx integration) lives in ../lua/retry_after_policy.lua, or
 -- next to this file where both were copied into one directory.
@@ -153,36 +154,63 @@ core.register_init(function()
   core.register_task(reporter)
 end)
 
+-- The agent's answer from the held estimate for one rejection of a service, at `now`, with
+-- `depth` as the queue (nil: the agent's): seconds (nil: no header) and rung; nil when no
+-- estimate newer than RETRY_AFTER_STALE_MS is held. Counts its own promise.
+local function computed_answer(state, depth, now)
+  if not (state.push and now - state.received_ms <= stale_ms) then return nil end
+  local seen
+  if state.push.policy == "scheduled_returns" then
+    local elapsed_s = math.max(now - state.received_ms, 0) / 1000
+    seen = M.schedule(state.push, elapsed_s, own_ahead(state, now // 1000))
+  end
+  local seconds, _millis, rung = M.answer(state.push, depth, 0, math.random(), seen)
+  if seconds and seen and seconds <= MAX_RETRY_AFTER_S then
+    own_promise(state, math.floor((now + seconds * 1000) / 1000))
+  end
+  return seconds, rung
+end
+
+-- One rejection counted, and the value it carried (as the agent takes it: whole seconds, 60
+-- at most).
+local function count_rejection(state, seconds, rung)
+  state.rejected = state.rejected + 1
+  if seconds then
+    local value = string.format("%s%d", rung == "static" and "s" or "c", math.min(math.floor(seconds), 60))
+    state.handed_out[value] = (state.handed_out[value] or 0) + 1
+  end
+end
+
 -- http-request lua.retry_after <service>: the Retry-After for this rejection, in
 -- txn.retry_after (seconds; unset when no header is to be sent) and txn.retry_after_status.
 core.register_action("retry_after", { "http-req" }, function(txn, name)
   local state = services[name]
   local seconds, status, rung = retry_after_s, 429, "static"
   if state then
-    state.rejected = state.rejected + 1
     if state.push then status = state.push.status end
-    local now = now_ms()
-    if state.push and now - state.received_ms <= stale_ms then
-      local depth = txn.f:queue(state.backend)
-      local seen
-      if state.push.policy == "scheduled_returns" then
-        local elapsed_s = math.max(now - state.received_ms, 0) / 1000
-        seen = M.schedule(state.push, elapsed_s, own_ahead(state, now // 1000))
-      end
-      local answered, _millis, answered_rung = M.answer(state.push, depth, 0, math.random(), seen)
-      seconds, rung = answered, answered_rung
-      if seconds and seen and seconds <= MAX_RETRY_AFTER_S then
-        own_promise(state, math.floor((now + seconds * 1000) / 1000))
-      end
-    end
-    if seconds then
-      -- As the agent takes it: whole seconds, 60 at most.
-      local value = string.format("%s%d", rung == "static" and "s" or "c", math.min(math.floor(seconds), 60))
-      state.handed_out[value] = (state.handed_out[value] or 0) + 1
-    end
+    local answered, answered_rung = computed_answer(state, txn.f:queue(state.backend), now_ms())
+    if answered_rung then seconds, rung = answered, answered_rung end
+    count_rejection(state, seconds, rung)
   end
   if seconds then txn:set_var("txn.retry_after", seconds) end
   txn:set_var("txn.retry_after_status", status)
+end, 1)
+
+-- http-response lua.retry_after_response <service>: a 429 or 503 from the server (Ray Serve's
+-- proxy, say) gets the agent's Retry-After, in place of the server's own while an estimate
+-- newer than RETRY_AFTER_STALE_MS is held (the server's own, or none, otherwise), for the
+-- queue the agent sees; every other response counts as admitted.
+core.register_action("retry_after_response", { "http-res" }, function(txn, name)
+  local state = services[name]
+  if state == nil then return end
+  local status = txn.f:status()
+  if status ~= 429 and status ~= 503 then
+    state.admitted = state.admitted + 1
+    return
+  end
+  local seconds, rung = computed_answer(state, nil, now_ms())
+  count_rejection(state, seconds, rung)
+  if seconds then txn.http:res_set_header("Retry-After", string.format("%d", seconds)) end
 end, 1)
 
 -- http-request lua.retry_after_admitted <service>: counts a request let through.

@@ -3,8 +3,8 @@
 //! this binary, the real agent watching Serve's HTTP port from the kernel, wrk as the load.
 //! Both places a Serve rejection happens:
 //!
-//! * **Serve's proxy rejects** (`/direct`: the ingress deployment's queue is full). nginx in
-//!   front replaces Serve's static `Retry-After` with the agent's while the agent runs; Serve's
+//! * **Serve's proxy rejects** (`/direct`: the ingress deployment's queue is full). nginx, then
+//!   HAProxy, in front replace Serve's static `Retry-After` with the agent's while it runs; Serve's
 //!   own value passes through with the agent stopped; the agent's again after it restarts. The
 //!   queue is the one the kernel sees at Serve's port beyond the replicas' capacity, and the
 //!   drain Serve's completed work, not its rejections.
@@ -33,7 +33,9 @@ use retry_after_protocol::{
 };
 use retry_after_testkit::{
     AgentProcess, free_port,
-    proxies::{NGINX_LUA_MODULES, Nginx, Wrk, nginx_lua_package_path, nginx_workers_may_connect},
+    proxies::{
+        Haproxy, NGINX_LUA_MODULES, Nginx, Wrk, nginx_lua_package_path, nginx_workers_may_connect,
+    },
     rejections::{Rejection, median, outage, prober, values},
     sample,
 };
@@ -214,6 +216,25 @@ fn front(serve: SocketAddr, agent_socket: &Path) -> (Nginx, SocketAddr) {
     (Nginx::start_with(NGINX_LUA_MODULES, &http, None), front)
 }
 
+/// HAProxy in front of Serve's proxy, replacing its Retry-After with the agent's
+/// (`http-response lua.retry_after_response`).
+fn haproxy_front(serve: SocketAddr, agent_socket: &Path) -> (Haproxy, SocketAddr) {
+    let front = free_port();
+    let lua = repo().join("integrations/haproxy/retry_after.lua");
+    let haproxy = Haproxy::start_with_global(
+        &format!(
+            "    lua-load {}\n    setenv RETRY_AFTER_SOCKET {}\n    setenv RETRY_AFTER_SERVICES serve-direct:be_serve\n    setenv RETRY_AFTER_STALE_MS 1500\n    setenv RETRY_AFTER_RECONNECT_MAX_MS 1000\n",
+            lua.canonicalize().unwrap().display(),
+            agent_socket.display()
+        ),
+        &format!(
+            "frontend fe_serve\n    bind {front}\n    http-response lua.retry_after_response serve-direct\n    default_backend be_serve\nbackend be_serve\n    server serve {serve}\n"
+        ),
+        None,
+    );
+    (haproxy, front)
+}
+
 /// The agent's computed answer to `request`, checking the queue's source.
 fn computed(agent: &AgentProcess, request: &str, source: QueueDepthSource) -> (u64, u64) {
     let line = agent.request(request).unwrap();
@@ -245,6 +266,18 @@ fn serve_rejections_carry_the_agents_retry_after_in_both_places_serve_rejects() 
         seconds
     });
     direct.check("Serve's proxy, nginx in front");
+    // The same with HAProxy in front.
+    let (haproxy, haproxy_front) = haproxy_front(serve.addr, &agent.socket);
+    let direct = kill_and_restart(&mut agent, haproxy_front, "/direct", |agent| {
+        computed(
+            agent,
+            "QUERY serve-direct",
+            QueueDepthSource::BeyondCapacity,
+        )
+        .0
+    });
+    direct.check("Serve's proxy, HAProxy in front");
+    drop(haproxy);
     // The drain is Serve's work: its rejections are counted apart.
     let metrics = agent.metrics();
     let counter = |name: &str| {
