@@ -70,9 +70,9 @@ local function own_ahead(service, second)
   return own
 end
 
--- The Retry-After for one rejection of service: seconds (nil: no header) and rung.
-local function answer(service)
-  local push, age = fresh_push(service)
+-- The Retry-After for one rejection of service, from its fresh push (nil: none is held) of
+-- age seconds: seconds (nil: no header) and rung.
+local function answer(service, push, age)
   if push == nil then
     if options.retry_after_s then return options.retry_after_s, "static" end
     return nil, "none"
@@ -102,11 +102,12 @@ function M.stamp(service, stamp_options)
     return
   end
   shared:incr("rejected:" .. service, 1, 0)
+  local push, age = fresh_push(service)
   if ngx.header["Retry-After"] ~= nil then
     local replace = stamp_options and stamp_options.replace_upstream
-    if not (replace and fresh_push(service)) then return end
+    if not (replace and push) then return end
   end
-  local seconds, rung = answer(service)
+  local seconds, rung = answer(service, push, age)
   if seconds == nil then return end
   ngx.header["Retry-After"] = string.format("%d", seconds)
   shared:incr(handed_out_key(service, rung, seconds), 1, 0)
