@@ -102,6 +102,25 @@ local function own_promise(state, due)
   bin[2] = bin[2] + 1
 end
 
+-- One service's report: its lines sent in order on sock, each counted off the service's
+-- counts once the agent acknowledged it. False if the connection failed.
+local function report(sock, name, state)
+  local admitted, rejected = state.admitted, state.rejected
+  local lines = M.report_lines(name, admitted, rejected, backend_queue(state.backend), state.handed_out)
+  local function exchange(line)
+    return sock:send(line .. "\n") and sock:receive("*l") == "OK"
+  end
+  return M.send_report(lines, exchange, function(i, line)
+    if i == 1 then
+      state.admitted, state.rejected = state.admitted - admitted, state.rejected - rejected
+    end
+    for value, count in pairs(line.carried) do
+      local left = state.handed_out[value] - count
+      state.handed_out[value] = left > 0 and left or nil
+    end
+  end)
+end
+
 -- Reports what each service's rejection rule did, every second, on one connection.
 local function reporter()
   local sock
@@ -110,23 +129,7 @@ local function reporter()
     if sock == nil then sock = connect() end
     if sock then
       for name, state in pairs(services) do
-        local admitted, rejected, handed_out = state.admitted, state.rejected, state.handed_out
-        state.handed_out = {}
-        local lines = M.report_lines(name, admitted, rejected, backend_queue(state.backend), handed_out)
-        local failed
-        for i, report in ipairs(lines) do
-          if failed or not (sock:send(report.line .. "\n") and sock:receive("*l") == "OK") then
-            failed = failed or i
-            -- Kept for the next report.
-            for value, count in pairs(report.carried) do
-              state.handed_out[value] = (state.handed_out[value] or 0) + count
-            end
-          end
-        end
-        if failed ~= 1 then
-          state.admitted, state.rejected = state.admitted - admitted, state.rejected - rejected
-        end
-        if failed then
+        if not report(sock, name, state) then
           sock:close()
           sock = nil
           break
@@ -176,7 +179,7 @@ end
 local function count_rejection(state, seconds, rung)
   state.rejected = state.rejected + 1
   if seconds then
-    local value = string.format("%s%d", rung == "static" and "s" or "c", math.min(math.floor(seconds), 60))
+    local value = M.handed_out_value(rung, seconds)
     state.handed_out[value] = (state.handed_out[value] or 0) + 1
   end
 end

@@ -200,8 +200,28 @@ end
 -- Longest request line the agent accepts (bytes, without the newline).
 M.MAX_LINE_LEN = 512
 
+-- The handed_out entry of one rejection's value, as the agent takes it: its rung ("c"
+-- computed, "s" static) and whole seconds, MAX_RETRY_AFTER_S at most ("c5").
+function M.handed_out_value(rung, seconds)
+  return string.format("%s%d", rung == "static" and "s" or "c",
+    math.min(math.floor(seconds), MAX_RETRY_AFTER_S))
+end
+
+-- Send one report's lines (from report_lines) in order: exchange(line) sends one and is true
+-- once the agent answered OK; count_off(i, report) is then called, to take what that line
+-- carried (the admissions and rejections with the first, report.carried with each) off the
+-- proxy's counts. False at the first line not acknowledged: the rest stay counted, for the
+-- next report.
+function M.send_report(lines, exchange, count_off)
+  for i, report in ipairs(lines) do
+    if not exchange(report.line) then return false end
+    count_off(i, report)
+  end
+  return true
+end
+
 -- The REPORT lines for one report, each with the handed_out entries it carries: handed_out
--- maps "c5"/"s5" (rung and seconds) to counts; entries that do not fit one line go on in
+-- maps handed_out_value entries ("c5", "s5") to counts; entries that do not fit one line go on in
 -- further lines with admitted=0 rejected=0.
 function M.report_lines(name, admitted, rejected, depth, handed_out)
   local keys = {}

@@ -39,9 +39,8 @@ local parsed = {}
 local function dict() return ngx.shared[options.dict] end
 
 -- Seconds handed out are reported as the agent takes them: rung and whole seconds, 60 at most.
-local function handed_out_key(service, rung, seconds)
-  return string.format("handed_out:%s:%s%d", service, rung == "static" and "s" or "c",
-    math.min(math.floor(seconds), policy.MAX_RETRY_AFTER_S))
+local function handed_out_key(service, value)
+  return "handed_out:" .. service .. ":" .. value
 end
 
 -- The service's latest push and its age in seconds, or nil when none is fresh.
@@ -110,7 +109,7 @@ function M.stamp(service, stamp_options)
   local seconds, rung = answer(service, push, age)
   if seconds == nil then return end
   ngx.header["Retry-After"] = string.format("%d", seconds)
-  shared:incr(handed_out_key(service, rung, seconds), 1, 0)
+  shared:incr(handed_out_key(service, policy.handed_out_value(rung, seconds)), 1, 0)
 end
 
 local function connect()
@@ -151,10 +150,9 @@ local function take_handed_out(service)
   local shared, handed_out = dict(), {}
   for _, rung in ipairs({ "computed", "static" }) do
     for s = 0, policy.MAX_RETRY_AFTER_S do
-      local count = shared:get(handed_out_key(service, rung, s))
-      if count and count > 0 then
-        handed_out[(rung == "static" and "s" or "c") .. s] = count
-      end
+      local value = policy.handed_out_value(rung, s)
+      local count = shared:get(handed_out_key(service, value))
+      if count and count > 0 then handed_out[value] = count end
     end
   end
   return handed_out
@@ -167,17 +165,18 @@ local function report(sock, service)
   local admitted = shared:get("admitted:" .. service) or 0
   local rejected = shared:get("rejected:" .. service) or 0
   local lines = policy.report_lines(service, admitted, rejected, nil, take_handed_out(service))
-  for i, line in ipairs(lines) do
-    if not (sock:send(line.line .. "\n") and sock:receive("*l") == "OK") then return false end
+  local function exchange(line)
+    return sock:send(line .. "\n") and sock:receive("*l") == "OK"
+  end
+  return policy.send_report(lines, exchange, function(i, line)
     if i == 1 then
       shared:incr("admitted:" .. service, -admitted, 0)
       shared:incr("rejected:" .. service, -rejected, 0)
     end
     for value, count in pairs(line.carried) do
-      shared:incr("handed_out:" .. service .. ":" .. value, -count, 0)
+      shared:incr(handed_out_key(service, value), -count, 0)
     end
-  end
-  return true
+  end)
 end
 
 -- Reports every service each second on one connection, until the worker exits.
