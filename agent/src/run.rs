@@ -16,7 +16,7 @@ use crate::{
     error_chain,
     estimate::Estimator,
     instance::{InstanceError, InstanceLock},
-    kernel::{Probe, ProbeError, ProbeOptions, cgroup_scope},
+    kernel::{Probe, ProbeError, ProbeOptions, WatchOptions, cgroup_scope},
     metrics, privileges,
     server::{self, ServerError, ServerOptions},
     shared::Shared,
@@ -153,6 +153,7 @@ fn attach_and_watch(config: &Config) -> Result<Probe, RunError> {
     let mut probe = Probe::attach(&options)?;
     forward_ebpf_logs(&mut probe);
     let scopes = config.client_scopes();
+    let protocols = config.protocols();
     for endpoint in config.watched_endpoints() {
         // Scopes resolve against the hierarchy the programs attached to: `agent.cgroup` when
         // given (in a pod, the host's hierarchy mounted into the container), else the root.
@@ -165,7 +166,11 @@ fn attach_and_watch(config: &Config) -> Result<Probe, RunError> {
             })?),
             None => None,
         };
-        probe.watch_scoped(endpoint, scope)?;
+        let options = WatchOptions {
+            client_scope: scope,
+            protocol: protocols.get(&endpoint).copied().unwrap_or_default(),
+        };
+        probe.watch_with(endpoint, options)?;
     }
     Ok(probe)
 }

@@ -50,11 +50,16 @@ pub struct ProbeStats {
     pub adoptions_refused: u64,
     /// Segments of TLS connections whose record framing was lost (their turns are not seen).
     pub tls_segments_unframed: u64,
+    /// Segments of HTTP/2 connections whose frame walk was lost (their streams are not seen).
+    pub http2_segments_unframed: u64,
+    /// HTTP/2 streams still open when too many newer ones had started on their connection
+    /// (counted abandoned, their end not counted).
+    pub http2_streams_forgotten: u64,
 }
 
 impl ProbeStats {
     /// Every counter with its name (the `kind` label of `retry_after_probe_problems`).
-    pub fn named(&self) -> [(&'static str, u64); 8] {
+    pub fn named(&self) -> [(&'static str, u64); 10] {
         [
             ("connections_untracked", self.connections_untracked),
             ("state_callback_refused", self.state_callback_refused),
@@ -64,6 +69,8 @@ impl ProbeStats {
             ("connections_adopted", self.connections_adopted),
             ("adoptions_refused", self.adoptions_refused),
             ("tls_segments_unframed", self.tls_segments_unframed),
+            ("http2_segments_unframed", self.http2_segments_unframed),
+            ("http2_streams_forgotten", self.http2_streams_forgotten),
         ]
     }
 }

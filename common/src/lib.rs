@@ -7,8 +7,20 @@
 
 #![no_std]
 
+pub mod h2;
 pub mod tls;
 pub mod turn;
+
+/// Reads bytes of the payload of the segment being walked (by the TLS record walk and the
+/// HTTP/2 frame walk), by offset from its first byte.
+pub trait Payload {
+    /// The five bytes at `offset`, if the segment has them.
+    fn header_at(&self, offset: u32) -> Option<[u8; 5]>;
+    /// The nine bytes at `offset` (an HTTP/2 frame header), if the segment has them.
+    fn frame_header_at(&self, offset: u32) -> Option<[u8; 9]>;
+    /// The `n` bytes (1 to 4) at `offset`, big-endian, if the segment has them.
+    fn bytes_at(&self, offset: u32, n: u32) -> Option<u32>;
+}
 
 /// Name of the map of watched endpoints: [`EndpointKey`] → [`WatchValue`].
 pub const WATCHED_ENDPOINTS_MAP: &str = "WATCHED_ENDPOINTS";
@@ -95,8 +107,62 @@ pub struct WatchValue {
     pub client_cgroup: u64,
     /// Depth of `client_cgroup` below the root of the hierarchy (the root is level 0).
     pub client_cgroup_level: u32,
-    /// Always zero (explicit padding).
-    pub pad: u32,
+    /// What the endpoint's connections speak: `Protocol as u32`.
+    pub protocol: u32,
+}
+
+/// What a watched endpoint's connections speak, which decides how requests are counted on
+/// them: turns (HTTP/1.x and other request/response protocols, [`turn`]) or HTTP/2 streams
+/// ([`h2`]).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Protocol {
+    /// Each connection tells: HTTP/2 when its client's first payload is the HTTP/2 preface (or,
+    /// adopted mid-stream, a frame header); turns otherwise.
+    #[default]
+    Auto = 0,
+    /// Turns, always.
+    Http1 = 1,
+    /// HTTP/2 streams, always (plaintext connections; see [`h2`] for TLS).
+    Http2 = 2,
+    /// HTTP/2 streams carrying gRPC: a trailers-only response is a rejection as well.
+    Grpc = 3,
+}
+
+impl Protocol {
+    /// Every protocol, in order.
+    pub const ALL: [Protocol; 4] = [
+        Protocol::Auto,
+        Protocol::Http1,
+        Protocol::Http2,
+        Protocol::Grpc,
+    ];
+
+    /// The protocol stored as `value` (as in [`WatchValue::protocol`]); `Auto` for anything
+    /// unknown.
+    pub const fn from_u32(value: u32) -> Self {
+        match value {
+            1 => Protocol::Http1,
+            2 => Protocol::Http2,
+            3 => Protocol::Grpc,
+            _ => Protocol::Auto,
+        }
+    }
+
+    /// Lower-case name, as in the configuration.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Auto => "auto",
+            Protocol::Http1 => "http1",
+            Protocol::Http2 => "http2",
+            Protocol::Grpc => "grpc",
+        }
+    }
+
+    /// True if connections may be HTTP/2 (everything but `Http1`).
+    pub const fn may_be_http2(self) -> bool {
+        !matches!(self, Protocol::Http1)
+    }
 }
 
 /// Index into the counters array of a watch slot's counters from one side.
@@ -207,7 +273,9 @@ pub struct ConnState {
     /// or one stored from another CPU a moment before.
     pub maker: u16,
     /// The level `scope_cgroup` is compared at.
-    pub scope_level: u32,
+    pub scope_level: u16,
+    /// What the watch says the connection speaks: `Protocol as u16`.
+    pub protocol: u16,
     /// The request/response turn of this connection.
     pub turn: turn::Turn,
     /// TLS record framing of the client→server bytes (written by those segments only).
@@ -217,10 +285,16 @@ pub struct ConnState {
     /// While not zero, the connection is not counted yet: its first segment tells whether its
     /// socket belongs to this cgroup (at `scope_level`); if not, it is forgotten.
     pub scope_cgroup: u64,
+    /// HTTP/2 frame walk of the client→server bytes (written by those segments only).
+    pub client_frames: h2::FrameStream,
+    /// HTTP/2 frame walk of the server→client bytes (written by those segments only).
+    pub server_frames: h2::FrameStream,
+    /// The open HTTP/2 streams.
+    pub streams: h2::Streams,
 }
 
 // Every field is accounted for: no implicit padding, so the map value has no undefined bytes.
-const _: () = assert!(core::mem::size_of::<ConnState>() == 64);
+const _: () = assert!(core::mem::size_of::<ConnState>() == 128);
 
 impl ConnState {
     /// A connection of `watch` seen from `side`, between turns. A client side whose watch is
@@ -231,7 +305,7 @@ impl ConnState {
             generation: watch.generation,
             side: side as u16,
             maker: 0,
-            scope_level: watch.client_cgroup_level,
+            scope_level: watch.client_cgroup_level as u16,
             turn: turn::Turn {
                 client: 0,
                 server: 0,
@@ -254,6 +328,10 @@ impl ConnState {
                 Side::Client => watch.client_cgroup,
                 Side::Server => 0,
             },
+            protocol: watch.protocol as u16,
+            client_frames: h2::FrameStream::NEW,
+            server_frames: h2::FrameStream::NEW,
+            streams: h2::Streams::NEW,
         }
     }
 }
@@ -284,10 +362,46 @@ pub enum ProbeStat {
     /// more records in one segment than are read): their requests or responses are not seen
     /// until a segment starts with a record header again.
     TlsSegmentsUnframed = 7,
+    /// Segments of HTTP/2 connections whose frame walk was lost (a gap in the sequence, or
+    /// more frames in one segment than are read): their streams' starts and ends are not seen
+    /// until a segment starts with a frame header again.
+    Http2SegmentsUnframed = 8,
+    /// HTTP/2 streams still open when [`h2::STREAM_WINDOW`] newer ones had started on their
+    /// connection: counted abandoned then, their end not counted.
+    Http2StreamsForgotten = 9,
 }
 
 /// Number of slots in [`PROBE_STATS_MAP`].
-pub const PROBE_STATS_LEN: u32 = 8;
+pub const PROBE_STATS_LEN: u32 = 10;
+
+/// The payload of a segment in the host tests: a byte slice.
+#[cfg(test)]
+pub(crate) mod test_bytes {
+    /// A segment's payload.
+    pub struct Bytes<'a>(pub &'a [u8]);
+
+    impl Bytes<'_> {
+        fn array<const N: usize>(&self, offset: u32) -> Option<[u8; N]> {
+            let o = offset as usize;
+            self.0.get(o..o + N).map(|s| s.try_into().unwrap())
+        }
+    }
+
+    impl super::Payload for Bytes<'_> {
+        fn header_at(&self, offset: u32) -> Option<[u8; 5]> {
+            self.array(offset)
+        }
+        fn frame_header_at(&self, offset: u32) -> Option<[u8; 9]> {
+            self.array(offset)
+        }
+        fn bytes_at(&self, offset: u32, n: u32) -> Option<u32> {
+            assert!((1..=4).contains(&n));
+            let o = offset as usize;
+            let s = self.0.get(o..o + n as usize)?;
+            Some(s.iter().fold(0, |acc, &b| acc << 8 | b as u32))
+        }
+    }
+}
 
 #[cfg(feature = "user")]
 mod pod {

@@ -30,11 +30,11 @@
 //! segments in between are counted as unframed.
 //!
 //! Plain integer code, shared by the eBPF programs and the host tests; the bytes are read
-//! through [`Payload`].
+//! through [`Payload`](crate::Payload).
 
 use core::ptr::{read_volatile, write_volatile};
 
-use crate::turn::seq_after;
+use crate::{Payload, turn::seq_after};
 
 /// Content type of a handshake record.
 pub const CONTENT_HANDSHAKE: u8 = 22;
@@ -67,14 +67,6 @@ pub const HANDSHAKE_IN_APP_DATA: u8 = 32;
 const REQUEST_SEEN: u8 = 64;
 /// The segment being walked has carried message bytes (cleared at the end of each walk).
 const SEGMENT_HAS_MESSAGE: u8 = 128;
-
-/// Reads bytes of the payload of the segment being walked, by offset from its first byte.
-pub trait Payload {
-    /// The five bytes at `offset`, if the segment has them.
-    fn header_at(&self, offset: u32) -> Option<[u8; 5]>;
-    /// The `n` bytes (1 to 4) at `offset`, big-endian, if the segment has them.
-    fn bytes_at(&self, offset: u32, n: u32) -> Option<u32>;
-}
 
 /// Which end of the connection sent a stream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -412,22 +404,10 @@ mod tests {
     use std::vec::Vec;
 
     use super::*;
-    use crate::turn::{ResponseStart, Turn};
-
-    struct Bytes<'a>(&'a [u8]);
-
-    impl Payload for Bytes<'_> {
-        fn header_at(&self, offset: u32) -> Option<[u8; 5]> {
-            let o = offset as usize;
-            self.0.get(o..o + 5).map(|s| [s[0], s[1], s[2], s[3], s[4]])
-        }
-        fn bytes_at(&self, offset: u32, n: u32) -> Option<u32> {
-            assert!((1..=4).contains(&n));
-            let o = offset as usize;
-            let s = self.0.get(o..o + n as usize)?;
-            Some(s.iter().fold(0, |acc, &b| acc << 8 | b as u32))
-        }
-    }
+    use crate::{
+        test_bytes::Bytes,
+        turn::{ResponseStart, Turn},
+    };
 
     fn record(content_type: u8, len: usize) -> Vec<u8> {
         let mut r = std::vec![content_type, 3, 3, (len >> 8) as u8, len as u8];
@@ -460,7 +440,7 @@ mod tests {
             );
             self.unframed += w.unframed as u32;
             if w.found_tls {
-                self.started -= self.turn.on_client_hello_found().withdrawn as u32;
+                self.started -= self.turn.on_early_bytes_not_a_request().withdrawn as u32;
             }
             let counted = if w.plaintext || w.message { len } else { 0 };
             let d = self

@@ -180,17 +180,18 @@ pub struct Turn {
 /// What one event did to the counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TurnDelta {
-    /// Requests started by this event (0 or 1).
-    pub started: u8,
+    /// Requests started by this event (0 or 1 for a turn; on HTTP/2, the streams a segment
+    /// opened).
+    pub started: u16,
     /// Responses completed by this event (0 or 1).
-    pub completed: u8,
+    pub completed: u16,
     /// Of those, rejections (0 or 1): the response was a 429 or a 503.
-    pub rejected: u8,
+    pub rejected: u16,
     /// Requests abandoned by this event (0 or 1).
-    pub abandoned: u8,
+    pub abandoned: u16,
     /// Requests started earlier and withdrawn by this event (0 or 1): the bytes that came with
     /// the handshake were a TLS ClientHello, not a request.
-    pub withdrawn: u8,
+    pub withdrawn: u16,
     /// New client→server payload bytes.
     pub request_bytes: u32,
     /// Server→client payload bytes counted toward a response.
@@ -341,11 +342,12 @@ impl Turn {
         delta
     }
 
-    /// The client's first segment since a request came with the handshake shows a TLS
-    /// connection: those bytes were its ClientHello, and the request is withdrawn (called
-    /// before that segment is fed to [`Turn::on_client_segment`]).
+    /// The client's first segment since a request came with the handshake shows that those
+    /// bytes were no request of turns: a TLS ClientHello, or the HTTP/2 connection preface. The
+    /// request is withdrawn (called before that segment is fed to
+    /// [`Turn::on_client_segment`]).
     #[inline(always)]
-    pub fn on_client_hello_found(&mut self) -> TurnDelta {
+    pub fn on_early_bytes_not_a_request(&mut self) -> TurnDelta {
         let (c, s) = self.load();
         if c.flags & EARLY_REQUEST == 0 || phase_of(c, s) != PHASE_REQUEST {
             return TurnDelta::default();
@@ -394,7 +396,7 @@ fn complete(delta: &mut TurnDelta, s: ServerWord) {
         return;
     }
     delta.completed = 1;
-    delta.rejected = u8::from(s.flags & RESPONSE_REJECTED != 0);
+    delta.rejected = u16::from(s.flags & RESPONSE_REJECTED != 0);
 }
 
 /// A rejection completes when its write ends (PSH), once.

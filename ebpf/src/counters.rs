@@ -7,10 +7,13 @@
 //! the add goes through the compiler intrinsic, which LLVM lowers to the BPF `lock xadd`
 //! instruction when its result is unused (the form every verifier accepts).
 
-use core::intrinsics::{AtomicOrdering, atomic_xadd};
+use core::{
+    ffi::c_void,
+    intrinsics::{AtomicOrdering, atomic_and, atomic_or, atomic_xadd},
+};
 
-use aya_ebpf::maps::PerCpuArray;
-use retry_after_common::{EndpointCounters, ProbeStat, turn::TurnDelta};
+use aya_ebpf::{helpers::bpf_loop, maps::PerCpuArray};
+use retry_after_common::{EndpointCounters, ProbeStat, h2::FrameOps, turn::TurnDelta};
 
 /// Atomically add `n` to the counter at `slot`.
 ///
@@ -21,6 +24,36 @@ pub unsafe fn add(slot: *mut u64, n: u64) {
     if n != 0 {
         // SAFETY: guaranteed by the caller.
         unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(slot, n) };
+    }
+}
+
+/// Atomically add `n` to the counter at `slot`, zero or not. For counts the HTTP/2 frame loop
+/// made: a branch on them would make the verifier track each count's exact value through
+/// every iteration of the loop, and walk it once per value.
+///
+/// # Safety
+/// As [`add`].
+#[inline(always)]
+pub unsafe fn add_unconditionally(slot: *mut u64, n: u64) {
+    // SAFETY: guaranteed by the caller.
+    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(slot, n) };
+}
+
+/// Apply what one HTTP/2 segment did to an endpoint's counters, without branching on the
+/// counts (see [`add_unconditionally`]).
+///
+/// # Safety
+/// `c` must point into a live map value.
+#[inline(always)]
+pub unsafe fn apply_streams(c: *mut EndpointCounters, delta: &TurnDelta) {
+    // SAFETY: guaranteed by the caller.
+    unsafe {
+        add_unconditionally(&mut (*c).requests_started, delta.started as u64);
+        add_unconditionally(&mut (*c).responses_completed, delta.completed as u64);
+        add_unconditionally(&mut (*c).responses_rejected, delta.rejected as u64);
+        add_unconditionally(&mut (*c).requests_abandoned, delta.abandoned as u64);
+        add(&mut (*c).request_bytes, delta.request_bytes as u64);
+        add(&mut (*c).response_bytes, delta.response_bytes as u64);
     }
 }
 
@@ -53,5 +86,49 @@ pub fn probe_stat(stats: &PerCpuArray<u64>, stat: ProbeStat) {
     if let Some(slot) = stats.get_ptr_mut(stat as u32) {
         // SAFETY: `slot` points into this CPU's copy of the array.
         unsafe { add(slot, 1) };
+    }
+}
+
+/// The HTTP/2 frame walk's primitives in the kernel: the open-stream bits changed with BPF
+/// atomic instructions (fetch-and, or), which both directions of a connection may run at once
+/// on two CPUs, and the frame loop run by `bpf_loop`.
+pub struct KernelFrameOps;
+
+impl FrameOps for KernelFrameOps {
+    #[inline(always)]
+    unsafe fn fetch_clear(word: *mut u64, mask: u64) -> u64 {
+        // SAFETY: guaranteed by the caller.
+        unsafe { atomic_and::<u64, u64, { AtomicOrdering::SeqCst }>(word, !mask) }
+    }
+
+    #[inline(always)]
+    unsafe fn set(word: *mut u64, bits: u64) {
+        // SAFETY: guaranteed by the caller.
+        unsafe {
+            atomic_or::<u64, u64, { AtomicOrdering::SeqCst }>(word, bits);
+        }
+    }
+
+    #[inline(always)]
+    fn repeat<F: FnMut() -> bool>(n: u32, mut body: F) {
+        /// One iteration: `ctx` is the body; 0 goes on, 1 stops.
+        extern "C" fn step<F: FnMut() -> bool>(_index: u64, ctx: *mut c_void) -> i64 {
+            // SAFETY: `ctx` is the `body` that `repeat` handed to bpf_loop, alive for the call.
+            let body = unsafe { &mut *ctx.cast::<F>() };
+            i64::from(!body())
+        }
+        let callback = step::<F> as *const () as *mut c_void;
+        // SAFETY: the helper calls `callback` with `ctx`, on this stack, at most `n` times.
+        unsafe { bpf_loop(n, callback, (&raw mut body).cast(), 0) };
+    }
+}
+
+/// Count `n` occurrences of a probe-wide event, `n` made by the HTTP/2 frame loop (see
+/// [`add_unconditionally`]).
+#[inline(always)]
+pub fn probe_stats_unconditionally(stats: &PerCpuArray<u64>, stat: ProbeStat, n: u64) {
+    if let Some(slot) = stats.get_ptr_mut(stat as u32) {
+        // SAFETY: `slot` points into this CPU's copy of the array.
+        unsafe { add_unconditionally(slot, n) };
     }
 }

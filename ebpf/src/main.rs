@@ -11,8 +11,9 @@
 //!   after it opened, which asked for no state callbacks.
 //! * `ra_ingress` / `ra_egress` (cgroup_skb): every TCP segment a tracked socket receives or
 //!   sends → feed the turn state machine of `retry_after_common::turn`, through the TLS record
-//!   framing of `retry_after_common::tls` on an encrypted connection. Segments are seen as
-//!   they arrive, before the application reads them, so a request waiting unread in a socket
+//!   framing of `retry_after_common::tls` on an encrypted connection; on an HTTP/2
+//!   connection, walk its frames and count its streams instead (`retry_after_common::h2`).
+//!   Segments are seen as they arrive, before the application reads them, so a request waiting unread in a socket
 //!   buffer is already counted.
 //!
 //! The programs only observe: every path returns "allow", whatever happens.
@@ -50,8 +51,9 @@ use aya_ebpf::{
 use aya_log_ebpf::{debug, warn};
 use retry_after_common::{
     ConnState, EndpointCounters, EndpointKey, MAX_WATCHED_ENDPOINTS, PROBE_STATS_LEN, ProbeStat,
-    Side, WATCHED_PORT_WORDS, WatchValue, counter_index,
-    tls::{RecordStream, Sender, Walked},
+    Protocol, Side, WATCHED_PORT_WORDS, WatchValue, counter_index,
+    h2::Detected,
+    tls::{Sender, Walked},
     turn::{PHASE_REQUEST, ResponseStart, STATUS_LINE_PREFIX, TurnDelta},
 };
 
@@ -160,15 +162,16 @@ struct HandshakePeer {
 
 /// Clients of watched listeners whose first bytes reached the listener with the handshake
 /// (TCP_DEFER_ACCEPT, TCP Fast Open, a lost third ACK), with what they were
-/// (`EARLY_CLIENT_HELLO` or `EARLY_OTHER`). The segment passes while the listener owns it; the
+/// (`EARLY_NOT_A_REQUEST` or `EARLY_OTHER`). The segment passes while the listener owns it; the
 /// connection established next takes its entry, and starts a turn unless the bytes were a TLS
-/// ClientHello. An LRU of handshakes in progress: without its entry, a connection falls back on
-/// the kernel's own data count (see `early_request`).
+/// ClientHello or the HTTP/2 preface. An LRU of handshakes in progress: without its entry, a
+/// connection falls back on the kernel's own data count (see `early_request`).
 #[map]
 static EARLY_PAYLOADS: LruHashMap<HandshakePeer, u8> = LruHashMap::with_max_entries(4_096, 0);
 
-/// `EARLY_PAYLOADS`: the bytes began with a TLS handshake record.
-const EARLY_CLIENT_HELLO: u8 = 1;
+/// `EARLY_PAYLOADS`: the bytes began with a TLS handshake record (a ClientHello) or with the
+/// HTTP/2 connection preface: not a request turn.
+const EARLY_NOT_A_REQUEST: u8 = 1;
 /// `EARLY_PAYLOADS`: anything else (a request).
 const EARLY_OTHER: u8 = 2;
 
@@ -358,13 +361,15 @@ fn enable_state_callback(ctx: &SockOpsContext) {
 ///
 /// * Server side (TCP_DEFER_ACCEPT, TCP Fast Open, a lost third ACK): the segment carrying the
 ///   client's first bytes passed while the listener owned it. `note_early_payload` saw it and
-///   noted whether it began with a TLS ClientHello (which is not a request). Without a note
-///   (evicted), the kernel's own count tells: it counts the data segment that completes the
-///   handshake (`data_segs_in`) before it queues its bytes, so at this callback the bytes may
-///   still be 0 while a request is already there.
+///   noted whether it began with a TLS ClientHello or the HTTP/2 preface (neither is a
+///   request; an HTTP/2 connection's first flight is not walked, so the streams it opened are
+///   not counted). Without a note (evicted), the kernel's own count tells: it counts the
+///   data segment that completes the handshake (`data_segs_in`) before it queues its bytes, so
+///   at this callback the bytes may still be 0 while a request is already there.
 /// * Client side (TCP Fast Open): the request went out in the SYN, before the connection was
 ///   tracked; the kernel counted it in `data_segs_out`. If it was a ClientHello, the client's
-///   next segment shows TLS records and the turn is withdrawn (`Turn::on_client_hello_found`).
+///   next segment shows TLS records and the turn is withdrawn
+///   (`Turn::on_early_bytes_not_a_request`).
 fn early_request(ctx: &SockOpsContext, a: &Addresses, side: Side) -> Option<(u32, u32)> {
     let ops = ctx.ops;
     // SAFETY: `ops` is the sock_ops context the kernel passed in; plain integer fields.
@@ -380,7 +385,7 @@ fn early_request(ctx: &SockOpsContext, a: &Addresses, side: Side) -> Option<(u32
     let bytes = |n: u64| n.min(u64::from(u32::MAX)) as u32;
     match side {
         Side::Server => match take_early_payload(a) {
-            Some(EARLY_CLIENT_HELLO) => None,
+            Some(EARLY_NOT_A_REQUEST) => None,
             Some(_) => Some((rcv_nxt, bytes(received))),
             None => (data_in > 0 || received > 0).then_some((rcv_nxt, bytes(received))),
         },
@@ -406,16 +411,14 @@ fn take_early_payload(a: &Addresses) -> Option<u8> {
 
 /// A segment with payload reached a watched listener: it completes a handshake (or is a SYN
 /// with data) and carries the client's first bytes. Note the client, and whether the bytes
-/// begin a TLS ClientHello (`EARLY_PAYLOADS`).
+/// begin a TLS ClientHello or the HTTP/2 preface (`EARLY_PAYLOADS`).
 #[inline(never)]
 fn note_early_payload(ctx: &SkBuffContext, segment: &packet::Segment, local_port: u16) {
-    let kind = if ctx
-        .load::<[u8; 5]>(segment.payload_offset as usize)
-        .is_ok_and(retry_after_common::tls::is_handshake_header)
-    {
-        EARLY_CLIENT_HELLO
-    } else {
-        EARLY_OTHER
+    let kind = match ctx.load::<[u8; 5]>(segment.payload_offset as usize) {
+        Ok(first) if retry_after_common::tls::is_handshake_header(first) || first == *b"PRI *" => {
+            EARLY_NOT_A_REQUEST
+        }
+        _ => EARLY_OTHER,
     };
     if let Some((addr, port)) = packet::source(ctx, segment) {
         let peer = HandshakePeer {
@@ -449,7 +452,11 @@ fn close_tracked<S>(sk: *mut S) {
     if conn.scope_cgroup == 0
         && let Some(c) = live_counters(conn)
     {
-        let delta = conn.turn.on_close(conn.server_records.is_tls());
+        let delta = if conn.client_frames.is_http2() {
+            conn.streams.on_close::<counters::KernelFrameOps>()
+        } else {
+            conn.turn.on_close(conn.server_records.is_tls())
+        };
         // SAFETY: `c` points into this CPU's copy of a live map value.
         unsafe {
             counters::apply(c, &delta);
@@ -530,16 +537,34 @@ fn on_segment(ctx: &SkBuffContext, ingress: bool) {
         return;
     }
     // Which way the segment travels between client and server. On a TLS connection only the
-    // segments that carry request or response records take part in turns (`tls`).
-    let from_client = (conn.side == Side::Server as u16) == ingress;
-    let payload = packet::SegmentPayload::new(ctx, segment.payload_offset);
-    let delta = if from_client {
-        client_segment(conn, c, &segment, &payload)
+    // segments that carry request or response records take part in turns (`tls`); on an
+    // HTTP/2 connection, its frames count streams instead (`h2`).
+    let sender = if (conn.side == Side::Server as u16) == ingress {
+        Sender::Client
     } else {
-        server_segment(ctx, conn, &segment, &payload)
+        Sender::Server
     };
-    // SAFETY: `c` points into this CPU's copy of a live map value.
-    unsafe { counters::apply(c, &delta) };
+    let payload = packet::SegmentPayload::new(ctx, segment.payload_offset);
+    match streams_or_turns(conn, c, &segment, &payload, sender) {
+        // Nothing runs after it: the verifier checks the rest of this path once, not once for
+        // each way out of the frame walk.
+        Counted::ByStreams => http2_segment(conn, c, &segment, &payload, sender),
+        Counted::NotAtAll => {}
+        Counted::ByTurns => {
+            let delta = match sender {
+                Sender::Client => {
+                    let walked = walk_records(conn, &segment, &payload, Sender::Client);
+                    client_segment(conn, c, &segment, &walked)
+                }
+                Sender::Server => {
+                    let walked = walk_records(conn, &segment, &payload, Sender::Server);
+                    server_segment(ctx, conn, &segment, &walked)
+                }
+            };
+            // SAFETY: `c` points into this CPU's copy of a live map value.
+            unsafe { counters::apply(c, &delta) };
+        }
+    }
 }
 
 /// The connection's state and the counters it feeds: its tracked state, or the state of a
@@ -588,32 +613,24 @@ fn enter_scope(skb: *mut __sk_buff, sk: *mut bpf_sock, conn: &mut ConnState) -> 
     // No segment was fed to the turn before this one, so an open request is one that came
     // with the handshake (TCP Fast Open), started but not counted while the scope was open.
     let early = TurnDelta {
-        started: u8::from(conn.turn.phase() == PHASE_REQUEST),
+        started: u16::from(conn.turn.phase() == PHASE_REQUEST),
         ..TurnDelta::default()
     };
     count_opened(conn, &early);
     true
 }
 
-/// A segment from the client: its records walked (a ClientHello found withdraws what the
-/// turn counted as plaintext), then the turn moved by the request bytes it carries.
+/// A segment from the client, its records walked (`walked`): a ClientHello found withdraws
+/// what the turn counted as plaintext, then the turn is moved by the request bytes it carries.
 #[inline(always)]
 fn client_segment(
     conn: &mut ConnState,
     c: *mut EndpointCounters,
     segment: &packet::Segment,
-    payload: &packet::SegmentPayload,
+    walked: &Walked,
 ) -> TurnDelta {
-    let peer = conn.server_records.flags;
-    let walked = walk_records(
-        &mut conn.client_records,
-        segment,
-        payload,
-        Sender::Client,
-        peer,
-    );
     if walked.found_tls {
-        let withdrawn = conn.turn.on_client_hello_found();
+        let withdrawn = conn.turn.on_early_bytes_not_a_request();
         // SAFETY: `c` points into this CPU's copy of a live map value.
         unsafe { counters::apply(c, &withdrawn) };
     }
@@ -626,23 +643,15 @@ fn client_segment(
     conn.turn.on_client_segment(segment.seq, len, ack)
 }
 
-/// A segment from the server: its records walked, then the turn moved by the response bytes
-/// it carries.
+/// A segment from the server, its records walked (`walked`): the turn moved by the response
+/// bytes it carries.
 #[inline(always)]
 fn server_segment(
     ctx: &SkBuffContext,
     conn: &mut ConnState,
     segment: &packet::Segment,
-    payload: &packet::SegmentPayload,
+    walked: &Walked,
 ) -> TurnDelta {
-    let peer = conn.client_records.flags;
-    let walked = walk_records(
-        &mut conn.server_records,
-        segment,
-        payload,
-        Sender::Server,
-        peer,
-    );
     if !(walked.plaintext || walked.message) {
         return TurnDelta::default();
     }
@@ -660,16 +669,100 @@ fn server_segment(
         .on_server_segment(segment.seq, segment.payload_len, segment.push, start)
 }
 
-/// Walk the TLS records of one segment sent by `sender` (`peer_flags`: the other direction's
-/// framing flags), counting a segment whose framing is lost.
+/// How a connection's requests are counted.
+enum Counted {
+    /// By turns, through the TLS record walk.
+    ByTurns,
+    /// By HTTP/2 streams, from the frames.
+    ByStreams,
+    /// Not at all: HTTP/2 (the endpoint says so) inside TLS, whose frames are encrypted.
+    NotAtAll,
+}
+
+/// How this connection's requests are counted: decided at its client's first payload (the
+/// HTTP/2 preface, a TLS record or anything else), on an endpoint that may speak HTTP/2. A
+/// request that came with the handshake and was the preface is withdrawn.
 #[inline(always)]
-fn walk_records(
-    records: &mut RecordStream,
+fn streams_or_turns(
+    conn: &mut ConnState,
+    c: *mut EndpointCounters,
     segment: &packet::Segment,
     payload: &packet::SegmentPayload,
     sender: Sender,
-    peer_flags: u8,
+) -> Counted {
+    let protocol = Protocol::from_u32(u32::from(conn.protocol));
+    if !protocol.may_be_http2() {
+        return Counted::ByTurns;
+    }
+    if sender == Sender::Client
+        && segment.payload_len > 0
+        && !conn.client_frames.is_detected()
+        && conn.client_frames.detect(segment.seq, payload, protocol) == Detected::Http2
+    {
+        let withdrawn = conn.turn.on_early_bytes_not_a_request();
+        // SAFETY: `c` points into this CPU's copy of a live map value.
+        unsafe { counters::apply(c, &withdrawn) };
+    }
+    if conn.client_frames.is_http2() {
+        Counted::ByStreams
+    } else if conn.client_frames.is_encrypted()
+        && matches!(protocol, Protocol::Http2 | Protocol::Grpc)
+    {
+        Counted::NotAtAll
+    } else {
+        Counted::ByTurns
+    }
+}
+
+/// Count what a segment of an HTTP/2 connection, sent by `sender`, did to its streams. A
+/// function of its own (so five arguments at most), so that its stack is not added to the
+/// adoption path's.
+#[inline(never)]
+fn http2_segment(
+    conn: &mut ConnState,
+    c: *mut EndpointCounters,
+    segment: &packet::Segment,
+    payload: &packet::SegmentPayload,
+    sender: Sender,
+) {
+    let protocol = Protocol::from_u32(u32::from(conn.protocol));
+    let frames = match sender {
+        Sender::Client => &mut conn.client_frames,
+        Sender::Server => &mut conn.server_frames,
+    };
+    let walk = frames.walk::<_, counters::KernelFrameOps>(
+        &mut conn.streams,
+        segment.seq,
+        segment.payload_len,
+        payload,
+        sender,
+        protocol,
+    );
+    if walk.unframed {
+        counters::probe_stat(&PROBE_STATS, ProbeStat::Http2SegmentsUnframed);
+    }
+    counters::probe_stats_unconditionally(
+        &PROBE_STATS,
+        ProbeStat::Http2StreamsForgotten,
+        u64::from(walk.forgotten),
+    );
+    // SAFETY: `c` points into this CPU's copy of a live map value.
+    unsafe { counters::apply_streams(c, &walk.delta) };
+}
+
+/// Walk the TLS records of one segment sent by `sender` (the other direction's framing flags
+/// tell the TLS 1.3 handshake apart), counting a segment whose framing is lost.
+#[inline(always)]
+fn walk_records(
+    conn: &mut ConnState,
+    segment: &packet::Segment,
+    payload: &packet::SegmentPayload,
+    sender: Sender,
 ) -> Walked {
+    let (records, peer_flags) = match sender {
+        Sender::Client => (&mut conn.client_records, conn.server_records.flags),
+        Sender::Server => (&mut conn.server_records, conn.client_records.flags),
+    };
     let walked = records.walk(
         segment.seq,
         segment.payload_len,
@@ -722,56 +815,91 @@ fn adopt(ctx: &SkBuffContext, ingress: bool, segment: &packet::Segment) -> Optio
     if state != BPF_TCP_ESTABLISHED && state != BPF_TCP_SYN_SENT {
         return None;
     }
-    adopt_socket(ctx, full, state, ingress)
+    let mut found = Adoption {
+        watch: WatchValue::default(),
+        side: Side::Server,
+        request_end: 0,
+        request_in_syn: false,
+    };
+    if !adoption(ctx, full, state, ingress, &mut found) {
+        return None;
+    }
+    adopt_as(full, &found)
 }
 
-/// `adopt` for a full socket `full` in `state` (ESTABLISHED or SYN_SENT). A function of its
-/// own, so that its stack (the state it stores) is not added to `note_early_payload`'s.
+/// A connection `adopt` is to track: its watch, seen from `side`, and where the request that
+/// went in its SYN ends (`request_in_syn`).
+struct Adoption {
+    watch: WatchValue,
+    side: Side,
+    request_end: u32,
+    request_in_syn: bool,
+}
+
+/// Whether a full socket `full` in `state` (ESTABLISHED or SYN_SENT) is to be adopted at this
+/// segment, and as what (into `found`). A function of its own, as is `adopt_as`: called one
+/// after the other, their stacks (the addresses read here, the state stored there) are not
+/// added together, nor to `note_early_payload`'s.
 #[inline(never)]
-fn adopt_socket(
+fn adoption(
     ctx: &SkBuffContext,
     full: *mut bpf_sock,
     state: u32,
     ingress: bool,
-) -> Option<*mut ConnState> {
+    found: &mut Adoption,
+) -> bool {
     let skb = ctx.as_ptr().cast::<__sk_buff>();
     let a = addresses!(skb);
     let (side, watch) = match endpoint_of(&a, Side::Server).and_then(|e| matching_watch(&e)) {
         Some(watch) => (Side::Server, watch),
-        None => (
-            Side::Client,
-            matching_watch(&endpoint_of(&a, Side::Client)?)?,
-        ),
+        None => match endpoint_of(&a, Side::Client).and_then(|e| matching_watch(&e)) {
+            Some(watch) => (Side::Client, watch),
+            None => return false,
+        },
     };
     // A request begins with client data: an established connection is adopted there. Server
     // data is taken only on the client side, as the first response of a connection whose
     // request went in the SYN: nothing received yet, something sent.
     let request_end = if (side == Side::Server) == ingress {
         if state != BPF_TCP_ESTABLISHED {
-            return None;
+            return false;
         }
         None
     } else if side == Side::Client {
         // SAFETY: the helper checks the full socket it is given.
         let tcp = unsafe { bpf_tcp_sock(full) };
         if tcp.is_null() {
-            return None;
+            return false;
         }
         // SAFETY: checked not null above; plain fields of the TCP socket.
         let (received, data_sent, snd_nxt) =
             unsafe { ((*tcp).bytes_received, (*tcp).data_segs_out, (*tcp).snd_nxt) };
         if received != 0 || data_sent == 0 {
-            return None;
+            return false;
         }
         Some(snd_nxt)
     } else {
-        return None;
+        return false;
     };
-    let mut conn = ConnState::new(&watch, side);
-    let early_delta = match request_end {
+    *found = Adoption {
+        watch,
+        side,
+        request_end: request_end.unwrap_or(0),
+        request_in_syn: request_end.is_some(),
+    };
+    true
+}
+
+/// Start tracking the full socket `full` as `found` says: its state, or `None` if the kernel
+/// could not allocate it.
+#[inline(never)]
+fn adopt_as(full: *mut bpf_sock, found: &Adoption) -> Option<*mut ConnState> {
+    let mut conn = ConnState::new(&found.watch, found.side);
+    let early_delta = if found.request_in_syn {
         // The request went in the SYN: it ends where the sent bytes end.
-        Some(end) => conn.turn.on_early_request(end, 0),
-        None => TurnDelta::default(),
+        conn.turn.on_early_request(found.request_end, 0)
+    } else {
+        TurnDelta::default()
     };
     let state = match store(full, &mut conn, MADE_AT_SEGMENT) {
         Some(Stored::Mine(state)) => state,
@@ -783,7 +911,7 @@ fn adopt_socket(
             return None;
         }
     };
-    if request_end.is_none() {
+    if !found.request_in_syn {
         counters::probe_stat(&PROBE_STATS, ProbeStat::ConnectionsAdopted);
     }
     count_opened(&conn, &early_delta);

@@ -8,8 +8,7 @@
 
 use aya_ebpf::{EbpfContext, bindings::__sk_buff, programs::SkBuffContext};
 use retry_after_common::{
-    ProbeStat,
-    tls::Payload,
+    Payload, ProbeStat,
     turn::{self, ResponseStart, STATUS_LINE_PREFIX},
 };
 
@@ -59,7 +58,7 @@ pub fn source(ctx: &SkBuffContext, segment: &Segment) -> Option<([u8; 16], u16)>
     Some((addr, segment.source_port))
 }
 
-/// The payload of one segment, for the TLS record walk.
+/// The payload of one segment, for the TLS record walk and the HTTP/2 frame walk.
 pub struct SegmentPayload<'a> {
     ctx: &'a SkBuffContext,
     offset: u32,
@@ -77,6 +76,11 @@ impl Payload for SegmentPayload<'_> {
     #[inline(always)]
     fn header_at(&self, at: u32) -> Option<[u8; 5]> {
         self.ctx.load::<[u8; 5]>((self.offset + at) as usize).ok()
+    }
+
+    #[inline(always)]
+    fn frame_header_at(&self, at: u32) -> Option<[u8; 9]> {
+        self.ctx.load::<[u8; 9]>((self.offset + at) as usize).ok()
     }
 
     #[inline(always)]

@@ -9,7 +9,7 @@ use std::{process::Command, thread, time::Duration};
 
 use retry_after_agent::{
     endpoint::Endpoint,
-    kernel::{ProbeOptions, cgroup_scope},
+    kernel::{ProbeOptions, WatchOptions, cgroup_scope},
 };
 use retry_after_common::Side;
 use retry_after_testkit::{
@@ -331,7 +331,13 @@ fn check_fast_open(client_cgroup: Option<&TestCgroup>) {
     });
     probe
         .probe
-        .watch_scoped(endpoint, scope)
+        .watch_with(
+            endpoint,
+            WatchOptions {
+                client_scope: scope,
+                ..WatchOptions::default()
+            },
+        )
         .expect("watch the endpoint");
     let before = nginx.status();
     let passive_before = fast_open_passive();

@@ -17,7 +17,7 @@ use std::{
     time::Duration,
 };
 
-use retry_after_common::MAX_WATCHED_ENDPOINTS;
+use retry_after_common::{MAX_WATCHED_ENDPOINTS, Protocol};
 use retry_after_policy::{MAX_RETRY_AFTER_S, PolicyConstants, RetryAfterPolicy};
 use retry_after_protocol::MAX_SERVICE_NAME_LEN;
 
@@ -77,6 +77,8 @@ pub struct ServiceConfig {
     pub frontend: Option<Endpoint>,
     /// Where requests are queued and rejected.
     pub rejected_at: RejectedAt,
+    /// What its endpoints' connections speak, which decides how their requests are counted.
+    pub protocol: Protocol,
     /// The proxy's cgroup v2, which alone counts on the backends' client side.
     pub proxy_cgroup: Option<PathBuf>,
     /// How rejections are answered.
@@ -217,12 +219,35 @@ impl Config {
                 }
             }
         }
+        self.check_shared_protocols()?;
         let watched = self.watched_endpoints().len();
         if watched > MAX_WATCHED_ENDPOINTS as usize {
             return Err(invalid(
                 "service",
                 format!("{watched} endpoints to watch; at most {MAX_WATCHED_ENDPOINTS}"),
             ));
+        }
+        Ok(())
+    }
+
+    /// An endpoint is watched once, as one protocol: services sharing one agree on it.
+    fn check_shared_protocols(&self) -> Result<(), ConfigError> {
+        let mut protocols: BTreeMap<Endpoint, (usize, Protocol)> = BTreeMap::new();
+        for (i, service) in self.services.iter().enumerate() {
+            let endpoints = service.backends.iter().map(|b| b.endpoint);
+            for endpoint in endpoints.chain(service.frontend) {
+                let (first, theirs) = *protocols.entry(endpoint).or_insert((i, service.protocol));
+                if theirs != service.protocol {
+                    return Err(invalid(
+                        format!("service[{i}].protocol"),
+                        format!(
+                            "{:?} differs from service[{first}].protocol {:?}, which shares {endpoint}",
+                            service.protocol.as_str(),
+                            theirs.as_str()
+                        ),
+                    ));
+                }
+            }
         }
         Ok(())
     }
@@ -235,6 +260,18 @@ impl Config {
             endpoints.extend(service.frontend);
         }
         endpoints
+    }
+
+    /// What each watched endpoint speaks: its service's `protocol`.
+    pub fn protocols(&self) -> BTreeMap<Endpoint, Protocol> {
+        let mut protocols = BTreeMap::new();
+        for service in &self.services {
+            let endpoints = service.backends.iter().map(|b| b.endpoint);
+            for endpoint in endpoints.chain(service.frontend) {
+                protocols.insert(endpoint, service.protocol);
+            }
+        }
+        protocols
     }
 
     /// The proxy cgroup that scopes each scoped backend's client side.
@@ -429,6 +466,12 @@ fn service(i: usize, s: ServiceFile) -> Result<ServiceConfig, ConfigError> {
         .transpose()
         .map_err(|e| invalid(at("rejected_at"), e.to_string()))?
         .unwrap_or_default();
+    let protocol = s
+        .protocol
+        .map(|p| protocol(&p))
+        .transpose()
+        .map_err(|e| invalid(at("protocol"), e))?
+        .unwrap_or_default();
     if s.proxy_cgroup.as_deref() == Some("") {
         return Err(invalid(
             at("proxy_cgroup"),
@@ -441,9 +484,21 @@ fn service(i: usize, s: ServiceFile) -> Result<ServiceConfig, ConfigError> {
         backends,
         frontend,
         rejected_at,
+        protocol,
         proxy_cgroup: s.proxy_cgroup.map(PathBuf::from),
         backpressure,
     })
+}
+
+/// A service's `protocol`, by its name.
+fn protocol(name: &str) -> Result<Protocol, String> {
+    Protocol::ALL
+        .into_iter()
+        .find(|p| p.as_str() == name)
+        .ok_or_else(|| {
+            let names: Vec<&str> = Protocol::ALL.iter().map(|p| p.as_str()).collect();
+            format!("{name:?} is not one of {}", names.join(", "))
+        })
 }
 
 /// A service's `backends`: each address parsed, each `max_ongoing_requests` bounded.
@@ -748,6 +803,35 @@ mod tests {
         );
         assert!(
             e.contains("service[0].rejected_at") && e.contains("\"client\""),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_protocol_parses_and_services_sharing_an_endpoint_agree_on_it() {
+        let config = Config::parse(
+            "[[service]]\nname = \"a\"\nprotocol = \"grpc\"\nbackends = [{ address = \"127.0.0.1:9\" }]\n",
+        )
+        .unwrap();
+        let endpoint: Endpoint = "127.0.0.1:9".parse().unwrap();
+        assert_eq!(config.protocols()[&endpoint], Protocol::Grpc);
+        assert_eq!(
+            Config::default_config().services[0].protocol,
+            Protocol::Auto
+        );
+        let e = error_of(
+            "[[service]]\nname = \"a\"\nprotocol = \"h3\"\nbackends = [{ address = \"*:1\" }]\n",
+        );
+        assert!(
+            e.contains("service[0].protocol") && e.contains("\"h3\""),
+            "{e}"
+        );
+        let e = error_of(
+            "[[service]]\nname = \"a\"\nprotocol = \"http2\"\nbackends = [{ address = \"*:1\" }]\n\
+             [[service]]\nname = \"b\"\nbackends = [{ address = \"*:1\" }]\n",
+        );
+        assert!(
+            e.contains("service[1].protocol") && e.contains("http2"),
             "{e}"
         );
     }

@@ -25,8 +25,8 @@ use aya::{
 };
 use retry_after_common::{
     ENDPOINT_COUNTERS_MAP, EndpointCounters, EndpointKey, MAX_WATCHED_ENDPOINTS, PROBE_STATS_MAP,
-    ProbeStat, SLOT_GENERATIONS_MAP, Side, WATCHED_ENDPOINTS_MAP, WATCHED_PORTS_MAP, WatchValue,
-    counter_index,
+    ProbeStat, Protocol, SLOT_GENERATIONS_MAP, Side, WATCHED_ENDPOINTS_MAP, WATCHED_PORTS_MAP,
+    WatchValue, counter_index,
 };
 
 use crate::{
@@ -156,6 +156,16 @@ pub struct ProgramRunStats {
     pub run_time: std::time::Duration,
 }
 
+/// How one endpoint is watched ([`Probe::watch_with`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WatchOptions {
+    /// Only connections opened by sockets of this cgroup (and its descendants) count on the
+    /// client side; `None`: every socket's.
+    pub client_scope: Option<CgroupScope>,
+    /// What the endpoint's connections speak (turns or HTTP/2 streams).
+    pub protocol: Protocol,
+}
+
 /// The loaded, attached eBPF programs and their maps.
 pub struct Probe {
     ebpf: Ebpf,
@@ -262,19 +272,23 @@ impl Probe {
     /// # Errors
     /// `TooManyEndpoints` when every slot is taken; `Map` if the kernel refuses the update.
     pub fn watch(&mut self, endpoint: Endpoint) -> Result<(), ProbeError> {
-        self.watch_scoped(endpoint, None)
+        self.watch_with(endpoint, WatchOptions::default())
     }
 
-    /// [`Probe::watch`], with the client side limited to connections opened by sockets of the
-    /// cgroup `client_scope` (and its descendants), if given.
+    /// [`Probe::watch`], with `options`: the client side limited to one cgroup's sockets, the
+    /// protocol the endpoint speaks.
     ///
     /// # Errors
     /// As [`Probe::watch`].
-    pub fn watch_scoped(
+    pub fn watch_with(
         &mut self,
         endpoint: Endpoint,
-        client_scope: Option<CgroupScope>,
+        options: WatchOptions,
     ) -> Result<(), ProbeError> {
+        let WatchOptions {
+            client_scope,
+            protocol,
+        } = options;
         if self.watched.contains_key(&endpoint) {
             return Ok(());
         }
@@ -291,7 +305,7 @@ impl Probe {
             generation,
             client_cgroup: client_scope.map_or(0, |s| s.id),
             client_cgroup_level: client_scope.map_or(0, |s| s.level),
-            pad: 0,
+            protocol: protocol as u32,
         };
         if let Err(error) = self.install(endpoint.key(), watch) {
             self.free_slots.push(slot);
@@ -425,6 +439,8 @@ impl Probe {
             connections_adopted: read(ProbeStat::ConnectionsAdopted)?,
             adoptions_refused: read(ProbeStat::AdoptionsRefused)?,
             tls_segments_unframed: read(ProbeStat::TlsSegmentsUnframed)?,
+            http2_segments_unframed: read(ProbeStat::Http2SegmentsUnframed)?,
+            http2_streams_forgotten: read(ProbeStat::Http2StreamsForgotten)?,
         })
     }
 
