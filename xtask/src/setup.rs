@@ -29,11 +29,13 @@ use anyhow::{Context as _, Result, bail};
 
 /// bpf-linker release built here.
 const BPF_LINKER_VERSION: &str = "0.13.0";
-/// Python packages the tests run (pinned): the Kubernetes schema validator for deploy/, and
-/// urllib3, whose own Retry (honouring Retry-After) is the client of the end-to-end tests.
-const PYTHON_PACKAGES: [(&str, &str, &str); 2] = [
+/// Python packages the tests run (pinned): the Kubernetes schema validator for deploy/,
+/// urllib3, whose own Retry (honouring Retry-After) is the client of the end-to-end tests, and
+/// grpcio, the gRPC server and clients of the HTTP/2 tests.
+const PYTHON_PACKAGES: [(&str, &str, &str); 3] = [
     ("kubernetes-validate", "1.37.0", "kubernetes_validate"),
     ("urllib3", "2.7.0", "urllib3"),
+    ("grpcio", "1.85.3", "grpc"),
 ];
 
 /// Ray Serve, the proposal's own system, for its end-to-end tests (pinned), in the project's
@@ -41,8 +43,9 @@ const PYTHON_PACKAGES: [(&str, &str, &str); 2] = [
 const SERVE_PACKAGES: [(&str, &str, &str); 1] = [("ray[serve]", "2.60.0", "ray.serve")];
 
 /// Debian packages the tests and benchmarks run.
-const DEBIAN_PACKAGES: [&str; 10] = [
+const DEBIAN_PACKAGES: [&str; 11] = [
     "wrk",
+    "nghttp2-client",
     "bpftool",
     "haproxy",
     "lua5.3",

@@ -1,0 +1,124 @@
+"""A gRPC server and client (grpcio) for the HTTP/2 tests, without generated code: methods
+take and return raw bytes.
+
+    grpc_calls.py serve PORT STATS_PORT
+        Serves test.Calls on PORT: Unary answers one message, Stream answers five, Reject
+        aborts with RESOURCE_EXHAUSTED (a trailers-only response). On STATS_PORT (not
+        watched), Stats answers the server's own counts as JSON: the truth of the tests.
+    grpc_calls.py call PORT UNARY STREAMS REJECTS [--hold]
+        One channel (one HTTP/2 connection): with --hold, one call first, then "ready" on
+        stdout, then waits for a line on stdin (the connection is then open before it is
+        watched); then UNARY unary calls, STREAMS server-streaming calls and REJECTS rejected
+        calls on that connection, WAVE at once (the kernel's stream window holds the last 128
+        streams of a connection). Prints its own counts as JSON.
+"""
+
+import json
+import sys
+import threading
+from concurrent import futures
+
+import grpc
+
+SERVICE = "test.Calls"
+#: Calls a client has in flight at once, on its one connection.
+WAVE = 50
+
+
+def serve(port: int, stats_port: int) -> None:
+    counts = {"unary": 0, "stream": 0, "rejected": 0}
+    lock = threading.Lock()
+
+    def count(kind):
+        with lock:
+            counts[kind] += 1
+
+    def unary(request, context):
+        count("unary")
+        return b"ok:" + request
+
+    def stream(request, context):
+        count("stream")
+        for i in range(5):
+            yield b"part %d" % i
+
+    def reject(request, context):
+        count("rejected")
+        context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "busy")
+
+    def stats(request, context):
+        with lock:
+            return json.dumps(counts).encode()
+
+    handlers = {
+        "Unary": grpc.unary_unary_rpc_method_handler(unary),
+        "Stream": grpc.unary_stream_rpc_method_handler(stream),
+        "Reject": grpc.unary_unary_rpc_method_handler(reject),
+    }
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    stats_server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    stats_server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("test.Stats", {"Get": grpc.unary_unary_rpc_method_handler(stats)}),)
+    )
+    stats_server.add_insecure_port(f"127.0.0.1:{stats_port}")
+    server.start()
+    stats_server.start()
+    print("serving", flush=True)
+    server.wait_for_termination()
+
+
+def call(port: int, unary: int, streams: int, rejects: int, hold: bool) -> None:
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        unary_call = channel.unary_unary(f"/{SERVICE}/Unary")
+        stream_call = channel.unary_stream(f"/{SERVICE}/Stream")
+        reject_call = channel.unary_unary(f"/{SERVICE}/Reject")
+        if hold:
+            unary_call(b"first", timeout=10)
+            print("ready", flush=True)
+            sys.stdin.readline()
+        calls = [("unary", i) for i in range(unary)] + [("rejected", i) for i in range(rejects)]
+        calls += [("stream", i) for i in range(streams)]
+        counts = {"unary": 0, "rejected": 0, "stream": 0}
+        parts = 0
+        for start in range(0, len(calls), WAVE):
+            wave = []
+            for kind, i in calls[start : start + WAVE]:
+                if kind == "unary":
+                    wave.append((kind, unary_call.future(b"%d" % i, timeout=30)))
+                elif kind == "rejected":
+                    wave.append((kind, reject_call.future(b"r", timeout=30)))
+                else:
+                    wave.append((kind, stream_call(b"s", timeout=30)))
+            for kind, pending in wave:
+                if kind == "stream":
+                    parts += sum(1 for _ in pending)
+                    counts["stream"] += 1
+                    continue
+                try:
+                    pending.result()
+                    assert kind == "unary", kind
+                    counts["unary"] += 1
+                except grpc.RpcError as error:
+                    assert kind == "rejected" and error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error
+                    counts["rejected"] += 1
+        assert parts == 5 * streams, parts
+        print(json.dumps(counts), flush=True)
+
+
+def stats(port: int) -> None:
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        print(channel.unary_unary("/test.Stats/Get")(b"", timeout=10).decode(), flush=True)
+
+
+if __name__ == "__main__":
+    command, args = sys.argv[1], sys.argv[2:]
+    if command == "serve":
+        serve(int(args[0]), int(args[1]))
+    elif command == "call":
+        call(int(args[0]), int(args[1]), int(args[2]), int(args[3]), "--hold" in args)
+    elif command == "stats":
+        stats(int(args[0]))
+    else:
+        sys.exit(f"unknown command {command}")

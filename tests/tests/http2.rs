@@ -1,0 +1,268 @@
+//! HTTP/2 streams counted from the kernel, against software no one here wrote and its own
+//! counters: h2load (nghttp2) against the distribution's nginx serving cleartext HTTP/2, with
+//! stub_status as the truth; many concurrent streams on each connection, keep-alive and new
+//! connections, answers and rejections (429 spelled out by nginx's HPACK encoder). And a
+//! grpcio server with grpcio clients (`tests/clients/grpc_calls.py`), unary and
+//! server-streaming calls and RESOURCE_EXHAUSTED (trailers-only) rejections, on a connection
+//! opened before it was watched and on new ones, with the server's own counts as the truth.
+
+use std::{
+    io::{BufRead, BufReader, Write},
+    path::{Path, PathBuf},
+    process::{Child, ChildStdout, Command, Stdio},
+};
+
+use retry_after_agent::{endpoint::Endpoint, kernel::WatchOptions};
+use retry_after_common::{Protocol, Side};
+use retry_after_testkit::{
+    AttachedProbe, SETTLE, free_port,
+    proxies::{Nginx, NginxStatus},
+    run_ok,
+};
+
+/// Requests nginx received between two readings of stub_status (the later reading is itself
+/// one request).
+fn requests_between(before: NginxStatus, after: NginxStatus) -> u64 {
+    after.requests - before.requests - 1
+}
+
+/// `h2load -n requests -c clients -m streams url` (cleartext HTTP/2, prior knowledge); every
+/// request must be answered (h2load counts a 4xx as done and failed, a 2xx as succeeded): its
+/// summary line is returned.
+fn h2load(url: &str, requests: u32, clients: u32, streams: u32) -> String {
+    let out = run_ok(Command::new("h2load").args([
+        "-n",
+        &requests.to_string(),
+        "-c",
+        &clients.to_string(),
+        "-m",
+        &streams.to_string(),
+        url,
+    ]));
+    let summary = out
+        .lines()
+        .find(|l| l.starts_with("requests:"))
+        .unwrap_or_else(|| panic!("h2load printed no summary:\n{out}"))
+        .to_owned();
+    assert!(
+        summary.contains(&format!("{requests} done")) && summary.contains(" 0 errored"),
+        "h2load: {summary}"
+    );
+    summary
+}
+
+/// nginx over cleartext HTTP/2: streams started and completed equal nginx's own request
+/// count on both vantage points, with up to 64 streams at once on each connection, and the
+/// 429s nginx turns away are exactly the rejections.
+#[test]
+fn h2load_streams_against_nginx_are_counted_exactly_on_both_sides() {
+    let addr = free_port();
+    let nginx = Nginx::start(&format!(
+        "  server {{ listen {addr} http2; http2_max_concurrent_streams 128; \
+         keepalive_requests 100000; location / {{ return 200 \"ok\\n\"; }} \
+         location /busy {{ return 429 \"busy\\n\"; }} }}"
+    ));
+    let endpoint = Endpoint::from(addr);
+    let probe = AttachedProbe::watching(&[endpoint]);
+    let before = nginx.status();
+    // Few connections with many streams each, then many connections with few.
+    eprintln!("{}", h2load(&format!("http://{addr}/"), 6000, 4, 64));
+    eprintln!("{}", h2load(&format!("http://{addr}/"), 2000, 100, 4));
+    let after_served = nginx.status();
+    eprintln!("{}", h2load(&format!("http://{addr}/busy"), 3000, 6, 32));
+    let after = nginx.status();
+    let served = requests_between(before, after_served);
+    let rejected = requests_between(after_served, after);
+    assert_eq!((served, rejected), (8000, 3000), "nginx's own counts");
+    let total = served + rejected;
+    // nginx's side: every stream, exactly.
+    let server = probe
+        .wait_for(endpoint, Side::Server, SETTLE, "nginx's own counts", |s| {
+            s.counters.requests_started == total && s.counters.responses_completed == total
+        })
+        .counters;
+    eprintln!("server side: {server:?}");
+    assert_eq!(server.responses_rejected, rejected, "{server:?}");
+    assert_eq!(server.requests_abandoned, 0, "{server:?}");
+    // h2load's side: the same, unless a segment of nginx's reached h2load's socket out of
+    // order (on loopback, two of its writes can be delivered from two CPUs' queues at once)
+    // and the frame walk lost its place. The kernel says so, and the streams whose end it did
+    // not see are then accounted abandoned, none left open.
+    let client = probe
+        .wait_for(endpoint, Side::Client, SETTLE, "every stream ended", |s| {
+            s.counters.requests_started == total && s.counters.in_flight() == 0
+        })
+        .counters;
+    let problems = probe.read().probe;
+    eprintln!("client side: {client:?}\n{problems:?}");
+    if problems.http2_segments_unframed == 0 {
+        assert_eq!(client, server, "both vantage points");
+    } else {
+        assert_eq!(
+            client.responses_completed + client.requests_abandoned,
+            total,
+            "{client:?}"
+        );
+    }
+}
+
+/// The gRPC test script.
+fn grpc_calls() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/clients/grpc_calls.py")
+}
+
+/// The grpcio server, until dropped.
+struct GrpcServer {
+    child: Child,
+    stats_port: u16,
+}
+
+impl GrpcServer {
+    fn start(port: u16, stats_port: u16) -> Self {
+        let mut child = Command::new("python3")
+            .arg(grpc_calls())
+            .args(["serve", &port.to_string(), &stats_port.to_string()])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python3 with grpcio (./dev setup installs it)");
+        let mut line = String::new();
+        BufReader::new(child.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "serving", "the gRPC server did not start");
+        Self { child, stats_port }
+    }
+
+    /// The server's own counts (asked on its unwatched port): unary, stream, rejected.
+    fn counts(&self) -> (u64, u64, u64) {
+        let out = run_ok(
+            Command::new("python3")
+                .arg(grpc_calls())
+                .args(["stats", &self.stats_port.to_string()]),
+        );
+        calls_of(&out)
+    }
+}
+
+impl Drop for GrpcServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The unary, stream and rejected counts of a JSON line the script printed.
+fn calls_of(json: &str) -> (u64, u64, u64) {
+    let count = |key: &str| -> u64 {
+        let at = json
+            .find(&format!("\"{key}\": "))
+            .unwrap_or_else(|| panic!("{json}"));
+        json[at + key.len() + 4..]
+            .split(|c: char| !c.is_ascii_digit())
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    (count("unary"), count("stream"), count("rejected"))
+}
+
+/// A grpcio client whose connection is open (one call made) and waits to go on.
+struct HeldClient {
+    child: Child,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl HeldClient {
+    fn open(port: u16, unary: u32, streams: u32, rejects: u32) -> Self {
+        let mut child = Command::new("python3")
+            .arg(grpc_calls())
+            .args(["call", &port.to_string()])
+            .args([unary, streams, rejects].map(|n| n.to_string()))
+            .arg("--hold")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "ready", "the gRPC client did not connect");
+        Self { child, stdout }
+    }
+
+    /// Make the calls; the client's own counts.
+    fn go(mut self) -> (u64, u64, u64) {
+        self.child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        assert!(
+            self.child.wait().unwrap().success(),
+            "the gRPC client failed"
+        );
+        calls_of(&line)
+    }
+}
+
+/// grpcio's server and clients on an endpoint watched as gRPC: every call a stream started
+/// and completed, server-streaming calls once each, RESOURCE_EXHAUSTED answers (trailers-only)
+/// the rejections; on a connection opened before the endpoint was watched (adopted at its
+/// next frames) and on new connections (the preface), from both vantage points.
+#[test]
+fn grpc_calls_are_streams_and_resource_exhausted_is_a_rejection() {
+    let (addr, stats) = (free_port(), free_port());
+    let server = GrpcServer::start(addr.port(), stats.port());
+    let endpoint = Endpoint::from(addr);
+    let mut probe = AttachedProbe::attach();
+    // A connection open before the watch.
+    let held = HeldClient::open(addr.port(), 300, 40, 60);
+    let before = server.counts();
+    probe
+        .probe
+        .watch_with(
+            endpoint,
+            WatchOptions {
+                protocol: Protocol::Grpc,
+                ..WatchOptions::default()
+            },
+        )
+        .expect("watch the gRPC endpoint");
+    let adopted = held.go();
+    assert_eq!(adopted, (300, 40, 60), "the held client's own counts");
+    // New connections, one after another and side by side.
+    let clients: Vec<Child> = (0..4)
+        .map(|_| {
+            Command::new("python3")
+                .arg(grpc_calls())
+                .args(["call", &addr.port().to_string(), "200", "20", "30"])
+                .stdout(Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut client in clients {
+        assert!(client.wait().unwrap().success(), "a gRPC client failed");
+    }
+    let after = server.counts();
+    let (unary, streamed, rejected) = (after.0 - before.0, after.1 - before.1, after.2 - before.2);
+    assert_eq!(
+        (unary, streamed, rejected),
+        (1100, 120, 180),
+        "the server's own counts"
+    );
+    let total = unary + streamed + rejected;
+    for side in [Side::Server, Side::Client] {
+        let c = probe
+            .wait_for(endpoint, side, SETTLE, "the server's own counts", |s| {
+                s.counters.requests_started == total && s.counters.responses_completed == total
+            })
+            .counters;
+        eprintln!("{side:?}: {c:?}");
+        assert_eq!(c.responses_rejected, rejected, "{side:?}: {c:?}");
+        assert_eq!(c.requests_abandoned, 0, "{side:?}: {c:?}");
+    }
+    let problems = probe.read().probe;
+    assert!(problems.connections_adopted >= 1, "{problems:?}");
+    assert_eq!(problems.http2_streams_forgotten, 0, "{problems:?}");
+    drop(server);
+}
