@@ -43,7 +43,7 @@
 use core::ptr::{read_volatile, write_volatile};
 
 use crate::{
-    Payload, Protocol,
+    Payload, Protocol, WalkFlags,
     tls::{Sender, is_record_header},
     turn::{TurnDelta, seq_after},
 };
@@ -120,7 +120,7 @@ pub struct FrameStream {
     /// How many header bytes are held (0 to 8).
     pub held_len: u8,
     /// Bit flags.
-    pub flags: u8,
+    pub flags: WalkFlags,
     /// Always zero (explicit padding).
     pub pad: u16,
 }
@@ -248,27 +248,27 @@ impl FrameStream {
         held_high: 0,
         held_low: 0,
         held_len: 0,
-        flags: 0,
+        flags: WalkFlags(0),
         pad: 0,
     };
 
     /// True once the connection was found to be HTTP/2 (read on the client's stream).
     #[inline(always)]
     pub fn is_http2(&self) -> bool {
-        self.flags() & HTTP2 != 0
+        self.flags.get() & HTTP2 != 0
     }
 
     /// True once the client's first payload was looked at ([`FrameStream::detect`]).
     #[inline(always)]
     pub fn is_detected(&self) -> bool {
-        self.flags() & DETECTED != 0
+        self.flags.get() & DETECTED != 0
     }
 
     /// True if the client's first payload was a TLS record: the frames, if any, are
     /// encrypted.
     #[inline(always)]
     pub fn is_encrypted(&self) -> bool {
-        self.flags() & ENCRYPTED != 0
+        self.flags.get() & ENCRYPTED != 0
     }
 
     /// At the client's first payload (at `seq`), decide what the connection is, on an
@@ -277,9 +277,9 @@ impl FrameStream {
     /// connection, on the client's stream.
     #[inline(always)]
     pub fn detect<P: Payload>(&mut self, seq: u32, payload: &P, protocol: Protocol) -> Detected {
-        self.set(DETECTED);
+        self.flags.set(DETECTED);
         if payload.header_at(0).is_some_and(is_record_header) {
-            self.set(ENCRYPTED);
+            self.flags.set(ENCRYPTED);
             return Detected::Tls;
         }
         let preface = payload.header_at(0) == Some(*b"PRI *")
@@ -292,7 +292,7 @@ impl FrameStream {
         if !framed {
             return Detected::Turns;
         }
-        self.set(HTTP2);
+        self.flags.set(HTTP2);
         self.frame_at(seq);
         if preface {
             self.left = PREFACE_LEN;
@@ -338,7 +338,7 @@ impl FrameStream {
         if self.walk_frames::<P, A>(&mut seg) {
             self.next_seq = end;
         } else {
-            self.clear(FRAMED);
+            self.flags.clear(FRAMED);
             seg.walk.unframed = true;
         }
         seg.walk
@@ -356,17 +356,17 @@ impl FrameStream {
         walk: &mut FrameWalk,
     ) -> Option<u32> {
         let mut pos = 0;
-        if self.flags() & FRAMED != 0 {
+        if self.flags.get() & FRAMED != 0 {
             if !seq_after(end, self.next_seq) {
                 return None;
             }
             if seq_after(seq, self.next_seq) {
-                self.clear(FRAMED);
+                self.flags.clear(FRAMED);
             } else {
                 pos = self.next_seq.wrapping_sub(seq);
             }
         }
-        if self.flags() & FRAMED == 0 {
+        if self.flags.get() & FRAMED == 0 {
             if !payload
                 .frame_header_at(0)
                 .is_some_and(plausible_frame_header)
@@ -502,30 +502,7 @@ impl FrameStream {
         self.next_seq = seq;
         self.left = 0;
         self.hold(0, 0);
-        self.set(FRAMED);
-    }
-
-    // The flags are read and written in memory, every time, as in the TLS record walk: kept
-    // in a register across the frame loop, each combination of known bits would be a separate
-    // state for the eBPF verifier.
-    #[inline(always)]
-    fn flags(&self) -> u8 {
-        // SAFETY: an aligned read of this value's own field.
-        unsafe { read_volatile(&raw const self.flags) }
-    }
-
-    #[inline(always)]
-    fn set(&mut self, bits: u8) {
-        let flags = self.flags() | bits;
-        // SAFETY: an aligned write of this value's own field.
-        unsafe { write_volatile(&raw mut self.flags, flags) }
-    }
-
-    #[inline(always)]
-    fn clear(&mut self, bits: u8) {
-        let flags = self.flags() & !bits;
-        // SAFETY: an aligned write of this value's own field.
-        unsafe { write_volatile(&raw mut self.flags, flags) }
+        self.flags.set(FRAMED);
     }
 }
 

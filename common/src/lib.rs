@@ -11,6 +11,41 @@ pub mod h2;
 pub mod tls;
 pub mod turn;
 
+use core::ptr::{read_volatile, write_volatile};
+
+/// The bit flags of a walk over one direction's bytes (TLS records, HTTP/2 frames), read and
+/// written in memory every time: kept in a register across a walk's loop, each combination of
+/// known bits would be a separate state for the eBPF verifier, and the loop would exceed its
+/// budget.
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WalkFlags(pub u8);
+
+impl WalkFlags {
+    /// The flags now.
+    #[inline(always)]
+    pub fn get(&self) -> u8 {
+        // SAFETY: an aligned read of this value's own field.
+        unsafe { read_volatile(&raw const self.0) }
+    }
+
+    /// Set `bits`.
+    #[inline(always)]
+    pub fn set(&mut self, bits: u8) {
+        let flags = self.get() | bits;
+        // SAFETY: an aligned write of this value's own field.
+        unsafe { write_volatile(&raw mut self.0, flags) }
+    }
+
+    /// Clear `bits`.
+    #[inline(always)]
+    pub fn clear(&mut self, bits: u8) {
+        let flags = self.get() & !bits;
+        // SAFETY: an aligned write of this value's own field.
+        unsafe { write_volatile(&raw mut self.0, flags) }
+    }
+}
+
 /// Reads bytes of the payload of the segment being walked (by the TLS record walk and the
 /// HTTP/2 frame walk), by offset from its first byte.
 pub trait Payload {
@@ -315,14 +350,14 @@ impl ConnState {
                 held: 0,
                 left: 0,
                 held_len: 0,
-                flags: 0,
+                flags: WalkFlags(0),
             },
             server_records: tls::RecordStream {
                 next_seq: 0,
                 held: 0,
                 left: 0,
                 held_len: 0,
-                flags: 0,
+                flags: WalkFlags(0),
             },
             scope_cgroup: match side {
                 Side::Client => watch.client_cgroup,

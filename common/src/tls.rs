@@ -32,9 +32,7 @@
 //! Plain integer code, shared by the eBPF programs and the host tests; the bytes are read
 //! through [`Payload`](crate::Payload).
 
-use core::ptr::{read_volatile, write_volatile};
-
-use crate::{Payload, turn::seq_after};
+use crate::{Payload, WalkFlags, turn::seq_after};
 
 /// Content type of a handshake record.
 pub const CONTENT_HANDSHAKE: u8 = 22;
@@ -91,7 +89,7 @@ pub struct RecordStream {
     /// How many header bytes `held` holds (0 to 4).
     pub held_len: u8,
     /// Bit flags (`HANDSHAKE_IN_APP_DATA` is the public one).
-    pub flags: u8,
+    pub flags: WalkFlags,
 }
 
 /// What one segment of a stream carries.
@@ -135,7 +133,7 @@ impl RecordStream {
     /// True once the stream was found to be TLS.
     #[inline(always)]
     pub fn is_tls(&self) -> bool {
-        self.flags() & TLS != 0
+        self.flags.get() & TLS != 0
     }
 
     /// Walk the records of one segment: `len` payload bytes at `seq` sent by `sender`;
@@ -178,16 +176,16 @@ impl RecordStream {
     /// header). False when there is nothing to walk: the stream is plaintext.
     #[inline(always)]
     fn detect<P: Payload>(&mut self, seq: u32, payload: &P, walked: &mut Walked) -> bool {
-        if self.flags() & DETECTED == 0 {
-            self.set(DETECTED);
+        if self.flags.get() & DETECTED == 0 {
+            self.flags.set(DETECTED);
             if !payload.header_at(0).is_some_and(is_record_header) {
                 walked.plaintext = true;
                 return false;
             }
-            self.set(TLS);
+            self.flags.set(TLS);
             walked.found_tls = true;
             self.frame_at(seq);
-        } else if self.flags() & TLS == 0 {
+        } else if self.flags.get() & TLS == 0 {
             walked.plaintext = true;
             return false;
         }
@@ -206,18 +204,18 @@ impl RecordStream {
         walked: &mut Walked,
     ) -> Option<u32> {
         let mut pos = 0;
-        if self.flags() & FRAMED != 0 {
+        if self.flags.get() & FRAMED != 0 {
             if !seq_after(end, self.next_seq) {
                 // Every byte was walked before: a retransmission.
                 return None;
             }
             if seq_after(seq, self.next_seq) {
-                self.clear(FRAMED);
+                self.flags.clear(FRAMED);
             } else {
                 pos = self.next_seq.wrapping_sub(seq);
             }
         }
-        if self.flags() & FRAMED == 0 {
+        if self.flags.get() & FRAMED == 0 {
             if !payload.header_at(0).is_some_and(is_record_header) {
                 walked.unframed = true;
                 return None;
@@ -273,8 +271,8 @@ impl RecordStream {
         loop {
             // The rest of the current record's body, as far as this segment goes.
             let take = (self.left as u32).min(len - pos);
-            if take > 0 && self.flags() & MESSAGE != 0 {
-                self.set(SEGMENT_HAS_MESSAGE);
+            if take > 0 && self.flags.get() & MESSAGE != 0 {
+                self.flags.set(SEGMENT_HAS_MESSAGE);
             }
             pos += take;
             self.left -= take as u16;
@@ -308,7 +306,7 @@ impl RecordStream {
     /// The framing is lost at this segment.
     #[inline(always)]
     fn lose_framing(&mut self, mut walked: Walked) -> Walked {
-        self.clear(FRAMED);
+        self.flags.clear(FRAMED);
         walked.unframed = true;
         self.took_message(walked)
     }
@@ -317,32 +315,9 @@ impl RecordStream {
     /// walk went, and cleared for the next segment).
     #[inline(always)]
     fn took_message(&mut self, mut walked: Walked) -> Walked {
-        walked.message = self.flags() & SEGMENT_HAS_MESSAGE != 0;
-        self.clear(SEGMENT_HAS_MESSAGE);
+        walked.message = self.flags.get() & SEGMENT_HAS_MESSAGE != 0;
+        self.flags.clear(SEGMENT_HAS_MESSAGE);
         walked
-    }
-
-    // The flags are read and written in memory, every time: kept in a register across the
-    // record loop, each combination of known bits would be a separate state for the eBPF
-    // verifier, and the loop would exceed its budget.
-    #[inline(always)]
-    fn flags(&self) -> u8 {
-        // SAFETY: an aligned read of this value's own field.
-        unsafe { read_volatile(&raw const self.flags) }
-    }
-
-    #[inline(always)]
-    fn set(&mut self, bits: u8) {
-        let flags = self.flags() | bits;
-        // SAFETY: an aligned write of this value's own field.
-        unsafe { write_volatile(&raw mut self.flags, flags) }
-    }
-
-    #[inline(always)]
-    fn clear(&mut self, bits: u8) {
-        let flags = self.flags() & !bits;
-        // SAFETY: an aligned write of this value's own field.
-        unsafe { write_volatile(&raw mut self.flags, flags) }
     }
 
     /// A record header was read: start its record. False if it is not a header.
@@ -353,9 +328,9 @@ impl RecordStream {
         }
         self.left = u16::from_be_bytes([header[3], header[4]]);
         if self.is_message(header[0], self.left as u32, sender, peer_flags) {
-            self.set(MESSAGE);
+            self.flags.set(MESSAGE);
         } else {
-            self.clear(MESSAGE);
+            self.flags.clear(MESSAGE);
         }
         true
     }
@@ -367,7 +342,7 @@ impl RecordStream {
         self.left = 0;
         self.held = 0;
         self.held_len = 0;
-        self.set(FRAMED);
+        self.flags.set(FRAMED);
     }
 
     /// Whether a record of `content_type` and `len` body bytes just begun is a message, with
@@ -377,20 +352,20 @@ impl RecordStream {
         if content_type != CONTENT_APPLICATION_DATA {
             return false;
         }
-        let first = self.flags() & APP_DATA_SEEN == 0;
-        self.set(APP_DATA_SEEN);
+        let first = self.flags.get() & APP_DATA_SEEN == 0;
+        self.flags.set(APP_DATA_SEEN);
         match sender {
             // Before the client's first request: handshake (before its Finished) or session
             // tickets (after it), not a response.
             Sender::Server if peer_flags & REQUEST_SEEN == 0 => {
                 if peer_flags & APP_DATA_SEEN == 0 {
-                    self.set(HANDSHAKE_IN_APP_DATA);
+                    self.flags.set(HANDSHAKE_IN_APP_DATA);
                 }
                 false
             }
             Sender::Client if first && peer_flags & HANDSHAKE_IN_APP_DATA != 0 => false,
             Sender::Client if len >= MIN_MESSAGE_RECORD_LEN => {
-                self.set(REQUEST_SEEN);
+                self.flags.set(REQUEST_SEEN);
                 true
             }
             _ => len >= MIN_MESSAGE_RECORD_LEN,
@@ -436,7 +411,7 @@ mod tests {
                 len,
                 &Bytes(bytes),
                 Sender::Client,
-                self.server.flags,
+                self.server.flags.get(),
             );
             self.unframed += w.unframed as u32;
             if w.found_tls {
@@ -458,7 +433,7 @@ mod tests {
                 len,
                 &Bytes(bytes),
                 Sender::Server,
-                self.client.flags,
+                self.client.flags.get(),
             );
             self.unframed += w.unframed as u32;
             if w.plaintext || w.message {

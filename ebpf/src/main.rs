@@ -760,8 +760,8 @@ fn walk_records(
     sender: Sender,
 ) -> Walked {
     let (records, peer_flags) = match sender {
-        Sender::Client => (&mut conn.client_records, conn.server_records.flags),
-        Sender::Server => (&mut conn.server_records, conn.client_records.flags),
+        Sender::Client => (&mut conn.client_records, conn.server_records.flags.get()),
+        Sender::Server => (&mut conn.server_records, conn.client_records.flags.get()),
     };
     let walked = records.walk(
         segment.seq,
