@@ -35,6 +35,7 @@ __all__ = [
     "AgentError",
     "Decision",
     "Estimate",
+    "Reporter",
     "Subscription",
     "answer",
     "header_value",
@@ -582,3 +583,47 @@ class Subscription:
                 self._held = (parse_estimate(line), time.monotonic())
         finally:
             sock.close()
+
+
+class Reporter:
+    """Counts a proxy's admissions and rejections, and reports them with what its
+    subscription handed out, every ``every`` seconds, from a daemon thread. Counting never
+    waits on the agent; a report that fails is kept for the next one."""
+
+    def __init__(self, subscription: Subscription, every: float = 1.0):
+        self._subscription = subscription
+        self._lock = threading.Lock()
+        self._admitted = 0
+        self._rejected = 0
+        self._every = every
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"retry-after report {subscription.service}", daemon=True
+        )
+        self._thread.start()
+
+    def admitted(self) -> None:
+        """Count a request let through."""
+        with self._lock:
+            self._admitted += 1
+
+    def rejected(self) -> None:
+        """Count a request turned away."""
+        with self._lock:
+            self._rejected += 1
+
+    def close(self) -> None:
+        """Stop reporting."""
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._every):
+            with self._lock:
+                admitted, rejected = self._admitted, self._rejected
+            try:
+                self._subscription.report(admitted, rejected)
+            except (AgentError, OSError):
+                continue
+            with self._lock:
+                self._admitted -= admitted
+                self._rejected -= rejected

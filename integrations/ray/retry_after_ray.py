@@ -36,7 +36,7 @@ from __future__ import annotations
 import threading
 from typing import Dict, Optional, Tuple
 
-from retry_after_client import AgentError, Decision, Subscription
+from retry_after_client import Decision, Reporter, Subscription
 
 __all__ = ["DEFAULT_SOCKET", "RetryAfter", "install"]
 
@@ -69,19 +69,12 @@ class RetryAfter:
         self._subscription = Subscription(
             socket, service, retry_after_s=None, stale_after=stale_after, reconnect_max=reconnect_max
         )
-        self._counts_lock = threading.Lock()
-        self._admitted = 0
-        self._rejected = 0
-        self._stop = threading.Event()
-        self._report_every = report_every
-        self._reporter = threading.Thread(target=self._report, name=f"retry-after report {service}", daemon=True)
-        self._reporter.start()
+        self._reporter = Reporter(self._subscription, every=report_every)
 
     def rejection(self, error) -> Tuple[int, Dict[str, str]]:
         """The status and headers for a ``BackPressureError``. Never blocks on the agent."""
         decision: Decision = self._subscription.retry_after(queue_depth=_queued(error))
-        with self._counts_lock:
-            self._rejected += 1
+        self._reporter.rejected()
         status = getattr(error, "status_code", 503)
         if decision.seconds is not None:
             return decision.status_code, {"Retry-After": str(decision.seconds)}
@@ -93,25 +86,12 @@ class RetryAfter:
 
     def admitted(self) -> None:
         """Count a request the ingress let through."""
-        with self._counts_lock:
-            self._admitted += 1
+        self._reporter.admitted()
 
     def close(self) -> None:
         """Stop the subscription and the reporter."""
-        self._stop.set()
+        self._reporter.close()
         self._subscription.close()
-
-    def _report(self) -> None:
-        while not self._stop.wait(self._report_every):
-            with self._counts_lock:
-                admitted, rejected = self._admitted, self._rejected
-            try:
-                self._subscription.report(admitted, rejected)
-            except (AgentError, OSError):
-                continue
-            with self._counts_lock:
-                self._admitted -= admitted
-                self._rejected -= rejected
 
 
 # One RetryAfter per (service, options) in each process that serves: made at its first use
