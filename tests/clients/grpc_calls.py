@@ -5,6 +5,14 @@ take and return raw bytes.
         Serves test.Calls on PORT: Unary answers one message, Stream answers five, Reject
         aborts with RESOURCE_EXHAUSTED (a trailers-only response). On STATS_PORT (not
         watched), Stats answers the server's own counts as JSON: the truth of the tests.
+    grpc_calls.py serve-pushback PORT STATS_PORT SOCKET SERVICE
+        Serves test.Calls/Work on PORT, 4 calls at once, 0.2 s each, and turns a call away
+        with RESOURCE_EXHAUSTED while 12 are in flight (4 running, 8 queued), through
+        retry_after_grpc.RetryPushback (the agent at SOCKET, service SERVICE). Stats as above,
+        with "admitted" and "rejected".
+    grpc_calls.py retrying PORT CALLS AT_ONCE
+        CALLS calls to Work, AT_ONCE at a time, by a channel whose service config retries
+        RESOURCE_EXHAUSTED (5 attempts): prints how many succeeded and failed as JSON.
     grpc_calls.py call PORT UNARY STREAMS REJECTS [--hold]
         One channel (one HTTP/2 connection): with --hold, one call first, then "ready" on
         stdout, then waits for a line on stdin (the connection is then open before it is
@@ -69,6 +77,92 @@ def serve(port: int, stats_port: int) -> None:
     server.wait_for_termination()
 
 
+def serve_pushback(port: int, stats_port: int, socket: str, service: str) -> None:
+    from retry_after_grpc import RetryPushback
+
+    counts = {"admitted": 0, "rejected": 0}
+    in_flight = [0]
+    lock = threading.Lock()
+    capacity = threading.Semaphore(4)
+
+    def work(request, context):
+        with lock:
+            full = in_flight[0] >= 12
+            counts["rejected" if full else "admitted"] += 1
+            if not full:
+                in_flight[0] += 1
+        if full:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "busy")
+        try:
+            with capacity:
+                threading.Event().wait(0.2)
+            return b"done"
+        finally:
+            with lock:
+                in_flight[0] -= 1
+
+    def stats(request, context):
+        with lock:
+            return json.dumps(counts).encode()
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=32), interceptors=[RetryPushback(service, socket=socket)])
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(SERVICE, {"Work": grpc.unary_unary_rpc_method_handler(work)}),)
+    )
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    stats_server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    stats_server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("test.Stats", {"Get": grpc.unary_unary_rpc_method_handler(stats)}),)
+    )
+    stats_server.add_insecure_port(f"127.0.0.1:{stats_port}")
+    server.start()
+    stats_server.start()
+    print("serving", flush=True)
+    server.wait_for_termination()
+
+
+#: A service config that retries RESOURCE_EXHAUSTED; its own backoff (0.1 s to 1 s) is
+#: replaced by the server's pushback where one is sent.
+RETRY_CONFIG = json.dumps(
+    {
+        "methodConfig": [
+            {
+                "name": [{"service": SERVICE}],
+                "retryPolicy": {
+                    "maxAttempts": 5,
+                    "initialBackoff": "0.1s",
+                    "maxBackoff": "1s",
+                    "backoffMultiplier": 2,
+                    "retryableStatusCodes": ["RESOURCE_EXHAUSTED"],
+                },
+            }
+        ]
+    }
+)
+
+
+def retrying(port: int, calls: int, at_once: int) -> None:
+    options = [("grpc.enable_retries", 1), ("grpc.service_config", RETRY_CONFIG)]
+    counts = {"succeeded": 0, "failed": 0}
+    lock = threading.Lock()
+    with grpc.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
+        work = channel.unary_unary(f"/{SERVICE}/Work")
+
+        def one(i):
+            try:
+                # Past the longest pushback the agent gives (60 s), so a client can wait it out.
+                work(b"%d" % i, timeout=120)
+                outcome = "succeeded"
+            except grpc.RpcError:
+                outcome = "failed"
+            with lock:
+                counts[outcome] += 1
+
+        with futures.ThreadPoolExecutor(max_workers=at_once) as pool:
+            list(pool.map(one, range(calls)))
+    print(json.dumps(counts), flush=True)
+
+
 def call(port: int, unary: int, streams: int, rejects: int, hold: bool) -> None:
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         unary_call = channel.unary_unary(f"/{SERVICE}/Unary")
@@ -116,6 +210,10 @@ if __name__ == "__main__":
     command, args = sys.argv[1], sys.argv[2:]
     if command == "serve":
         serve(int(args[0]), int(args[1]))
+    elif command == "serve-pushback":
+        serve_pushback(int(args[0]), int(args[1]), args[2], args[3])
+    elif command == "retrying":
+        retrying(int(args[0]), int(args[1]), int(args[2]))
     elif command == "call":
         call(int(args[0]), int(args[1]), int(args[2]), int(args[3]), "--hold" in args)
     elif command == "stats":

@@ -5,17 +5,27 @@
 //! grpcio server with grpcio clients (`tests/clients/grpc_calls.py`), unary and
 //! server-streaming calls and RESOURCE_EXHAUSTED (trailers-only) rejections, on a connection
 //! opened before it was watched and on new ones, with the server's own counts as the truth.
+//! And grpcio clients with a retry policy against a server answering through
+//! `retry_after_grpc.RetryPushback`: grpc's own retry trace shows the agent's
+//! `grpc-retry-pushback-ms` waited out.
 
 use std::{
     io::{BufRead, BufReader, Write},
     path::{Path, PathBuf},
     process::{Child, ChildStdout, Command, Stdio},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread,
+    time::Duration,
 };
 
 use retry_after_agent::{endpoint::Endpoint, kernel::WatchOptions};
 use retry_after_common::{Protocol, Side};
+use retry_after_protocol::{Response, policy::Rung};
 use retry_after_testkit::{
-    AttachedProbe, SETTLE, free_port,
+    AgentProcess, AttachedProbe, SETTLE, free_port,
     proxies::{Nginx, NginxStatus},
     run_ok,
 };
@@ -106,9 +116,14 @@ fn h2load_streams_against_nginx_are_counted_exactly_on_both_sides() {
     }
 }
 
+/// The repository's root.
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
 /// The gRPC test script.
 fn grpc_calls() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/clients/grpc_calls.py")
+    repo().join("tests/clients/grpc_calls.py")
 }
 
 /// The grpcio server, until dropped.
@@ -118,10 +133,29 @@ struct GrpcServer {
 }
 
 impl GrpcServer {
+    /// The plain server (`serve`).
     fn start(port: u16, stats_port: u16) -> Self {
+        Self::run(
+            &["serve", &port.to_string(), &stats_port.to_string()],
+            stats_port,
+        )
+    }
+
+    /// The server whose rejections carry the agent's pushback (`serve-pushback`).
+    fn with_pushback(port: u16, stats_port: u16, agent: &AgentProcess, service: &str) -> Self {
+        let (port, stats) = (port.to_string(), stats_port.to_string());
+        let socket = agent.socket.display().to_string();
+        Self::run(
+            &["serve-pushback", &port, &stats, &socket, service],
+            stats_port,
+        )
+    }
+
+    fn run(args: &[&str], stats_port: u16) -> Self {
         let mut child = Command::new("python3")
             .arg(grpc_calls())
-            .args(["serve", &port.to_string(), &stats_port.to_string()])
+            .args(args)
+            .env("PYTHONPATH", repo().join("integrations/python"))
             .stdout(Stdio::piped())
             .spawn()
             .expect("python3 with grpcio (./dev setup installs it)");
@@ -133,14 +167,18 @@ impl GrpcServer {
         Self { child, stats_port }
     }
 
-    /// The server's own counts (asked on its unwatched port): unary, stream, rejected.
-    fn counts(&self) -> (u64, u64, u64) {
-        let out = run_ok(
+    /// The server's own counts (asked on its unwatched port), as the JSON line it answers.
+    fn stats(&self) -> String {
+        run_ok(
             Command::new("python3")
                 .arg(grpc_calls())
                 .args(["stats", &self.stats_port.to_string()]),
-        );
-        calls_of(&out)
+        )
+    }
+
+    /// The plain server's own counts: unary, stream, rejected.
+    fn counts(&self) -> (u64, u64, u64) {
+        calls_of(&self.stats())
     }
 }
 
@@ -151,19 +189,22 @@ impl Drop for GrpcServer {
     }
 }
 
+/// The count `key` of a JSON line the script printed.
+fn count_in(json: &str, key: &str) -> u64 {
+    let at = json
+        .find(&format!("\"{key}\": "))
+        .unwrap_or_else(|| panic!("no {key} in {json}"));
+    json[at + key.len() + 4..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
 /// The unary, stream and rejected counts of a JSON line the script printed.
 fn calls_of(json: &str) -> (u64, u64, u64) {
-    let count = |key: &str| -> u64 {
-        let at = json
-            .find(&format!("\"{key}\": "))
-            .unwrap_or_else(|| panic!("{json}"));
-        json[at + key.len() + 4..]
-            .split(|c: char| !c.is_ascii_digit())
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap()
-    };
+    let count = |key| count_in(json, key);
     (count("unary"), count("stream"), count("rejected"))
 }
 
@@ -265,4 +306,155 @@ fn grpc_calls_are_streams_and_resource_exhausted_is_a_rejection() {
     assert!(problems.connections_adopted >= 1, "{problems:?}");
     assert_eq!(problems.http2_streams_forgotten, 0, "{problems:?}");
     drop(server);
+}
+
+/// grpcio clients whose retry policy retries RESOURCE_EXHAUSTED, against a grpcio server that
+/// turns calls away through `retry_after_grpc.RetryPushback`, with the agent watching the
+/// server: the rejections carry `grpc-retry-pushback-ms` with the agent's value, and grpc's
+/// own retry trace shows the client waiting it out.
+#[test]
+fn grpc_clients_wait_out_the_pushback_the_agent_computes() {
+    let (addr, stats) = (free_port(), free_port());
+    let agent = AgentProcess::start(
+        "",
+        &format!(
+            "[[service]]\nname = \"calls\"\nrejected_at = \"replica\"\nprotocol = \"grpc\"\n\
+             backends = [{{ address = \"{addr}\", max_ongoing_requests = 4 }}]\n\
+             [service.backpressure]\nretry_after_policy = \"scheduled_returns\"\nretry_after_s = 9\njitter = 0.0\n\
+             max_retry_after_s = 10\n"
+        ),
+    );
+    let server = GrpcServer::with_pushback(addr.port(), stats.port(), &agent, "calls");
+    let clients = || {
+        let out = Command::new("python3")
+            .arg(grpc_calls())
+            .args(["retrying", &addr.port().to_string(), "300", "20"])
+            .env("GRPC_TRACE", "retry")
+            .env("GRPC_VERBOSITY", "debug")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let trace = String::from_utf8_lossy(&out.stderr).into_owned();
+        (String::from_utf8_lossy(&out.stdout).into_owned(), trace)
+    };
+    // A first load warms the estimate; the second is judged, with the agent's own answers
+    // asked every 200 ms meanwhile.
+    clients();
+    let asking = Arc::new(AtomicBool::new(true));
+    let answers = {
+        let (asking, socket) = (asking.clone(), agent.socket.clone());
+        thread::spawn(move || {
+            let mut millis = Vec::new();
+            while asking.load(Ordering::SeqCst) {
+                if let Ok(line) = agent_request(&socket, "QUERY calls")
+                    && let Ok(Response::RetryAfter(a)) = Response::parse(&line)
+                    && a.rung == Rung::Computed
+                {
+                    millis.push(a.millis.unwrap());
+                }
+                thread::sleep(Duration::from_millis(200));
+            }
+            millis
+        })
+    };
+    let (counts, trace) = clients();
+    asking.store(false, Ordering::SeqCst);
+    let answers = answers.join().unwrap();
+    let pushbacks: Vec<u64> = trace
+        .lines()
+        .filter_map(|l| l.split("server push-back: retry in ").nth(1))
+        .map(|rest| rest.trim_end_matches(" ms").parse().unwrap())
+        .collect();
+    let (low, high) = (
+        *answers.iter().min().expect("computed answers"),
+        *answers.iter().max().unwrap(),
+    );
+    eprintln!(
+        "clients: {}; server: {}; {} retries waited out a pushback of {:?} ms; the agent \
+         answered {low}..{high} ms ({} answers)",
+        counts.trim(),
+        server.stats().trim(),
+        pushbacks.len(),
+        (pushbacks.iter().min(), pushbacks.iter().max()),
+        answers.len()
+    );
+    assert!(!pushbacks.is_empty(), "no pushback in grpc's retry trace");
+    // The agent's values: computed ones (not its static 9 s), within its clamp (10 s here).
+    // scheduled_returns moves them from moment to moment and with the returns the server
+    // promised itself, so they are held to the range the agent answered, not to one answer.
+    assert!(
+        pushbacks.iter().all(|&ms| (low..=10_000).contains(&ms)),
+        "pushbacks {pushbacks:?} outside the agent's answers {low}..{high} and its clamp"
+    );
+    assert!(
+        pushbacks.iter().filter(|&&ms| ms != 9_000).count() * 2 > pushbacks.len(),
+        "mostly the static value: {pushbacks:?}"
+    );
+    let (admitted, retried) = retries_after_pushback(&trace);
+    eprintln!("retries after a pushback: {admitted} of {retried} admitted");
+    assert!(admitted > 0, "{admitted} of {retried}");
+    // The same load with the agent stopped: no hint (once the held estimate is stale), the
+    // clients' own backoff (0.1 s to 1 s), for comparison.
+    agent.stop();
+    thread::sleep(Duration::from_secs(6));
+    let (without, trace) = clients();
+    assert!(
+        !trace.contains("server push-back: retry in"),
+        "a hint with no agent"
+    );
+    eprintln!(
+        "without the agent: clients {}; with it: {}",
+        without.trim(),
+        counts.trim()
+    );
+    assert!(
+        count_in(&counts, "failed") < count_in(&without, "failed"),
+        "the hint helped no client: with it {counts}, without {without}"
+    );
+}
+
+/// Of the attempts that came after a pushback, in grpc's retry trace (each call's attempts in
+/// order: `calld=… call finished, status=… server_pushback=…`), how many succeeded, and how
+/// many there were.
+fn retries_after_pushback(trace: &str) -> (usize, usize) {
+    let mut calls: std::collections::HashMap<&str, Vec<(bool, bool)>> = Default::default();
+    for line in trace
+        .lines()
+        .filter(|l| l.contains("call finished, status="))
+    {
+        let Some(call) = line
+            .split("calld=")
+            .nth(1)
+            .and_then(|r| r.split(' ').next())
+        else {
+            continue;
+        };
+        let ok = line.contains("status=OK");
+        let pushed = !line.contains("server_pushback=N/A");
+        calls.entry(call).or_default().push((ok, pushed));
+    }
+    let mut counts = (0, 0);
+    for attempts in calls.values() {
+        for pair in attempts.windows(2) {
+            if pair[0].1 {
+                counts.1 += 1;
+                counts.0 += usize::from(pair[1].0);
+            }
+        }
+    }
+    counts
+}
+
+/// One request line to the agent at `socket`, and its answer.
+fn agent_request(socket: &Path, line: &str) -> std::io::Result<String> {
+    let mut stream = std::os::unix::net::UnixStream::connect(socket)?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    stream.write_all(format!("{line}\n").as_bytes())?;
+    let mut answer = String::new();
+    BufReader::new(stream).read_line(&mut answer)?;
+    Ok(answer.trim_end().to_owned())
 }
