@@ -63,7 +63,13 @@ def serve(port: int, stats_port: int) -> None:
         "Stream": grpc.unary_stream_rpc_method_handler(stream),
         "Reject": grpc.unary_unary_rpc_method_handler(reject),
     }
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
+    _run(handlers, stats, port, stats_port, [])
+
+
+def _run(handlers, stats, port: int, stats_port: int, interceptors) -> None:
+    """Serve `handlers` of test.Calls on `port` (through `interceptors`) and `stats` on
+    `stats_port`, until killed."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=32), interceptors=interceptors)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
     server.add_insecure_port(f"127.0.0.1:{port}")
     stats_server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
@@ -105,20 +111,8 @@ def serve_pushback(port: int, stats_port: int, socket: str, service: str) -> Non
         with lock:
             return json.dumps(counts).encode()
 
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=32), interceptors=[RetryPushback(service, socket=socket)])
-    server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(SERVICE, {"Work": grpc.unary_unary_rpc_method_handler(work)}),)
-    )
-    server.add_insecure_port(f"127.0.0.1:{port}")
-    stats_server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    stats_server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler("test.Stats", {"Get": grpc.unary_unary_rpc_method_handler(stats)}),)
-    )
-    stats_server.add_insecure_port(f"127.0.0.1:{stats_port}")
-    server.start()
-    stats_server.start()
-    print("serving", flush=True)
-    server.wait_for_termination()
+    handlers = {"Work": grpc.unary_unary_rpc_method_handler(work)}
+    _run(handlers, stats, port, stats_port, [RetryPushback(service, socket=socket)])
 
 
 #: A service config that retries RESOURCE_EXHAUSTED; its own backoff (0.1 s to 1 s) is
