@@ -43,9 +43,9 @@
 use core::ptr::{read_volatile, write_volatile};
 
 use crate::{
-    Payload, Protocol, WalkFlags,
+    Payload, Protocol, Resume, WalkFlags,
     tls::{Sender, is_record_header},
-    turn::{TurnDelta, seq_after},
+    turn::TurnDelta,
 };
 
 /// Bytes of the client's connection preface, `PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`.
@@ -355,28 +355,23 @@ impl FrameStream {
         payload: &P,
         walk: &mut FrameWalk,
     ) -> Option<u32> {
-        let mut pos = 0;
-        if self.flags.get() & FRAMED != 0 {
-            if !seq_after(end, self.next_seq) {
-                return None;
-            }
-            if seq_after(seq, self.next_seq) {
-                self.flags.clear(FRAMED);
-            } else {
-                pos = self.next_seq.wrapping_sub(seq);
-            }
-        }
-        if self.flags.get() & FRAMED == 0 {
-            if !payload
+        let place = self.flags.resume(FRAMED, self.next_seq, (seq, end), || {
+            payload
                 .frame_header_at(0)
                 .is_some_and(plausible_frame_header)
-            {
+        });
+        match place {
+            Resume::Walked => None,
+            Resume::At(pos) => Some(pos),
+            Resume::Lost => {
                 walk.unframed = true;
-                return None;
+                None
             }
-            self.frame_at(seq);
+            Resume::Reframe => {
+                self.frame_at(seq);
+                Some(0)
+            }
         }
-        Some(pos)
     }
 
     /// From `seg.at.pos`: a header held from the last segment, the rest of the current frame,

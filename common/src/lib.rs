@@ -44,6 +44,47 @@ impl WalkFlags {
         // SAFETY: an aligned write of this value's own field.
         unsafe { write_volatile(&raw mut self.0, flags) }
     }
+
+    /// Where a segment of bytes `seq..end` resumes a walk that has walked to `next_seq`
+    /// while its `framed` bit is set (its place known). A gap loses the place; a walk
+    /// without one is framed anew at a segment that `begins_with_header` (asked only then).
+    #[inline(always)]
+    pub fn resume(
+        &mut self,
+        framed: u8,
+        next_seq: u32,
+        (seq, end): (u32, u32),
+        begins_with_header: impl FnOnce() -> bool,
+    ) -> Resume {
+        if self.get() & framed != 0 {
+            if !turn::seq_after(end, next_seq) {
+                return Resume::Walked;
+            }
+            if !turn::seq_after(seq, next_seq) {
+                return Resume::At(next_seq.wrapping_sub(seq));
+            }
+            self.clear(framed);
+        }
+        if begins_with_header() {
+            Resume::Reframe
+        } else {
+            Resume::Lost
+        }
+    }
+}
+
+/// Where a segment's new bytes begin in a walk ([`WalkFlags::resume`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resume {
+    /// Every byte was walked before: a retransmission.
+    Walked,
+    /// At this offset into the segment, the walk's place known.
+    At(u32),
+    /// The walk's place is lost, and the segment does not begin with a header.
+    Lost,
+    /// The walk's place was lost and the segment begins with a header: framed anew at its
+    /// start.
+    Reframe,
 }
 
 /// Reads bytes of the payload of the segment being walked (by the TLS record walk and the

@@ -32,7 +32,7 @@
 //! Plain integer code, shared by the eBPF programs and the host tests; the bytes are read
 //! through [`Payload`](crate::Payload).
 
-use crate::{Payload, WalkFlags, turn::seq_after};
+use crate::{Payload, Resume, WalkFlags};
 
 /// Content type of a handshake record.
 pub const CONTENT_HANDSHAKE: u8 = 22;
@@ -203,26 +203,21 @@ impl RecordStream {
         payload: &P,
         walked: &mut Walked,
     ) -> Option<u32> {
-        let mut pos = 0;
-        if self.flags.get() & FRAMED != 0 {
-            if !seq_after(end, self.next_seq) {
-                // Every byte was walked before: a retransmission.
-                return None;
-            }
-            if seq_after(seq, self.next_seq) {
-                self.flags.clear(FRAMED);
-            } else {
-                pos = self.next_seq.wrapping_sub(seq);
-            }
-        }
-        if self.flags.get() & FRAMED == 0 {
-            if !payload.header_at(0).is_some_and(is_record_header) {
+        let place = self.flags.resume(FRAMED, self.next_seq, (seq, end), || {
+            payload.header_at(0).is_some_and(is_record_header)
+        });
+        match place {
+            Resume::Walked => None,
+            Resume::At(pos) => Some(pos),
+            Resume::Lost => {
                 walked.unframed = true;
-                return None;
+                None
             }
-            self.frame_at(seq);
+            Resume::Reframe => {
+                self.frame_at(seq);
+                Some(0)
+            }
         }
-        Some(pos)
     }
 
     /// Complete a header begun at the end of an earlier segment with the bytes at `pos`.
