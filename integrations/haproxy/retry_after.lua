@@ -17,9 +17,13 @@
 --   setenv RETRY_AFTER_STALE_MS  5000
 --   setenv RETRY_AFTER_RECONNECT_MAX_MS 5000      # longest wait between reconnect attempts
 -- Actions:
---   http-request lua.retry_after <service>           sets txn.retry_after, txn.retry_after_status
+--   http-request lua.retry_after <service>           sets txn.retry_after, txn.retry_after_ms,
+--                                                    txn.retry_after_status
 --   http-request lua.retry_after_admitted <service>  counts an admitted request
 --   http-response lua.retry_after_response <service> the agent's value on a server's 429/503
+-- Service:
+--   http-request use-service lua.retry_after_grpc    a gRPC rejection carrying the value set
+--                                                    by lua.retry_after as grpc-retry-pushback-ms
 
 -- The policy (shared with the nginx integration) lives in ../lua/retry_after_policy.lua, or
 -- next to this file where both were copied into one directory.
@@ -158,8 +162,8 @@ core.register_init(function()
 end)
 
 -- The agent's answer from the held estimate for one rejection of a service, at `now`, with
--- `depth` as the queue (nil: the agent's): seconds (nil: no header) and rung; nil when no
--- estimate newer than RETRY_AFTER_STALE_MS is held. Counts its own promise.
+-- `depth` as the queue (nil: the agent's): seconds (nil: no header), milliseconds and rung;
+-- nil when no estimate newer than RETRY_AFTER_STALE_MS is held. Counts its own promise.
 local function computed_answer(state, depth, now)
   if not (state.push and now - state.received_ms <= stale_ms) then return nil end
   local seen
@@ -167,11 +171,11 @@ local function computed_answer(state, depth, now)
     local elapsed_s = math.max(now - state.received_ms, 0) / 1000
     seen = M.schedule(state.push, elapsed_s, own_ahead(state, now // 1000))
   end
-  local seconds, _millis, rung = M.answer(state.push, depth, 0, math.random(), seen)
+  local seconds, millis, rung = M.answer(state.push, depth, 0, math.random(), seen)
   if seconds and seen and seconds <= MAX_RETRY_AFTER_S then
     own_promise(state, math.floor((now + seconds * 1000) / 1000))
   end
-  return seconds, rung
+  return seconds, millis, rung
 end
 
 -- One rejection counted, and the value it carried (as the agent takes it: whole seconds, 60
@@ -185,17 +189,22 @@ local function count_rejection(state, seconds, rung)
 end
 
 -- http-request lua.retry_after <service>: the Retry-After for this rejection, in
--- txn.retry_after (seconds; unset when no header is to be sent) and txn.retry_after_status.
+-- txn.retry_after (seconds; unset when no header is to be sent), txn.retry_after_ms (the
+-- same value in milliseconds, for gRPC's grpc-retry-pushback-ms) and txn.retry_after_status.
 core.register_action("retry_after", { "http-req" }, function(txn, name)
   local state = services[name]
   local seconds, status, rung = retry_after_s, 429, "static"
+  local millis = seconds and seconds * 1000
   if state then
     if state.push then status = state.push.status end
-    local answered, answered_rung = computed_answer(state, txn.f:queue(state.backend), now_ms())
-    if answered_rung then seconds, rung = answered, answered_rung end
+    local answered, answered_ms, answered_rung = computed_answer(state, txn.f:queue(state.backend), now_ms())
+    if answered_rung then seconds, millis, rung = answered, answered_ms, answered_rung end
     count_rejection(state, seconds, rung)
   end
-  if seconds then txn:set_var("txn.retry_after", seconds) end
+  if seconds then
+    txn:set_var("txn.retry_after", seconds)
+    txn:set_var("txn.retry_after_ms", millis)
+  end
   txn:set_var("txn.retry_after_status", status)
 end, 1)
 
@@ -211,10 +220,28 @@ core.register_action("retry_after_response", { "http-res" }, function(txn, name)
     state.admitted = state.admitted + 1
     return
   end
-  local seconds, rung = computed_answer(state, nil, now_ms())
+  local seconds, _millis, rung = computed_answer(state, nil, now_ms())
   count_rejection(state, seconds, rung)
   if seconds then txn.http:res_set_header("Retry-After", string.format("%d", seconds)) end
 end, 1)
+
+-- gRPC's status for a rejection of HTTP status 429 (RESOURCE_EXHAUSTED) or 503 (UNAVAILABLE).
+local GRPC_STATUS = { [429] = "8", [503] = "14" }
+
+-- http-request use-service lua.retry_after_grpc, after lua.retry_after: the call turned away
+-- as gRPC answers an error, trailers-only (one HEADERS frame ending the stream, which
+-- `http-request return` cannot give a content-type), with grpc-retry-pushback-ms (gRFC A6)
+-- when lua.retry_after set a value.
+core.register_service("retry_after_grpc", "http", function(applet)
+  local status = tonumber(applet:get_var("txn.retry_after_status"))
+  applet:set_status(200)
+  applet:add_header("content-type", "application/grpc")
+  applet:add_header("grpc-status", GRPC_STATUS[status] or GRPC_STATUS[429])
+  applet:add_header("grpc-message", "overloaded, retry later")
+  local millis = applet:get_var("txn.retry_after_ms")
+  if millis then applet:add_header("grpc-retry-pushback-ms", string.format("%d", millis)) end
+  applet:start_response()
+end)
 
 -- http-request lua.retry_after_admitted <service>: counts a request let through.
 core.register_action("retry_after_admitted", { "http-req" }, function(txn, name)

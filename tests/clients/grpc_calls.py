@@ -10,6 +10,10 @@ take and return raw bytes.
         with RESOURCE_EXHAUSTED while 12 are in flight (4 running, 8 queued), through
         retry_after_grpc.RetryPushback (the agent at SOCKET, service SERVICE). Stats as above,
         with "admitted" and "rejected".
+    grpc_calls.py serve-work PORT STATS_PORT
+        Serves test.Calls/Work on PORT, 0.2 s a call, as many at once as are sent: the
+        server behind a proxy that caps its concurrency and turns calls away itself. Stats
+        as above, with "admitted".
     grpc_calls.py retrying PORT CALLS AT_ONCE
         CALLS calls to Work, AT_ONCE at a time, by a channel whose service config retries
         RESOURCE_EXHAUSTED (5 attempts): prints how many succeeded and failed as JSON.
@@ -115,6 +119,23 @@ def serve_pushback(port: int, stats_port: int, socket: str, service: str) -> Non
     _run(handlers, stats, port, stats_port, [RetryPushback(service, socket=socket)])
 
 
+def serve_work(port: int, stats_port: int) -> None:
+    counts = {"admitted": 0}
+    lock = threading.Lock()
+
+    def work(request, context):
+        with lock:
+            counts["admitted"] += 1
+        threading.Event().wait(0.2)
+        return b"done"
+
+    def stats(request, context):
+        with lock:
+            return json.dumps(counts).encode()
+
+    _run({"Work": grpc.unary_unary_rpc_method_handler(work)}, stats, port, stats_port, [])
+
+
 #: A service config that retries RESOURCE_EXHAUSTED; its own backoff (0.1 s to 1 s) is
 #: replaced by the server's pushback where one is sent.
 RETRY_CONFIG = json.dumps(
@@ -206,6 +227,8 @@ if __name__ == "__main__":
         serve(int(args[0]), int(args[1]))
     elif command == "serve-pushback":
         serve_pushback(int(args[0]), int(args[1]), args[2], args[3])
+    elif command == "serve-work":
+        serve_work(int(args[0]), int(args[1]))
     elif command == "retrying":
         retrying(int(args[0]), int(args[1]), int(args[2]))
     elif command == "call":

@@ -26,7 +26,7 @@ use retry_after_common::{Protocol, Side};
 use retry_after_protocol::{Response, policy::Rung};
 use retry_after_testkit::{
     AgentProcess, AttachedProbe, SETTLE, free_port,
-    proxies::{Nginx, NginxStatus},
+    proxies::{Haproxy, Nginx, NginxStatus},
     run_ok,
 };
 
@@ -116,6 +116,93 @@ fn h2load_streams_against_nginx_are_counted_exactly_on_both_sides() {
     }
 }
 
+/// HAProxy in front, speaking HTTP/2 to h2load and to nginx (`proto h2`: HAProxy multiplexes
+/// the requests of all its clients onto a few server connections, up to 128 streams at once on
+/// each), with HAProxy's frontend and nginx both watched: each counts what its own counters say
+/// it answered, on both vantage points, nginx's 429s passing through HAProxy (re-encoded by
+/// HAProxy's HPACK encoder) and HAProxy's own `return status 429` the rejections. Exactly,
+/// unless the kernel reports one of the frame walk's two bounds met (both are, in most runs
+/// here); then within them.
+#[test]
+fn haproxy_speaking_h2_to_nginx_is_counted_at_both_hops() {
+    let (nginx_addr, frontend) = (free_port(), free_port());
+    let nginx = Nginx::start(&format!(
+        "  server {{ listen {nginx_addr} http2; http2_max_concurrent_streams 128; \
+         keepalive_requests 100000; location / {{ return 200 \"ok\\n\"; }} \
+         location /busy {{ return 429 \"busy\\n\"; }} }}"
+    ));
+    let haproxy = Haproxy::start(
+        &format!(
+            "frontend fe\n    bind {frontend} proto h2\n\
+             \x20   http-request return status 429 content-type text/plain string \"shed\\n\" if {{ path_beg /shed }}\n\
+             \x20   default_backend be\n\
+             backend be\n    server n1 {nginx_addr} proto h2\n"
+        ),
+        None,
+    );
+    let (front, back) = (Endpoint::from(frontend), Endpoint::from(nginx_addr));
+    let probe = AttachedProbe::watching(&[front, back]);
+    let (nginx_before, front_before) = (nginx.status(), haproxy.stat("fe", "FRONTEND", "req_tot"));
+    let url = |path: &str| format!("http://{frontend}{path}");
+    eprintln!("{}", h2load(&url("/"), 6000, 4, 64));
+    eprintln!("{}", h2load(&url("/"), 2000, 100, 4));
+    eprintln!("{}", h2load(&url("/busy"), 2000, 6, 32));
+    eprintln!("{}", h2load(&url("/shed"), 1000, 6, 32));
+    let passed = requests_between(nginx_before, nginx.status());
+    let answered = haproxy.stat("fe", "FRONTEND", "req_tot") - front_before;
+    let shed = haproxy.stat("fe", "FRONTEND", "intercepted");
+    eprintln!(
+        "HAProxy: {} connections to nginx opened, {} reuses, for {passed} requests",
+        haproxy.stat("be", "n1", "connect"),
+        haproxy.stat("be", "n1", "reuse")
+    );
+    assert_eq!(
+        (passed, answered, shed),
+        (10_000, 11_000, 1_000),
+        "their own counts"
+    );
+    let expected = [(back, passed, 2_000), (front, answered, 3_000)];
+    for (endpoint, total, _) in expected {
+        for side in [Side::Server, Side::Client] {
+            probe.wait_for(endpoint, side, SETTLE, "the proxies' own counts", |s| {
+                s.counters.requests_started == total
+            });
+        }
+    }
+    // Ends still to be seen arrive within the settle; a lost one never does.
+    thread::sleep(Duration::from_secs(1));
+    let problems = probe.read().probe;
+    eprintln!("{problems:?}");
+    for (endpoint, total, rejected) in expected {
+        for side in [Side::Server, Side::Client] {
+            let c = probe.counters(endpoint, side).counters;
+            eprintln!("{endpoint} {side:?}: {c:?}");
+            let seen = (
+                c.responses_completed,
+                c.responses_rejected,
+                c.requests_abandoned,
+            );
+            if problems.http2_segments_unframed == 0 && problems.http2_streams_forgotten == 0 {
+                assert_eq!(seen, (total, rejected, 0), "{endpoint} {side:?}: {c:?}");
+                continue;
+            }
+            // The two bounds docs/kernel-observation.md names, both seen here: a segment
+            // delivered out of order (on loopback, two writes queued on two CPUs; TCP's own
+            // TCPOFOQueue counts them) costs that direction the frame walk's place, and the
+            // ends in the segment it skipped; a stream still open when 128 newer ones have
+            // started on its connection (one delayed by a retransmission, while HAProxy
+            // answers the others) is forgotten, counted abandoned. What is lost stays under
+            // 1% here, and nothing is counted twice.
+            assert!(
+                c.responses_completed <= total
+                    && c.responses_rejected <= rejected
+                    && (total - c.responses_completed) * 100 <= total,
+                "{endpoint} {side:?}: {c:?} with {problems:?}"
+            );
+        }
+    }
+}
+
 /// The repository's root.
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -151,6 +238,8 @@ impl GrpcServer {
         )
     }
 
+    /// The script's server `args` (a serve command and its arguments), its stats on
+    /// `stats_port`.
     fn run(args: &[&str], stats_port: u16) -> Self {
         let mut child = Command::new("python3")
             .arg(grpc_calls())
@@ -315,42 +404,218 @@ fn grpc_calls_are_streams_and_resource_exhausted_is_a_rejection() {
 #[test]
 fn grpc_clients_wait_out_the_pushback_the_agent_computes() {
     let (addr, stats) = (free_port(), free_port());
-    let agent = AgentProcess::start(
-        "",
-        &format!(
-            "[[service]]\nname = \"calls\"\nrejected_at = \"replica\"\nprotocol = \"grpc\"\n\
-             backends = [{{ address = \"{addr}\", max_ongoing_requests = 4 }}]\n\
-             [service.backpressure]\nretry_after_policy = \"scheduled_returns\"\nretry_after_s = 9\njitter = 0.0\n\
-             max_retry_after_s = 10\n"
-        ),
-    );
+    let agent = AgentProcess::start("", &pushback_service(addr, "replica"));
     let server = GrpcServer::with_pushback(addr.port(), stats.port(), &agent, "calls");
-    let clients = || {
+    // A first load warms the estimate; the second is judged, with the agent's own answers
+    // asked meanwhile.
+    RetryingClients::run(addr.port());
+    let answers = AgentAnswers::ask(&agent, "calls");
+    let with = RetryingClients::run(addr.port());
+    let (low, high) = answers.range();
+    eprintln!("server: {}", server.stats().trim());
+    with.assert_pushbacks_computed(low, high);
+    // The same load with the agent stopped: no hint (once the held estimate is stale), the
+    // clients' own backoff (0.1 s to 1 s), for comparison.
+    agent.stop();
+    thread::sleep(Duration::from_secs(6));
+    let without = RetryingClients::run(addr.port());
+    assert!(without.pushbacks.is_empty(), "a hint with no agent");
+    eprintln!(
+        "without the agent: {}; with it: {}",
+        without.counts, with.counts
+    );
+    assert!(
+        with.failed() < without.failed(),
+        "the hint helped no client: with it {}, without {}",
+        with.counts,
+        without.counts
+    );
+}
+
+/// HAProxy in front of a grpcio server (`proto h2` on both sides, `maxconn 4` on the server),
+/// turning calls away itself once 8 wait in its queue: `lua.retry_after_grpc` of
+/// `integrations/haproxy/retry_after.lua` answers them trailers-only with `grpc-status` 8
+/// (RESOURCE_EXHAUSTED) and `grpc-retry-pushback-ms`. grpc's own retry
+/// trace shows grpcio clients waiting out the agent's values; with the agent stopped, the
+/// Lua's static value (9 s) instead. Which of the two served these clients better is printed,
+/// not asserted: it is a question for the evaluation (docs/evaluation.md), not for this
+/// test of the integration.
+#[test]
+fn haproxy_answers_grpc_rejections_with_the_agent_pushback() {
+    let (grpc, stats, frontend) = (free_port(), free_port(), free_port());
+    let agent = AgentProcess::start("", &pushback_service(grpc, "proxy"));
+    let server = GrpcServer::run(
+        &[
+            "serve-work",
+            &grpc.port().to_string(),
+            &stats.port().to_string(),
+        ],
+        stats.port(),
+    );
+    let lua = repo().join("integrations/haproxy/retry_after.lua");
+    let haproxy = Haproxy::start_with_global(
+        &format!(
+            "    lua-load {}\n    setenv RETRY_AFTER_SERVICES calls:be_calls\n    \
+             setenv RETRY_AFTER_SOCKET {}\n    setenv RETRY_AFTER_STATIC 9\n    \
+             setenv RETRY_AFTER_STALE_MS 1500\n",
+            lua.display(),
+            agent.socket.display()
+        ),
+        &format!(
+            "frontend fe_calls\n    bind {frontend} proto h2\n\
+             \x20   http-request set-var(txn.reject) bool(true) if {{ queue(be_calls) ge 8 }}\n\
+             \x20   acl reject var(txn.reject) -m bool\n\
+             \x20   http-request lua.retry_after calls if reject\n\
+             \x20   http-request use-service lua.retry_after_grpc if reject\n\
+             \x20   http-request lua.retry_after_admitted calls\n\
+             \x20   default_backend be_calls\n\
+             backend be_calls\n    server g1 {grpc} proto h2 maxconn 4\n"
+        ),
+        None,
+    );
+    RetryingClients::run(frontend.port());
+    let turned_away = || haproxy.stat("fe_calls", "FRONTEND", "intercepted");
+    // The agent's answers for the queue HAProxy turns calls away at.
+    let answers = AgentAnswers::ask(&agent, "calls depth=8");
+    let before = turned_away();
+    let with = RetryingClients::run(frontend.port());
+    let with_turned_away = turned_away() - before;
+    let (low, high) = answers.range();
+    eprintln!("server: {}", server.stats().trim());
+    with.assert_pushbacks_computed(low, high);
+    agent.stop();
+    thread::sleep(Duration::from_secs(3));
+    let before = turned_away();
+    let fallback = RetryingClients::run(frontend.port());
+    for (name, run, rejected) in [
+        ("the agent's pushback", &with, with_turned_away),
+        (
+            "agent stopped, static 9 s",
+            &fallback,
+            turned_away() - before,
+        ),
+    ] {
+        eprintln!(
+            "{name}: {} in {:.1} s, HAProxy turned {rejected} calls away, {} of {} retries \
+             after a pushback admitted",
+            run.counts,
+            run.elapsed.as_secs_f64(),
+            run.retries.0,
+            run.retries.1
+        );
+    }
+    assert!(
+        !fallback.pushbacks.is_empty() && fallback.pushbacks.iter().all(|&ms| ms == 9_000),
+        "the Lua's static value once the agent stopped: {:?}",
+        fallback.pushbacks
+    );
+}
+
+/// The agent's service for the pushback tests: one gRPC backend at `addr` taking 4 calls at
+/// once, rejected at `rejected_at`, `scheduled_returns` clamped at 10 s (static 9 s).
+fn pushback_service(addr: std::net::SocketAddr, rejected_at: &str) -> String {
+    format!(
+        "[[service]]\nname = \"calls\"\nrejected_at = \"{rejected_at}\"\nprotocol = \"grpc\"\n\
+         backends = [{{ address = \"{addr}\", max_ongoing_requests = 4 }}]\n\
+         [service.backpressure]\nretry_after_policy = \"scheduled_returns\"\nretry_after_s = 9\njitter = 0.0\n\
+         max_retry_after_s = 10\n"
+    )
+}
+
+/// One load of `grpc_calls.py retrying` (300 calls, 20 at once) with grpc's retry trace on.
+struct RetryingClients {
+    /// The clients' own counts, as the JSON line they printed.
+    counts: String,
+    /// The pushbacks grpc's trace says the clients waited out, in milliseconds.
+    pushbacks: Vec<u64>,
+    /// Of the attempts after a pushback: admitted, and all.
+    retries: (usize, usize),
+    /// How long the whole load took.
+    elapsed: Duration,
+}
+
+impl RetryingClients {
+    fn run(port: u16) -> Self {
+        let started = std::time::Instant::now();
         let out = Command::new("python3")
             .arg(grpc_calls())
-            .args(["retrying", &addr.port().to_string(), "300", "20"])
+            .args(["retrying", &port.to_string(), "300", "20"])
             .env("GRPC_TRACE", "retry")
             .env("GRPC_VERBOSITY", "debug")
             .output()
             .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        let elapsed = started.elapsed();
+        let trace = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{trace}");
+        let pushbacks = trace
+            .lines()
+            .filter_map(|l| l.split("server push-back: retry in ").nth(1))
+            .map(|rest| rest.trim_end_matches(" ms").parse().unwrap())
+            .collect();
+        Self {
+            counts: String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+            pushbacks,
+            retries: retries_after_pushback(&trace),
+            elapsed,
+        }
+    }
+
+    fn failed(&self) -> u64 {
+        count_in(&self.counts, "failed")
+    }
+
+    /// The pushbacks waited out are the agent's values: computed ones (not its static 9 s),
+    /// within the range it answered (`low..=high` ms) and its clamp (10 s), and some retry
+    /// after one was admitted. scheduled_returns moves them from moment to moment and with
+    /// the returns the proxy promised itself, so they are held to the range, not one answer.
+    fn assert_pushbacks_computed(&self, low: u64, high: u64) {
+        let (admitted, retried) = self.retries;
+        eprintln!(
+            "clients: {} in {:?}; {} retries waited out a pushback of {:?} ms, {admitted} of \
+             {retried} then admitted; the agent answered {low}..{high} ms",
+            self.counts,
+            self.elapsed,
+            self.pushbacks.len(),
+            (self.pushbacks.iter().min(), self.pushbacks.iter().max()),
         );
-        let trace = String::from_utf8_lossy(&out.stderr).into_owned();
-        (String::from_utf8_lossy(&out.stdout).into_owned(), trace)
-    };
-    // A first load warms the estimate; the second is judged, with the agent's own answers
-    // asked every 200 ms meanwhile.
-    clients();
-    let asking = Arc::new(AtomicBool::new(true));
-    let answers = {
-        let (asking, socket) = (asking.clone(), agent.socket.clone());
-        thread::spawn(move || {
+        assert!(
+            !self.pushbacks.is_empty(),
+            "no pushback in grpc's retry trace"
+        );
+        assert!(
+            self.pushbacks
+                .iter()
+                .all(|&ms| (low..=10_000).contains(&ms)),
+            "pushbacks {:?} outside the agent's answers {low}..{high} and its clamp",
+            self.pushbacks
+        );
+        assert!(
+            self.pushbacks.iter().filter(|&&ms| ms != 9_000).count() * 2 > self.pushbacks.len(),
+            "mostly the static value: {:?}",
+            self.pushbacks
+        );
+        assert!(admitted > 0, "{admitted} of {retried}");
+    }
+}
+
+/// The agent's computed answers to `QUERY <service>`, asked every 200 ms until read.
+struct AgentAnswers {
+    asking: Arc<AtomicBool>,
+    thread: thread::JoinHandle<Vec<u64>>,
+}
+
+impl AgentAnswers {
+    fn ask(agent: &AgentProcess, service: &str) -> Self {
+        let asking = Arc::new(AtomicBool::new(true));
+        let (flag, socket, query) = (
+            asking.clone(),
+            agent.socket.clone(),
+            format!("QUERY {service}"),
+        );
+        let thread = thread::spawn(move || {
             let mut millis = Vec::new();
-            while asking.load(Ordering::SeqCst) {
-                if let Ok(line) = agent_request(&socket, "QUERY calls")
+            while flag.load(Ordering::SeqCst) {
+                if let Ok(line) = agent_request(&socket, &query)
                     && let Ok(Response::RetryAfter(a)) = Response::parse(&line)
                     && a.rung == Rung::Computed
                 {
@@ -359,62 +624,17 @@ fn grpc_clients_wait_out_the_pushback_the_agent_computes() {
                 thread::sleep(Duration::from_millis(200));
             }
             millis
-        })
-    };
-    let (counts, trace) = clients();
-    asking.store(false, Ordering::SeqCst);
-    let answers = answers.join().unwrap();
-    let pushbacks: Vec<u64> = trace
-        .lines()
-        .filter_map(|l| l.split("server push-back: retry in ").nth(1))
-        .map(|rest| rest.trim_end_matches(" ms").parse().unwrap())
-        .collect();
-    let (low, high) = (
-        *answers.iter().min().expect("computed answers"),
-        *answers.iter().max().unwrap(),
-    );
-    eprintln!(
-        "clients: {}; server: {}; {} retries waited out a pushback of {:?} ms; the agent \
-         answered {low}..{high} ms ({} answers)",
-        counts.trim(),
-        server.stats().trim(),
-        pushbacks.len(),
-        (pushbacks.iter().min(), pushbacks.iter().max()),
-        answers.len()
-    );
-    assert!(!pushbacks.is_empty(), "no pushback in grpc's retry trace");
-    // The agent's values: computed ones (not its static 9 s), within its clamp (10 s here).
-    // scheduled_returns moves them from moment to moment and with the returns the server
-    // promised itself, so they are held to the range the agent answered, not to one answer.
-    assert!(
-        pushbacks.iter().all(|&ms| (low..=10_000).contains(&ms)),
-        "pushbacks {pushbacks:?} outside the agent's answers {low}..{high} and its clamp"
-    );
-    assert!(
-        pushbacks.iter().filter(|&&ms| ms != 9_000).count() * 2 > pushbacks.len(),
-        "mostly the static value: {pushbacks:?}"
-    );
-    let (admitted, retried) = retries_after_pushback(&trace);
-    eprintln!("retries after a pushback: {admitted} of {retried} admitted");
-    assert!(admitted > 0, "{admitted} of {retried}");
-    // The same load with the agent stopped: no hint (once the held estimate is stale), the
-    // clients' own backoff (0.1 s to 1 s), for comparison.
-    agent.stop();
-    thread::sleep(Duration::from_secs(6));
-    let (without, trace) = clients();
-    assert!(
-        !trace.contains("server push-back: retry in"),
-        "a hint with no agent"
-    );
-    eprintln!(
-        "without the agent: clients {}; with it: {}",
-        without.trim(),
-        counts.trim()
-    );
-    assert!(
-        count_in(&counts, "failed") < count_in(&without, "failed"),
-        "the hint helped no client: with it {counts}, without {without}"
-    );
+        });
+        Self { asking, thread }
+    }
+
+    /// Stop asking: the lowest and highest answer, in milliseconds.
+    fn range(self) -> (u64, u64) {
+        self.asking.store(false, Ordering::SeqCst);
+        let millis = self.thread.join().unwrap();
+        let low = *millis.iter().min().expect("computed answers");
+        (low, *millis.iter().max().unwrap())
+    }
 }
 
 /// Of the attempts that came after a pushback, in grpc's retry trace (each call's attempts in
