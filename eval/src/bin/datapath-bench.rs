@@ -6,6 +6,8 @@
 //! programs' own run time, from the kernel's statistics, in those two attached setups and
 //! attached to another cgroup (`agent.attach_cgroups`), the traffic outside it: keep-alive, and
 //! a new connection per request (whose state changes run the node-wide close tracepoint).
+//! Last, in the same run, the HTTP/2 frame walk beside the HTTP/1.1 turns: nginx answering
+//! both, h2load and wrk as the loads, each port not watched and watched.
 //!
 //! Usage: datapath-bench [ROUNDS] [SECONDS] [CONNECTIONS] [KERNEL_ROUNDS]   (defaults 10 5 16 5;
 //! run as root; ROUNDS 0 skips the throughput table)
@@ -15,8 +17,9 @@ use std::{process::Command, time::Duration};
 use retry_after_agent::{endpoint::Endpoint, kernel::ProbeOptions};
 use retry_after_common::Side;
 use retry_after_testkit::{
-    AttachedProbe, TestCgroup,
+    AttachedProbe, TestCgroup, free_port,
     http::{HttpServer, ServerOptions},
+    proxies::Nginx,
 };
 
 fn main() {
@@ -51,6 +54,8 @@ fn main() {
         "{}",
         in_kernel_cost(&load(&url, seconds, connections), endpoint, kernel_rounds)
     );
+    println!();
+    println!("{}", protocol_cost(kernel_rounds, seconds, connections));
 }
 
 /// The load of one measurement at `url`.
@@ -253,7 +258,11 @@ fn measure(setup: usize, endpoint: Endpoint, elsewhere: &TestCgroup, load: &Wrk<
     } else {
         wrk(load.url, load.seconds, load.connections)
     };
-    let requests = rps * load.seconds as f64;
+    measured(&probe, rps, rps * load.seconds as f64)
+}
+
+/// The programs' run-time statistics of `probe`, for `requests` requests at `rps`.
+fn measured(probe: &AttachedProbe, rps: f64, requests: f64) -> Measured {
     let (runs, nanos) = probe
         .probe
         .program_run_stats()
@@ -267,6 +276,115 @@ fn measure(setup: usize, endpoint: Endpoint, elsewhere: &TestCgroup, load: &Wrk<
         per_request: nanos as f64 / requests,
         runs_per_request: runs as f64 / requests,
     }
+}
+
+/// The HTTP/2 frame walk's cost beside the HTTP/1.1 turns', on one server: nginx (one
+/// worker, on CPU 0 with this process) answering HTTP/1.1 on one port, driven by wrk, and
+/// cleartext HTTP/2 on another, driven by h2load (`connections` connections, 8 streams at once
+/// on each), each with the programs attached and the port not watched, then watched (both
+/// ends, as above), in rotating order, `rounds` rounds of `seconds` s. A request of HTTP/2 is a
+/// stream. Prints each round, then the median and spread of each figure.
+fn protocol_cost(rounds: u64, seconds: u64, connections: u64) -> String {
+    let _stats =
+        aya::sys::enable_stats(aya::sys::Stats::RunTime).expect("enable BPF run-time stats");
+    let (h1, h2) = (free_port(), free_port());
+    let _nginx = Nginx::start(&format!(
+        "  server {{ listen {h1}; keepalive_requests 1000000; location / {{ return 200 \"ok\\n\"; }} }}\n  \
+         server {{ listen {h2} http2; http2_max_concurrent_streams 128; keepalive_requests 1000000; \
+         location / {{ return 200 \"ok\\n\"; }} }}"
+    ));
+    let (h1_url, h2_url) = (format!("http://{h1}/"), format!("http://{h2}/"));
+    let setups: [(&str, Endpoint, bool); 4] = [
+        ("HTTP/1.1, not watching", Endpoint::from(h1), false),
+        ("HTTP/1.1, watching", Endpoint::from(h1), true),
+        ("HTTP/2, not watching", Endpoint::from(h2), false),
+        ("HTTP/2, watching", Endpoint::from(h2), true),
+    ];
+    let mut measured_rounds: Vec<[Measured; 4]> = Vec::new();
+    for round in 0..rounds as usize {
+        let mut row = [Measured::default(); 4];
+        for step in 0..4 {
+            let setup = (step + round) % 4;
+            let (_, endpoint, watched) = setups[setup];
+            let probe = if watched {
+                AttachedProbe::watching(&[endpoint])
+            } else {
+                AttachedProbe::attach()
+            };
+            let (rps, requests) = if setup < 2 {
+                let rps = wrk(&h1_url, seconds, connections);
+                (rps, rps * seconds as f64)
+            } else {
+                h2load_for(&h2_url, seconds, connections)
+            };
+            row[setup] = measured(&probe, rps, requests);
+        }
+        measured_rounds.push(row);
+    }
+    let lines: Vec<String> = measured_rounds
+        .iter()
+        .enumerate()
+        .map(|(round, m)| {
+            let cells: Vec<String> = m
+                .iter()
+                .map(|x| {
+                    format!(
+                        "{:.0} | {:.0} | {:.0} | {:.1}",
+                        x.rps, x.per_run, x.per_request, x.runs_per_request
+                    )
+                })
+                .collect();
+            format!("| {} | {} |", round + 1, cells.join(" | "))
+        })
+        .collect();
+    let figure = |setup: usize, of: fn(&Measured) -> f64| -> Vec<f64> {
+        measured_rounds.iter().map(|m| of(&m[setup])).collect()
+    };
+    let marginal = |watched: usize| -> Vec<f64> {
+        measured_rounds
+            .iter()
+            .map(|m| m[watched].per_request - m[watched - 1].per_request)
+            .collect()
+    };
+    let mut rows = Vec::new();
+    for (setup, (name, _, _)) in setups.iter().enumerate() {
+        rows.push(summary(
+            0,
+            &format!("ns per run, {name}"),
+            &figure(setup, |m| m.per_run),
+        ));
+        rows.push(summary(
+            0,
+            &format!("program ns per request, {name}"),
+            &figure(setup, |m| m.per_request),
+        ));
+        rows.push(summary(
+            1,
+            &format!("program runs per request, {name}"),
+            &figure(setup, |m| m.runs_per_request),
+        ));
+    }
+    rows.push(summary(
+        0,
+        "marginal ns per request, HTTP/1.1",
+        &marginal(1),
+    ));
+    rows.push(summary(0, "marginal ns per request, HTTP/2", &marginal(3)));
+    let header: Vec<String> = setups
+        .iter()
+        .map(|(name, _, _)| {
+            format!("req/s, {name} | ns per run, {name} | program ns per request, {name} | runs per request, {name}")
+        })
+        .collect();
+    format!(
+        "HTTP/1.1 (wrk) and HTTP/2 (h2load, 8 streams at once per connection) through nginx, \
+         {rounds} rounds of {seconds} s, {connections} connections:\n\n\
+         | round | {} |\n|---|{}\n{}\n\n| figure | median | spread |\n|---|---|---|\n{}",
+        header.join(" | "),
+        "---|".repeat(16),
+        lines.join("\n"),
+        rows.join("\n"),
+    )
 }
 
 /// One round's row of the table.
@@ -328,6 +446,26 @@ fn wrk(url: &str, seconds: u64, connections: u64) -> f64 {
 /// [`wrk`] with `Connection: close` on every request: a new connection per request.
 fn wrk_closing(url: &str, seconds: u64, connections: u64) -> f64 {
     wrk_with(url, seconds, connections, &["-H", "Connection: close"])
+}
+
+/// h2load for `seconds` s on CPU 1 (one thread, `connections` connections, 8 streams at once
+/// on each): requests per second, and requests done.
+fn h2load_for(url: &str, seconds: u64, connections: u64) -> (f64, f64) {
+    let out = Command::new("taskset")
+        .args(["-c", "1", "h2load", "-t1", "-m8"])
+        .args(["-c", &connections.to_string(), "-D", &seconds.to_string()])
+        .arg(url)
+        .output()
+        .expect("run h2load (./dev setup installs it)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "h2load failed: {text}");
+    let done = text
+        .lines()
+        .find_map(|l| l.strip_prefix("requests: "))
+        .and_then(|rest| rest.split(", ").find_map(|part| part.strip_suffix(" done")))
+        .and_then(|n| n.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no requests done in h2load output:\n{text}"));
+    (done / seconds as f64, done)
 }
 
 fn wrk_with(url: &str, seconds: u64, connections: u64, extra: &[&str]) -> f64 {
