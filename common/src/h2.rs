@@ -36,9 +36,17 @@
 //! stream's bit set counts its end, exactly once, whichever CPU sees it first.
 //! [`Streams::next_index`] is written by client segments only.
 //!
-//! Bounds: the last [`STREAM_WINDOW`] client streams are tracked. A stream still open when
-//! that many newer ones have started is forgotten: counted abandoned then, and its end is not
-//! counted. Over TLS the frames are encrypted and nothing here applies.
+//! Bounds: the last [`STREAM_WINDOW`] client streams are tracked by index. A stream still open
+//! when that many newer ones have started (a long-lived stream beside many short ones, streams
+//! answered late) leaves the window: its index is no longer known, but it is still counted in
+//! flight, in [`Streams::beyond`], and the next end sent for a stream below the window
+//! completes one of those. Such a stream is forgotten (counted abandoned, its end no longer
+//! counted) when its end has not come 1 to 2 [`EPOCH`]s of streams later, or when 64 are
+//! beyond the window at once; the close abandons what is left. A segment that arrives
+//! before the bytes ahead of it (reordered on the way, or after a loss) leaves a [`Hole`]:
+//! the walk frames anew at the segment, and walks the bytes from the place it saved when they
+//! come; one hole per connection at a time. Over TLS the frames are encrypted and nothing here
+//! applies.
 
 use core::ptr::{read_volatile, write_volatile};
 
@@ -57,6 +65,12 @@ pub const FRAME_HEADER_LEN: u32 = 9;
 pub const MAX_FRAMES_PER_SEGMENT: u32 = 512;
 /// Client streams tracked per connection: the most recent this many.
 pub const STREAM_WINDOW: u32 = 128;
+/// Streams counted beyond the window at one client HEADERS frame at most (more leave it at
+/// once only when stream ids jump); the rest are forgotten.
+pub const BEYOND_PER_OPEN: u16 = 4;
+/// Stream indices per epoch: a stream counted beyond the window whose end has not come when
+/// `next_index` has moved into the epoch after next (1 to 2 epochs later) is forgotten.
+pub const EPOCH: u32 = 1024;
 /// The largest frame payload a peer may send before the other raises its limit
 /// (SETTINGS_MAX_FRAME_SIZE's initial value), used to judge a frame header's shape.
 pub const DEFAULT_MAX_FRAME_LEN: u32 = 16_384;
@@ -132,12 +146,46 @@ pub struct Streams {
     /// Bit `i % 128` (word `i % 128 / 64`) is set while client stream index `i` (stream id
     /// `2i + 1`) is open. Changed by both directions, atomically.
     pub open: [u64; 2],
+    /// Streams still open when pushed out of the window, one bit each (up to 64 a word),
+    /// in word `epoch % 2` of the epoch ([`EPOCH`] stream indices) `next_index` was in: each
+    /// end (or cancel) of a stream below the window takes one; a word left from two epochs
+    /// back is given up. Set by client segments, cleared by either direction, atomically.
+    pub beyond: [u64; 2],
     /// One past the highest client stream index started; 0 before the first. Written by
     /// client segments only.
     pub next_index: u32,
     /// Always zero (explicit padding).
     pub pad: u32,
 }
+
+/// The bytes of one direction that a later segment overtook (a gap in the sequence): the
+/// walk's place where they begin, saved, so that when they arrive they are walked from it.
+/// One per connection state: only the direction a vantage point receives can arrive out of
+/// order (what it sends passes its programs in order).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Hole {
+    /// The walk's place at the hole's first byte (its `next_seq`).
+    pub place: FrameStream,
+    /// Sequence number of the segment that overtook the hole: where the walk framed anew.
+    pub end: u32,
+    /// [`HOLE_NONE`], [`HOLE_OPEN`] or [`HOLE_FILLING`].
+    pub state: u8,
+    /// The direction: `Sender as u8`.
+    pub sender: u8,
+    /// 1 when a hole still open was given up for a new one (its bytes' frames are lost),
+    /// until the segment's walk reports it.
+    pub given_up: u8,
+    /// Always zero (explicit padding).
+    pub pad: [u8; 5],
+}
+
+/// No hole.
+pub const HOLE_NONE: u8 = 0;
+/// A hole waits for its bytes.
+pub const HOLE_OPEN: u8 = 1;
+/// Its bytes are being walked: the direction's walk and the hole's place are swapped.
+pub const HOLE_FILLING: u8 = 2;
 
 /// What a connection's client's first payload says it is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -301,11 +349,14 @@ impl FrameStream {
     }
 
     /// Walk the frames of one segment of an HTTP/2 connection: `len` payload bytes at `seq`
-    /// sent by `sender`, on an endpoint of `protocol`.
+    /// sent by `sender`, on an endpoint of `protocol`. A segment that overtakes bytes not
+    /// seen yet leaves a `hole` (the walk's place saved there, the walk framed anew at the
+    /// segment); the segment that brings those bytes is walked from the saved place.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     pub fn walk<P: Payload, A: FrameOps>(
         &mut self,
+        hole: &mut Hole,
         streams: &mut Streams,
         seq: u32,
         len: u32,
@@ -317,9 +368,30 @@ impl FrameStream {
         if len == 0 {
             return walk;
         }
+        // Nothing the hole decides before the walk is kept outside the two (the verifier
+        // then checks the walk once, not once for each way the hole went).
+        hole.enter(self, seq, sender);
+        self.walk_segment::<P, A>(streams, seq, len, payload, sender, protocol, &mut walk);
+        hole.leave(self, &mut walk);
+        walk
+    }
+
+    /// [`FrameStream::walk`] of the segment's first `len` bytes, without the hole.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn walk_segment<P: Payload, A: FrameOps>(
+        &mut self,
+        streams: &mut Streams,
+        seq: u32,
+        len: u32,
+        payload: &P,
+        sender: Sender,
+        protocol: Protocol,
+        walk: &mut FrameWalk,
+    ) {
         let end = seq.wrapping_add(len);
-        let Some(pos) = self.resume_at(seq, end, payload, &mut walk) else {
-            return walk;
+        let Some(pos) = self.resume_at(seq, end, payload, walk) else {
+            return;
         };
         let bytes = len - pos;
         match sender {
@@ -332,7 +404,7 @@ impl FrameStream {
             at: At { pos, len },
             sender,
             protocol,
-            walk,
+            walk: *walk,
             outcome: None,
         };
         if self.walk_frames::<P, A>(&mut seg) {
@@ -341,7 +413,19 @@ impl FrameStream {
             self.flags.clear(FRAMED);
             seg.walk.unframed = true;
         }
-        seg.walk
+        *walk = seg.walk;
+    }
+
+    /// True while `next_seq` is a known position of the frame stream.
+    #[inline(always)]
+    fn is_framed(&self) -> bool {
+        self.flags.get() & FRAMED != 0
+    }
+
+    /// True if the walk stands between two frames: nothing of a frame left, no header held.
+    #[inline(always)]
+    fn between_frames(&self) -> bool {
+        self.is_framed() && self.left == 0 && self.held_len == 0
     }
 
     /// Where the segment's new bytes begin, framing anew at its start when the framing was
@@ -566,10 +650,72 @@ fn response_rejected<P: Payload>(frame: Frame, at: At, payload: &P, protocol: Pr
     start + 5 <= at.len && payload.header_at(start).is_some_and(is_rejection_status)
 }
 
+impl Hole {
+    /// No hole.
+    pub const NONE: Self = Self {
+        place: FrameStream::NEW,
+        end: 0,
+        state: HOLE_NONE,
+        sender: 0,
+        given_up: 0,
+        pad: [0; 5],
+    };
+
+    /// Before `walk`'s segment (at `seq`, from `sender`) is walked: if it brings the hole's
+    /// bytes, swap the hole's place in for the walk; if it overtakes bytes not seen, save the
+    /// walk's place there (an older hole still open is given up: its bytes' frames are lost).
+    /// A segment that fills the hole and runs on past its end walks again what lies past it:
+    /// the counts do not change for it (a stream starts and ends once), only the bytes do.
+    #[inline(always)]
+    fn enter(&mut self, walk: &mut FrameStream, seq: u32, sender: Sender) {
+        let ours = self.sender == sender as u8;
+        if self.state == HOLE_OPEN && ours && seq == self.place.next_seq {
+            core::mem::swap(&mut self.place, walk);
+            self.state = HOLE_FILLING;
+        } else if walk.is_framed() && crate::turn::seq_after(seq, walk.next_seq) {
+            *self = Self {
+                place: *walk,
+                end: seq,
+                state: HOLE_OPEN,
+                sender: sender as u8,
+                given_up: u8::from(self.state == HOLE_OPEN),
+                pad: [0; 5],
+            };
+        }
+    }
+
+    /// After the segment: a hole being filled swaps the walk back. Filled up to its end, it
+    /// closes; the walk framed anew there was right if the hole's bytes end between two
+    /// frames, and is counted unframed otherwise (as is a hole whose bytes lost the framing,
+    /// and one given up before).
+    #[inline(always)]
+    fn leave(&mut self, walk: &mut FrameStream, seen: &mut FrameWalk) {
+        if self.given_up != 0 {
+            self.given_up = 0;
+            seen.unframed = true;
+        }
+        if self.state != HOLE_FILLING {
+            return;
+        }
+        core::mem::swap(&mut self.place, walk);
+        let filled = !crate::turn::seq_after(self.end, self.place.next_seq);
+        let at_end = self.place.next_seq == self.end;
+        if !self.place.is_framed() || (at_end && !self.place.between_frames()) {
+            seen.unframed = true;
+            *self = Self::NONE;
+        } else if filled {
+            *self = Self::NONE;
+        } else {
+            self.state = HOLE_OPEN;
+        }
+    }
+}
+
 impl Streams {
     /// No stream started yet.
     pub const NEW: Self = Self {
         open: [0; 2],
+        beyond: [0; 2],
         next_index: 0,
         pad: 0,
     };
@@ -581,7 +727,8 @@ impl Streams {
     }
 
     /// A client HEADERS frame on stream `index`: a new stream if above every one started. The
-    /// streams it pushes out of the window are forgotten (counted abandoned).
+    /// open streams it pushes out of the window are counted beyond it (and forgotten: their
+    /// indices are no longer known).
     #[inline(always)]
     fn open<A: FrameOps>(&mut self, index: u32, walk: &mut FrameWalk) {
         let next = self.next();
@@ -597,10 +744,17 @@ impl Streams {
             next.saturating_sub(STREAM_WINDOW),
             new_next.saturating_sub(STREAM_WINDOW),
         );
+        let epoch = new_next / EPOCH;
+        if epoch != next / EPOCH {
+            let given_up = self.give_up_beyond::<A>(epoch, epoch - next / EPOCH);
+            walk.forgotten += given_up;
+            walk.delta.abandoned += given_up;
+        }
         if leaving.1 > leaving.0 {
             let gone = self.clear::<A>(window_mask(leaving.0, leaving.1));
-            walk.forgotten += gone;
-            walk.delta.abandoned += gone;
+            let lost = gone - self.count_beyond::<A>(epoch, gone);
+            walk.forgotten += lost;
+            walk.delta.abandoned += lost;
         }
         let (word, bit) = slot_of(index);
         // SAFETY: `word` is an index into this value's own array.
@@ -608,16 +762,83 @@ impl Streams {
         walk.delta.started += 1;
     }
 
-    /// Stream `index` ends: true if it was open (then it is no longer).
+    /// Stream `index` ends: true if it was open (then it is no longer). Below the window, it
+    /// takes one of the streams counted beyond it, if any: the streams there are not known
+    /// by index, and a stream's first end is the one its peer sends once (a second end of a
+    /// stream, a reset after END_STREAM, comes at once, within the window).
     #[inline(always)]
     fn close<A: FrameOps>(&mut self, index: u32) -> bool {
         let next = self.next();
-        if index >= next || index < next.saturating_sub(STREAM_WINDOW) {
+        if index >= next {
             return false;
+        }
+        if index < next.saturating_sub(STREAM_WINDOW) {
+            return self.take_beyond::<A>();
         }
         let (word, bit) = slot_of(index);
         // SAFETY: `word` is an index into this value's own array.
         unsafe { A::fetch_clear(&raw mut self.open[word], bit) & bit != 0 }
+    }
+
+    /// Count `n` streams beyond the window in `epoch`'s word, at most [`BEYOND_PER_OPEN`] at
+    /// a time and 64 in all: how many were. Client segments only: the bits set are clear,
+    /// and only this direction sets bits, so reading the free ones first is safe.
+    #[inline(always)]
+    fn count_beyond<A: FrameOps>(&mut self, epoch: u32, n: u16) -> u16 {
+        let word = (epoch % 2) as usize;
+        let mut counted = 0;
+        while counted < n && counted < BEYOND_PER_OPEN {
+            // SAFETY: an aligned read, and an atomic set, of this value's own field.
+            unsafe {
+                let free = !read_volatile(&raw const self.beyond[word]);
+                if free == 0 {
+                    break;
+                }
+                A::set(&raw mut self.beyond[word], free.isolate_lowest_one());
+            }
+            counted += 1;
+        }
+        counted
+    }
+
+    /// `next_index` moved `steps` epochs on, into `epoch`: the streams counted beyond the
+    /// window two epochs back (both words, past a jump) are given up; how many.
+    #[inline(always)]
+    fn give_up_beyond<A: FrameOps>(&mut self, epoch: u32, steps: u32) -> u16 {
+        let word = (epoch % 2) as usize;
+        // SAFETY: atomic clears of this value's own fields.
+        let (stale, other) = unsafe {
+            (
+                A::fetch_clear(&raw mut self.beyond[word], u64::MAX),
+                if steps > 1 {
+                    A::fetch_clear(&raw mut self.beyond[1 - word], u64::MAX)
+                } else {
+                    0
+                },
+            )
+        };
+        (stale.count_ones() + other.count_ones()) as u16
+    }
+
+    /// Take one of the streams counted beyond the window, the older epoch's first: false if
+    /// there is none.
+    #[inline(always)]
+    fn take_beyond<A: FrameOps>(&mut self) -> bool {
+        let older = ((self.next() / EPOCH + 1) % 2) as usize;
+        let mut tries = 0;
+        while tries < 4 {
+            let word = if tries < 2 { older } else { 1 - older };
+            // SAFETY: an aligned read, and an atomic clear, of this value's own field.
+            unsafe {
+                let held = read_volatile(&raw const self.beyond[word]);
+                let bit = held.isolate_lowest_one();
+                if held != 0 && A::fetch_clear(&raw mut self.beyond[word], bit) & bit != 0 {
+                    return true;
+                }
+            }
+            tries += 1;
+        }
+        false
     }
 
     /// End every open stream of index `first` or above; how many there were.
@@ -644,11 +865,17 @@ impl Streams {
         ((a & mask[0]).count_ones() + (b & mask[1]).count_ones()) as u16
     }
 
-    /// The connection closed: its open streams are abandoned.
+    /// The connection closed: its open streams are abandoned, those beyond the window too.
     #[inline(always)]
     pub fn on_close<A: FrameOps>(&mut self) -> TurnDelta {
+        // SAFETY: atomic clears of this value's own fields.
+        let beyond = unsafe {
+            A::fetch_clear(&raw mut self.beyond[0], u64::MAX).count_ones()
+                + A::fetch_clear(&raw mut self.beyond[1], u64::MAX).count_ones()
+        };
+        let abandoned = self.close_from::<A>(0) + beyond as u16;
         TurnDelta {
-            abandoned: self.close_from::<A>(0),
+            abandoned,
             ..TurnDelta::default()
         }
     }
@@ -797,6 +1024,7 @@ mod tests {
     struct Conn {
         client: FrameStream,
         server: FrameStream,
+        hole: Hole,
         streams: Streams,
         protocol: Protocol,
         client_seq: u32,
@@ -838,6 +1066,7 @@ mod tests {
             let mut w = FrameWalk::default();
             if self.client.is_http2() {
                 w = self.client.walk::<_, Plain>(
+                    &mut self.hole,
                     &mut self.streams,
                     self.client_seq,
                     len,
@@ -853,15 +1082,23 @@ mod tests {
         fn server_sends(&mut self, bytes: &[u8]) -> FrameWalk {
             let len = bytes.len() as u32;
             assert!(self.client.is_http2());
+            let w = self.server_sends_at(self.server_seq, bytes);
+            self.server_seq = self.server_seq.wrapping_add(len);
+            w
+        }
+
+        /// The server's `bytes` at `seq`, wherever the last ended (a segment out of order).
+        fn server_sends_at(&mut self, seq: u32, bytes: &[u8]) -> FrameWalk {
+            assert!(self.client.is_http2());
             let w = self.server.walk::<_, Plain>(
+                &mut self.hole,
                 &mut self.streams,
-                self.server_seq,
-                len,
+                seq,
+                bytes.len() as u32,
                 &Bytes(bytes),
                 Sender::Server,
                 self.protocol,
             );
-            self.server_seq = self.server_seq.wrapping_add(len);
             self.add(w)
         }
 
@@ -988,26 +1225,138 @@ mod tests {
     }
 
     #[test]
-    fn streams_pushed_out_of_the_window_are_forgotten_once() {
+    fn streams_open_past_the_window_stay_in_flight_until_their_ends() {
         let mut c = Conn::default();
         c.start();
-        // Stream 1 stays open while 200 more come and go.
-        c.client_sends(&request(1));
-        for i in 1..=200u32 {
+        // Four streams stay open while 200 more come and go: pushed out of the window, they
+        // are no longer known by index but still in flight.
+        c.client_sends(&[request(1), request(3), request(5), request(7)].concat());
+        for i in 4..204u32 {
             let id = 2 * i + 1;
             c.client_sends(&request(id));
             c.server_sends(&response(id, END_STREAM, &[0x88]));
         }
         assert_eq!(
             (c.started, c.completed, c.forgotten, c.open()),
-            (201, 200, 1, 0)
+            (204, 200, 0, 4)
         );
-        // Its late end is not counted again.
-        c.server_sends(&response(1, END_STREAM, &[0x88]));
-        assert_eq!((c.completed, c.abandoned), (200, 1));
+        // Their late ends count, whatever order they come in: one answered, one a rejection,
+        // one cancelled by the client.
+        c.server_sends(&response(5, END_STREAM, &[0x88]));
+        c.server_sends(&response(1, 0, &[0x48, 0x03, b'4', b'2', b'9']));
+        c.client_sends(&frame(RST_STREAM, 0, 7, &[0, 0, 0, 8]));
+        assert_eq!(
+            (c.completed, c.rejected, c.abandoned, c.open()),
+            (202, 1, 1, 1)
+        );
         // A jump in stream ids forgets nothing that was not open.
-        c.client_sends(&request(10_001));
-        assert_eq!((c.started, c.forgotten, c.open()), (202, 1, 1));
+        c.client_sends(&request(411));
+        assert_eq!((c.started, c.forgotten, c.open()), (205, 0, 2));
+        // The close abandons the one beyond the window and the one in it.
+        c.close();
+        assert_eq!((c.completed, c.abandoned, c.open()), (202, 3, 0));
+        // Ends after that find none to take.
+        c.server_sends(&response(3, END_STREAM, &[0x88]));
+        assert_eq!(c.completed, 202);
+    }
+
+    /// `n` requests answered at once, from stream `*id` on.
+    fn answered(c: &mut Conn, id: &mut u32, n: u32) {
+        for _ in 0..n {
+            c.client_sends(&request(*id));
+            c.server_sends(&response(*id, END_STREAM, &[0x88]));
+            *id += 2;
+        }
+    }
+
+    #[test]
+    fn a_stream_beyond_the_window_whose_end_never_comes_is_forgotten_epochs_later() {
+        let mut c = Conn::default();
+        c.start();
+        c.client_sends(&request(1));
+        let mut id = 3;
+        // Out of the window at index 128 (in epoch 0): still in flight through epoch 1.
+        answered(&mut c, &mut id, 2046);
+        assert_eq!((c.forgotten, c.open()), (0, 1));
+        // Into epoch 2: given up.
+        answered(&mut c, &mut id, 1);
+        assert_eq!((c.forgotten, c.abandoned, c.open()), (1, 1, 0));
+        c.server_sends(&response(1, END_STREAM, &[0x88]));
+        assert_eq!(c.completed, 2047);
+        // A jump of stream ids over two epochs gives up both words.
+        c.client_sends(&[request(id), request(id + 2)].concat());
+        id += 4;
+        answered(&mut c, &mut id, 200);
+        assert_eq!((c.forgotten, c.open()), (1, 2));
+        c.client_sends(&request(id + 20_000));
+        assert_eq!((c.forgotten, c.abandoned, c.open()), (3, 3, 1));
+    }
+
+    /// The responses to streams `ids`, each HEADERS then DATA with END_STREAM.
+    fn responses(ids: &[u32]) -> Vec<u8> {
+        ids.iter()
+            .flat_map(|&id| [response(id, 0, &[0x88]), data(id, END_STREAM, 30)].concat())
+            .collect()
+    }
+
+    #[test]
+    fn a_segment_overtaken_on_the_way_is_walked_when_it_arrives() {
+        let mut c = Conn::default();
+        c.start();
+        let ids: Vec<u32> = (0..10).map(|i| 2 * i + 1).collect();
+        c.client_sends(&ids.iter().flat_map(|&id| request(id)).collect::<Vec<u8>>());
+        let (a, b, d) = (
+            responses(&ids[..2]),
+            responses(&ids[2..6]),
+            responses(&ids[6..8]),
+        );
+        let start = c.server_seq;
+        let at = |n: usize| start.wrapping_add(n as u32);
+        // a, then d (overtaking b), then b in two pieces, then the rest in order.
+        c.server_sends_at(at(0), &a);
+        c.server_sends_at(at(a.len() + b.len()), &d);
+        assert_eq!((c.completed, c.hole.state), (4, HOLE_OPEN));
+        c.server_sends_at(at(a.len()), &b[..50]);
+        c.server_sends_at(at(a.len() + 50), &b[50..]);
+        assert_eq!((c.completed, c.unframed, c.hole.state), (8, 0, HOLE_NONE));
+        // A retransmission of what was walked counts nothing.
+        c.server_sends_at(at(a.len()), &b);
+        c.server_sends_at(at(a.len() + b.len() + d.len()), &responses(&ids[8..]));
+        assert_eq!((c.completed, c.unframed, c.open()), (10, 0, 0));
+    }
+
+    #[test]
+    fn a_hole_whose_bytes_end_inside_a_frame_or_a_second_hole_counts_the_framing_lost() {
+        let mut c = Conn::default();
+        c.start();
+        let ids: Vec<u32> = (0..8).map(|i| 2 * i + 1).collect();
+        c.client_sends(&ids.iter().flat_map(|&id| request(id)).collect::<Vec<u8>>());
+        let all = responses(&ids);
+        let start = c.server_seq;
+        let at = |n: usize| start.wrapping_add(n as u32);
+        // A segment cut inside a frame overtakes the bytes before it: its start is not a
+        // frame header, so nothing is walked; the hole's bytes then end inside a frame.
+        let cut = responses(&ids[..2]).len() + 20;
+        c.server_sends_at(at(cut), &all[cut..]);
+        c.server_sends_at(at(0), &all[..cut]);
+        assert_eq!((c.unframed, c.hole.state), (2, HOLE_NONE));
+        // The streams whose ends were not walked stay open until the close.
+        c.close();
+        assert_eq!(c.completed + c.abandoned, 8);
+
+        // Two holes at once: the first is given up.
+        let mut c = Conn::default();
+        c.start();
+        c.client_sends(&ids.iter().flat_map(|&id| request(id)).collect::<Vec<u8>>());
+        let start = c.server_seq;
+        let at = |n: usize| start.wrapping_add(n as u32);
+        let piece = responses(&ids[..2]).len();
+        c.server_sends_at(at(piece), &all[piece..2 * piece]);
+        c.server_sends_at(at(3 * piece), &all[3 * piece..]);
+        assert_eq!(c.unframed, 1);
+        c.server_sends_at(at(2 * piece), &all[2 * piece..3 * piece]);
+        c.server_sends_at(at(0), &all[..piece]);
+        assert_eq!((c.completed, c.unframed, c.open()), (6, 1, 2));
     }
 
     #[test]

@@ -367,10 +367,12 @@ pub struct ConnState {
     pub server_frames: h2::FrameStream,
     /// The open HTTP/2 streams.
     pub streams: h2::Streams,
+    /// The bytes a segment overtook, in the direction this vantage point receives.
+    pub hole: h2::Hole,
 }
 
 // Every field is accounted for: no implicit padding, so the map value has no undefined bytes.
-const _: () = assert!(core::mem::size_of::<ConnState>() == 128);
+const _: () = assert!(core::mem::size_of::<ConnState>() == 176);
 
 impl ConnState {
     /// A connection of `watch` seen from `side`, between turns. A client side whose watch is
@@ -408,6 +410,7 @@ impl ConnState {
             client_frames: h2::FrameStream::NEW,
             server_frames: h2::FrameStream::NEW,
             streams: h2::Streams::NEW,
+            hole: h2::Hole::NONE,
         }
     }
 }

@@ -731,6 +731,7 @@ fn http2_segment(
         Sender::Server => &mut conn.server_frames,
     };
     let walk = frames.walk::<_, counters::KernelFrameOps>(
+        &mut conn.hole,
         &mut conn.streams,
         segment.seq,
         segment.payload_len,
