@@ -52,8 +52,8 @@ pub struct ProbeStats {
     pub tls_segments_unframed: u64,
     /// Segments of HTTP/2 connections whose frame walk was lost (their streams are not seen).
     pub http2_segments_unframed: u64,
-    /// HTTP/2 streams still open when too many newer ones had started on their connection
-    /// (counted abandoned, their end not counted).
+    /// HTTP/2 streams given up beyond their connection's stream window (counted abandoned,
+    /// their end not counted).
     pub http2_streams_forgotten: u64,
 }
 

@@ -34,7 +34,8 @@
 //! words. The open-stream bits are changed by both (the client opens, either end closes), so
 //! each change is an atomic fetch-and-modify ([`FrameOps`]): the one event that finds a
 //! stream's bit set counts its end, exactly once, whichever CPU sees it first.
-//! [`Streams::next_index`] is written by client segments only.
+//! [`Streams::next_index`] is written by client segments only. The words of streams beyond
+//! the window have their bits set by client segments and cleared atomically by either.
 //!
 //! Bounds: the last [`STREAM_WINDOW`] client streams are tracked by index. A stream still open
 //! when that many newer ones have started (a long-lived stream beside many short ones, streams

@@ -441,12 +441,13 @@ pub enum ProbeStat {
     /// more records in one segment than are read): their requests or responses are not seen
     /// until a segment starts with a record header again.
     TlsSegmentsUnframed = 7,
-    /// Segments of HTTP/2 connections whose frame walk was lost (a gap in the sequence, or
-    /// more frames in one segment than are read): their streams' starts and ends are not seen
+    /// Segments of HTTP/2 connections whose frame walk was lost (a segment that overtook
+    /// bytes and begins inside a frame, a hole that could not be walked into place, or more
+    /// frames in one segment than are read): their streams' starts and ends are not seen
     /// until a segment starts with a frame header again.
     Http2SegmentsUnframed = 8,
-    /// HTTP/2 streams still open when [`h2::STREAM_WINDOW`] newer ones had started on their
-    /// connection: counted abandoned then, their end not counted.
+    /// HTTP/2 streams given up beyond their connection's window of [`h2::STREAM_WINDOW`]
+    /// streams (see [`h2::Streams::beyond`]): counted abandoned then, their end not counted.
     Http2StreamsForgotten = 9,
 }
 
