@@ -66,9 +66,6 @@ pub const FRAME_HEADER_LEN: u32 = 9;
 pub const MAX_FRAMES_PER_SEGMENT: u32 = 512;
 /// Client streams tracked per connection: the most recent this many.
 pub const STREAM_WINDOW: u32 = 128;
-/// Streams counted beyond the window at one client HEADERS frame at most (more leave it at
-/// once only when stream ids jump); the rest are forgotten.
-pub const BEYOND_PER_OPEN: u16 = 4;
 /// Stream indices per epoch: a stream counted beyond the window whose end has not come when
 /// `next_index` has moved into the epoch after next (1 to 2 epochs later) is forgotten.
 pub const EPOCH: u32 = 1024;
@@ -187,6 +184,29 @@ pub const HOLE_NONE: u8 = 0;
 pub const HOLE_OPEN: u8 = 1;
 /// Its bytes are being walked: the direction's walk and the hole's place are swapped.
 pub const HOLE_FILLING: u8 = 2;
+
+/// One segment to walk: `len` payload bytes at `seq`, sent by `sender`, on an endpoint of
+/// `protocol`.
+pub struct FrameSegment<'a, P> {
+    /// Sequence number of the payload's first byte.
+    pub seq: u32,
+    /// Payload bytes.
+    pub len: u32,
+    /// The payload.
+    pub payload: &'a P,
+    /// Who sent it.
+    pub sender: Sender,
+    /// What the endpoint is declared to speak.
+    pub protocol: Protocol,
+}
+
+impl<P> Clone for FrameSegment<'_, P> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<P> Copy for FrameSegment<'_, P> {}
 
 /// What a connection's client's first payload says it is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -349,47 +369,43 @@ impl FrameStream {
         Detected::Http2
     }
 
-    /// Walk the frames of one segment of an HTTP/2 connection: `len` payload bytes at `seq`
-    /// sent by `sender`, on an endpoint of `protocol`. A segment that overtakes bytes not
-    /// seen yet leaves a `hole` (the walk's place saved there, the walk framed anew at the
-    /// segment); the segment that brings those bytes is walked from the saved place.
+    /// Walk the frames of one segment of an HTTP/2 connection. A segment that overtakes
+    /// bytes not seen yet leaves a `hole` (the walk's place saved there, the walk framed anew
+    /// at the segment); the segment that brings those bytes is walked from the saved place.
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
     pub fn walk<P: Payload, A: FrameOps>(
         &mut self,
         hole: &mut Hole,
         streams: &mut Streams,
-        seq: u32,
-        len: u32,
-        payload: &P,
-        sender: Sender,
-        protocol: Protocol,
+        segment: FrameSegment<'_, P>,
     ) -> FrameWalk {
         let mut walk = FrameWalk::default();
-        if len == 0 {
+        if segment.len == 0 {
             return walk;
         }
         // Nothing the hole decides before the walk is kept outside the two (the verifier
         // then checks the walk once, not once for each way the hole went).
-        hole.enter(self, seq, sender);
-        self.walk_segment::<P, A>(streams, seq, len, payload, sender, protocol, &mut walk);
+        hole.enter(self, segment.seq, segment.sender);
+        self.walk_segment::<P, A>(streams, &segment, &mut walk);
         hole.leave(self, &mut walk);
         walk
     }
 
-    /// [`FrameStream::walk`] of the segment's first `len` bytes, without the hole.
+    /// [`FrameStream::walk`] of the segment, without the hole.
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
     fn walk_segment<P: Payload, A: FrameOps>(
         &mut self,
         streams: &mut Streams,
-        seq: u32,
-        len: u32,
-        payload: &P,
-        sender: Sender,
-        protocol: Protocol,
+        segment: &FrameSegment<'_, P>,
         walk: &mut FrameWalk,
     ) {
+        let FrameSegment {
+            seq,
+            len,
+            payload,
+            sender,
+            protocol,
+        } = *segment;
         let end = seq.wrapping_add(len);
         let Some(pos) = self.resume_at(seq, end, payload, walk) else {
             return;
@@ -753,7 +769,13 @@ impl Streams {
         }
         if leaving.1 > leaving.0 {
             let gone = self.clear::<A>(window_mask(leaving.0, leaving.1));
-            let lost = gone - self.count_beyond::<A>(epoch, gone);
+            // One stream leaves at a time while ids follow one another; past a jump in ids,
+            // the others leaving with it are forgotten at once.
+            let lost = if gone > 0 {
+                gone - self.count_beyond::<A>(epoch)
+            } else {
+                0
+            };
             walk.forgotten += lost;
             walk.delta.abandoned += lost;
         }
@@ -781,25 +803,19 @@ impl Streams {
         unsafe { A::fetch_clear(&raw mut self.open[word], bit) & bit != 0 }
     }
 
-    /// Count `n` streams beyond the window in `epoch`'s word, at most [`BEYOND_PER_OPEN`] at
-    /// a time and 64 in all: how many were. Client segments only: the bits set are clear,
-    /// and only this direction sets bits, so reading the free ones first is safe.
+    /// Count one stream beyond the window in `epoch`'s word (64 there at most): 1 if it was,
+    /// 0 if the word is full. Client segments only: the bit set is clear, and only this
+    /// direction sets bits, so reading the free ones first is safe.
     #[inline(always)]
-    fn count_beyond<A: FrameOps>(&mut self, epoch: u32, n: u16) -> u16 {
+    fn count_beyond<A: FrameOps>(&mut self, epoch: u32) -> u16 {
         let word = (epoch % 2) as usize;
-        let mut counted = 0;
-        while counted < n && counted < BEYOND_PER_OPEN {
-            // SAFETY: an aligned read, and an atomic set, of this value's own field.
-            unsafe {
-                let free = !read_volatile(&raw const self.beyond[word]);
-                if free == 0 {
-                    break;
-                }
-                A::set(&raw mut self.beyond[word], free.isolate_lowest_one());
-            }
-            counted += 1;
+        // SAFETY: an aligned read, and an atomic set, of this value's own field.
+        unsafe {
+            let free = !read_volatile(&raw const self.beyond[word]);
+            // No bit at all when the word is full.
+            A::set(&raw mut self.beyond[word], free.isolate_lowest_one());
+            ((free | free.wrapping_neg()) >> 63) as u16
         }
-        counted
     }
 
     /// `next_index` moved `steps` epochs on, into `epoch`: the streams counted beyond the
@@ -822,13 +838,11 @@ impl Streams {
     }
 
     /// Take one of the streams counted beyond the window, the older epoch's first: false if
-    /// there is none.
+    /// there is none (or another end took the one found first).
     #[inline(always)]
     fn take_beyond<A: FrameOps>(&mut self) -> bool {
         let older = ((self.next() / EPOCH + 1) % 2) as usize;
-        let mut tries = 0;
-        while tries < 4 {
-            let word = if tries < 2 { older } else { 1 - older };
+        for word in [older, 1 - older] {
             // SAFETY: an aligned read, and an atomic clear, of this value's own field.
             unsafe {
                 let held = read_volatile(&raw const self.beyond[word]);
@@ -837,7 +851,6 @@ impl Streams {
                     return true;
                 }
             }
-            tries += 1;
         }
         false
     }
@@ -1069,11 +1082,13 @@ mod tests {
                 w = self.client.walk::<_, Plain>(
                     &mut self.hole,
                     &mut self.streams,
-                    self.client_seq,
-                    len,
-                    &Bytes(bytes),
-                    Sender::Client,
-                    self.protocol,
+                    FrameSegment {
+                        seq: self.client_seq,
+                        len,
+                        payload: &Bytes(bytes),
+                        sender: Sender::Client,
+                        protocol: self.protocol,
+                    },
                 );
             }
             self.client_seq = self.client_seq.wrapping_add(len);
@@ -1094,11 +1109,13 @@ mod tests {
             let w = self.server.walk::<_, Plain>(
                 &mut self.hole,
                 &mut self.streams,
-                seq,
-                bytes.len() as u32,
-                &Bytes(bytes),
-                Sender::Server,
-                self.protocol,
+                FrameSegment {
+                    seq,
+                    len: bytes.len() as u32,
+                    payload: &Bytes(bytes),
+                    sender: Sender::Server,
+                    protocol: self.protocol,
+                },
             );
             self.add(w)
         }

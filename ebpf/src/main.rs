@@ -52,7 +52,7 @@ use aya_log_ebpf::{debug, warn};
 use retry_after_common::{
     ConnState, EndpointCounters, EndpointKey, MAX_WATCHED_ENDPOINTS, PROBE_STATS_LEN, ProbeStat,
     Protocol, Side, WATCHED_PORT_WORDS, WatchValue, counter_index,
-    h2::Detected,
+    h2::{Detected, FrameSegment},
     tls::{Sender, Walked},
     turn::{PHASE_REQUEST, ResponseStart, STATUS_LINE_PREFIX, TurnDelta},
 };
@@ -216,6 +216,19 @@ fn ra_ingress(ctx: SkBuffContext) -> i32 {
 #[cgroup_skb(egress)]
 fn ra_egress(ctx: SkBuffContext) -> i32 {
     on_segment(&ctx, false);
+    1
+}
+
+/// The data path's floor, for the bench: the ingress hook with a program that lets the
+/// segment pass at once. Never attached by the agent.
+#[cgroup_skb(ingress)]
+fn ra_floor_in(_ctx: SkBuffContext) -> i32 {
+    1
+}
+
+/// The floor's egress half (see `ra_floor_in`).
+#[cgroup_skb(egress)]
+fn ra_floor_out(_ctx: SkBuffContext) -> i32 {
     1
 }
 
@@ -733,11 +746,13 @@ fn http2_segment(
     let walk = frames.walk::<_, counters::KernelFrameOps>(
         &mut conn.hole,
         &mut conn.streams,
-        segment.seq,
-        segment.payload_len,
-        payload,
-        sender,
-        protocol,
+        FrameSegment {
+            seq: segment.seq,
+            len: segment.payload_len,
+            payload,
+            sender,
+            protocol,
+        },
     );
     if walk.unframed {
         counters::probe_stat(&PROBE_STATS, ProbeStat::Http2SegmentsUnframed);

@@ -132,7 +132,9 @@ impl<T> Outage<T> {
 /// front is under load and probed: 6 s for the drain to warm, 4 s computing (`ask` halfway),
 /// the kill, 2.5 s for the proxy's estimate to go stale (their `stale` is 1.5 s), 3 s of
 /// fallback, the restart, 6 s to reconnect and warm, 3 s computing again (`ask` halfway):
-/// 24.5 s and what `ask` takes twice. The load must last longer.
+/// 24.5 s, what `ask` takes twice, and the restart itself: the kernel's verifier takes
+/// seconds to load the programs (about 4.5 s on the 2-core test machines). The load must last
+/// longer: the tests start it for 60 s and stop it when this returns.
 pub fn outage<T>(agent: &mut AgentProcess, mut ask: impl FnMut(&AgentProcess) -> T) -> Outage<T> {
     thread::sleep(Duration::from_secs(6));
     let computed_from = Instant::now();

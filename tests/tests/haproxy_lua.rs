@@ -88,8 +88,8 @@ fn haproxy_rejections_carry_the_computed_value_then_the_static_one_then_the_comp
         None,
     );
     let load = [
-        Wrk::start(short_fe, 1, 80, 26),
-        Wrk::start(long_fe, 1, 120, 26),
+        Wrk::start(short_fe, 1, 80, 60),
+        Wrk::start(long_fe, 1, 120, 60),
     ];
     let stop = Arc::new(AtomicBool::new(false));
     let probes = [

@@ -84,7 +84,7 @@ fn nginx_rejections_carry_the_computed_value_then_the_static_one_then_the_comput
         None,
     );
     // Longer than the outage's schedule (about 27 s here).
-    let load = Wrk::start(front, 1, 60, 32);
+    let load = Wrk::start(front, 1, 60, 60);
     let stop = Arc::new(AtomicBool::new(false));
     let probes = prober(front, "/", stop.clone());
     // The agent's own answers for the queue it sees at nginx's listener, which moves as

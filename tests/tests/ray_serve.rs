@@ -149,7 +149,7 @@ fn kill_and_restart(
     agent_says: impl Fn(&AgentProcess) -> u64,
 ) -> Cycle {
     // Longer than the outage's schedule (about 25 s).
-    let load = Wrk::start_url(&format!("http://{target}{path}"), 1, 30, 30);
+    let load = Wrk::start_url(&format!("http://{target}{path}"), 1, 30, 60);
     let stop = Arc::new(AtomicBool::new(false));
     let probes = prober(target, path, stop.clone());
     let outage = outage(agent, agent_says);
