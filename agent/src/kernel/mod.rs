@@ -6,6 +6,7 @@
 //! they also go away if the process dies).
 
 mod cgroup;
+mod floor;
 mod listeners;
 
 use std::{
@@ -35,6 +36,7 @@ use crate::{
 };
 
 pub use cgroup::{CgroupScope, attach_dirs, cgroup_scope, find_cgroup2_root};
+pub use floor::Floor;
 pub use listeners::{ListenerBacklog, listener_backlogs};
 
 /// The compiled eBPF object, built by agent/build.rs.
@@ -248,17 +250,7 @@ impl Probe {
     /// How often each of our programs ran and for how long in total. The kernel keeps these
     /// only while run-time statistics are enabled (`aya::sys::enable_stats`); otherwise zero.
     pub fn program_run_stats(&self) -> Vec<ProgramRunStats> {
-        self.ebpf
-            .programs()
-            .filter_map(|(name, program)| {
-                let info = program.info().ok()?;
-                Some(ProgramRunStats {
-                    name: name.to_owned(),
-                    run_count: info.run_count(),
-                    run_time: info.run_time(),
-                })
-            })
-            .collect()
+        run_stats(&self.ebpf)
     }
 
     /// The endpoints being watched.
@@ -474,6 +466,20 @@ fn open_dirs(paths: &[PathBuf]) -> Result<Vec<(&PathBuf, std::fs::File)>, ProbeE
                     path: path.clone(),
                     source,
                 })
+        })
+        .collect()
+}
+
+/// How often each loaded program of `ebpf` ran, and for how long in total.
+fn run_stats(ebpf: &Ebpf) -> Vec<ProgramRunStats> {
+    ebpf.programs()
+        .filter_map(|(name, program)| {
+            let info = program.info().ok()?;
+            Some(ProgramRunStats {
+                name: name.to_owned(),
+                run_count: info.run_count(),
+                run_time: info.run_time(),
+            })
         })
         .collect()
 }

@@ -14,7 +14,10 @@
 
 use std::{process::Command, time::Duration};
 
-use retry_after_agent::{endpoint::Endpoint, kernel::ProbeOptions};
+use retry_after_agent::{
+    endpoint::Endpoint,
+    kernel::{Floor, ProbeOptions, ProgramRunStats, find_cgroup2_root},
+};
 use retry_after_common::Side;
 use retry_after_testkit::{
     AttachedProbe, TestCgroup, free_port,
@@ -145,12 +148,12 @@ fn in_kernel_cost(load: &Wrk<'_>, endpoint: Endpoint, rounds: u64) -> String {
     let _stats =
         aya::sys::enable_stats(aya::sys::Stats::RunTime).expect("enable BPF run-time stats");
     let elsewhere = TestCgroup::create("retry-after-bench-elsewhere");
-    let mut measured: Vec<[Measured; 4]> = Vec::new();
+    let mut measured: Vec<[Measured; SETUPS]> = Vec::new();
     for round in 0..rounds as usize {
-        let mut setups = [Measured::default(); 4];
+        let mut setups = [Measured::default(); SETUPS];
         // In a different order each round.
-        for step in 0..4 {
-            let setup = (step + round) % 4;
+        for step in 0..SETUPS {
+            let setup = (step + round) % SETUPS;
             setups[setup] = measure(setup, endpoint, &elsewhere, load);
         }
         measured.push(setups);
@@ -205,11 +208,28 @@ fn in_kernel_cost(load: &Wrk<'_>, endpoint: Endpoint, rounds: u64) -> String {
             "program ns per request, attached elsewhere, new connections",
             &figure(ELSEWHERE_NEW_CONNECTIONS, |m| m.per_request),
         ),
+        summary(0, "ns per run, floor", &figure(FLOOR, |m| m.per_run)),
+        summary(
+            2,
+            "watched run / floor run",
+            &measured
+                .iter()
+                .map(|m| m[WATCHING].per_run / m[FLOOR].per_run)
+                .collect::<Vec<_>>(),
+        ),
+        summary(
+            2,
+            "watched request (both ends) / four floor runs",
+            &measured
+                .iter()
+                .map(|m| watched_request_over_floor(&m[WATCHING], &m[FLOOR]))
+                .collect::<Vec<_>>(),
+        ),
     ];
     format!(
         "In-kernel cost (BPF run-time statistics on), {rounds} rounds of {seconds} s:\n\n\
-         | round | req/s, not watching | req/s, watching | req/s, attached elsewhere | ns per run, not watching | ns per run, watching | program ns per request, not watching | program ns per request, watching | marginal ns per request | runs per request, watching | runs per request, attached elsewhere | program ns per request, attached elsewhere | req/s, attached elsewhere, new connections | runs per request, attached elsewhere, new connections | program ns per request, attached elsewhere, new connections |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n{}\n\n\
+         | round | req/s, not watching | req/s, watching | req/s, attached elsewhere | ns per run, not watching | ns per run, watching | program ns per request, not watching | program ns per request, watching | marginal ns per request | runs per request, watching | runs per request, attached elsewhere | program ns per request, attached elsewhere | req/s, attached elsewhere, new connections | runs per request, attached elsewhere, new connections | program ns per request, attached elsewhere, new connections | ns per run, floor | watched run / floor run | watched request / four floor runs |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n{}\n\n\
          | figure | median | spread |\n|---|---|---|\n{}",
         lines.join("\n"),
         rows.join("\n"),
@@ -217,11 +237,14 @@ fn in_kernel_cost(load: &Wrk<'_>, endpoint: Endpoint, rounds: u64) -> String {
 }
 
 /// The setups of a round: attached and not watching, watching, attached to an empty cgroup
-/// and watching (keep-alive), the same with a new connection per request.
+/// and watching (keep-alive), the same with a new connection per request, and the floor (the
+/// same two hooks with programs that return at once, attached where the programs are).
 const NOT_WATCHING: usize = 0;
 const WATCHING: usize = 1;
 const ELSEWHERE: usize = 2;
 const ELSEWHERE_NEW_CONNECTIONS: usize = 3;
+const FLOOR: usize = 4;
+const SETUPS: usize = 5;
 
 /// The load of each measurement.
 struct Wrk<'a> {
@@ -241,16 +264,17 @@ struct Measured {
 
 /// Attach as `setup` says, run the load, read the programs' run-time statistics.
 fn measure(setup: usize, endpoint: Endpoint, elsewhere: &TestCgroup, load: &Wrk<'_>) -> Measured {
-    let probe = match setup {
-        NOT_WATCHING => AttachedProbe::attach(),
-        WATCHING => AttachedProbe::watching(&[endpoint]),
+    let programs = match setup {
+        FLOOR => Programs::floor(),
+        NOT_WATCHING => Programs::Probe(AttachedProbe::attach()),
+        WATCHING => Programs::Probe(AttachedProbe::watching(&[endpoint])),
         _ => {
             let mut probe = AttachedProbe::attach_with(&ProbeOptions {
                 attach_to: vec![elsewhere.path().to_path_buf()],
                 ..ProbeOptions::default()
             });
             probe.watch(endpoint);
-            probe
+            Programs::Probe(probe)
         }
     };
     let rps = if setup == ELSEWHERE_NEW_CONNECTIONS {
@@ -258,18 +282,37 @@ fn measure(setup: usize, endpoint: Endpoint, elsewhere: &TestCgroup, load: &Wrk<
     } else {
         wrk(load.url, load.seconds, load.connections)
     };
-    measured(&probe, rps, rps * load.seconds as f64)
+    programs.measured(rps, rps * load.seconds as f64)
 }
 
-/// The programs' run-time statistics of `probe`, for `requests` requests at `rps`.
-fn measured(probe: &AttachedProbe, rps: f64, requests: f64) -> Measured {
-    let (runs, nanos) = probe
-        .probe
-        .program_run_stats()
-        .iter()
-        .fold((0u64, 0u128), |(r, n), s| {
-            (r + s.run_count, n + s.run_time.as_nanos())
-        });
+/// What one setup attached: the agent's programs, or the floor's.
+enum Programs {
+    Probe(AttachedProbe),
+    Floor(Floor),
+}
+
+impl Programs {
+    /// The floor, attached to the cgroup v2 root (where the agent attaches by default).
+    fn floor() -> Self {
+        let root = find_cgroup2_root().expect("a cgroup v2 hierarchy");
+        Self::Floor(Floor::attach(&root).expect("attach the floor programs (run as root)"))
+    }
+
+    /// The programs' run-time statistics, for `requests` requests at `rps`.
+    fn measured(&self, rps: f64, requests: f64) -> Measured {
+        let stats = match self {
+            Self::Probe(probe) => probe.probe.program_run_stats(),
+            Self::Floor(floor) => floor.program_run_stats(),
+        };
+        measured(&stats, rps, requests)
+    }
+}
+
+/// Run-time statistics `stats`, for `requests` requests at `rps`.
+fn measured(stats: &[ProgramRunStats], rps: f64, requests: f64) -> Measured {
+    let (runs, nanos) = stats.iter().fold((0u64, 0u128), |(r, n), s| {
+        (r + s.run_count, n + s.run_time.as_nanos())
+    });
     Measured {
         rps,
         per_run: nanos as f64 / runs.max(1) as f64,
@@ -281,9 +324,9 @@ fn measured(probe: &AttachedProbe, rps: f64, requests: f64) -> Measured {
 /// The HTTP/2 frame walk's cost beside the HTTP/1.1 turns', on one server: nginx (one
 /// worker, on CPU 0 with this process) answering HTTP/1.1 on one port, driven by wrk, and
 /// cleartext HTTP/2 on another, driven by h2load (`connections` connections, 8 streams at once
-/// on each), each with the programs attached and the port not watched, then watched (both
-/// ends, as above), in rotating order, `rounds` rounds of `seconds` s. A request of HTTP/2 is a
-/// stream. Prints each round, then the median and spread of each figure.
+/// on each); each with the floor attached, then the programs with the port not watched, then
+/// watched (both ends, as above), in rotating order, `rounds` rounds of `seconds` s. A request
+/// of HTTP/2 is a stream. Prints each round, then the median and spread of each figure.
 fn protocol_cost(rounds: u64, seconds: u64, connections: u64) -> String {
     let _stats =
         aya::sys::enable_stats(aya::sys::Stats::RunTime).expect("enable BPF run-time stats");
@@ -294,33 +337,37 @@ fn protocol_cost(rounds: u64, seconds: u64, connections: u64) -> String {
          location / {{ return 200 \"ok\\n\"; }} }}"
     ));
     let (h1_url, h2_url) = (format!("http://{h1}/"), format!("http://{h2}/"));
-    let setups: [(&str, Endpoint, bool); 4] = [
-        ("HTTP/1.1, not watching", Endpoint::from(h1), false),
-        ("HTTP/1.1, watching", Endpoint::from(h1), true),
-        ("HTTP/2, not watching", Endpoint::from(h2), false),
-        ("HTTP/2, watching", Endpoint::from(h2), true),
+    let protocols = [
+        ("HTTP/1.1", Endpoint::from(h1)),
+        ("HTTP/2", Endpoint::from(h2)),
     ];
-    let mut measured_rounds: Vec<[Measured; 4]> = Vec::new();
+    let modes = ["floor", "not watching", "watching"];
+    let mut measured_rounds: Vec<[Measured; 6]> = Vec::new();
     for round in 0..rounds as usize {
-        let mut row = [Measured::default(); 4];
-        for step in 0..4 {
-            let setup = (step + round) % 4;
-            let (_, endpoint, watched) = setups[setup];
-            let probe = if watched {
-                AttachedProbe::watching(&[endpoint])
-            } else {
-                AttachedProbe::attach()
+        let mut row = [Measured::default(); 6];
+        for step in 0..6 {
+            let setup = (step + round) % 6;
+            let (protocol, mode) = (setup / 3, setup % 3);
+            let endpoint = protocols[protocol].1;
+            let programs = match mode {
+                0 => Programs::floor(),
+                1 => Programs::Probe(AttachedProbe::attach()),
+                _ => Programs::Probe(AttachedProbe::watching(&[endpoint])),
             };
-            let (rps, requests) = if setup < 2 {
+            let (rps, requests) = if protocol == 0 {
                 let rps = wrk(&h1_url, seconds, connections);
                 (rps, rps * seconds as f64)
             } else {
                 h2load_for(&h2_url, seconds, connections)
             };
-            row[setup] = measured(&probe, rps, requests);
+            row[setup] = programs.measured(rps, requests);
         }
         measured_rounds.push(row);
     }
+    let names: Vec<String> = protocols
+        .iter()
+        .flat_map(|(protocol, _)| modes.iter().map(move |mode| format!("{protocol}, {mode}")))
+        .collect();
     let lines: Vec<String> = measured_rounds
         .iter()
         .enumerate()
@@ -337,42 +384,48 @@ fn protocol_cost(rounds: u64, seconds: u64, connections: u64) -> String {
             format!("| {} | {} |", round + 1, cells.join(" | "))
         })
         .collect();
-    let figure = |setup: usize, of: fn(&Measured) -> f64| -> Vec<f64> {
-        measured_rounds.iter().map(|m| of(&m[setup])).collect()
-    };
-    let marginal = |watched: usize| -> Vec<f64> {
-        measured_rounds
-            .iter()
-            .map(|m| m[watched].per_request - m[watched - 1].per_request)
-            .collect()
+    let figure = |of: &dyn Fn(&[Measured; 6]) -> f64| -> Vec<f64> {
+        measured_rounds.iter().map(of).collect()
     };
     let mut rows = Vec::new();
-    for (setup, (name, _, _)) in setups.iter().enumerate() {
+    for (setup, name) in names.iter().enumerate() {
         rows.push(summary(
             0,
             &format!("ns per run, {name}"),
-            &figure(setup, |m| m.per_run),
+            &figure(&|m| m[setup].per_run),
         ));
         rows.push(summary(
             0,
             &format!("program ns per request, {name}"),
-            &figure(setup, |m| m.per_request),
+            &figure(&|m| m[setup].per_request),
         ));
         rows.push(summary(
             1,
             &format!("program runs per request, {name}"),
-            &figure(setup, |m| m.runs_per_request),
+            &figure(&|m| m[setup].runs_per_request),
         ));
     }
-    rows.push(summary(
-        0,
-        "marginal ns per request, HTTP/1.1",
-        &marginal(1),
-    ));
-    rows.push(summary(0, "marginal ns per request, HTTP/2", &marginal(3)));
-    let header: Vec<String> = setups
+    for (protocol, (name, _)) in protocols.iter().enumerate() {
+        let [floor, idle, watch] = [3 * protocol, 3 * protocol + 1, 3 * protocol + 2];
+        rows.push(summary(
+            0,
+            &format!("marginal ns per request, {name} (watching − not watching)"),
+            &figure(&|m| m[watch].per_request - m[idle].per_request),
+        ));
+        rows.push(summary(
+            2,
+            &format!("watched run / floor run, {name}"),
+            &figure(&|m| m[watch].per_run / m[floor].per_run),
+        ));
+        rows.push(summary(
+            2,
+            &format!("watched request / four floor runs, {name}"),
+            &figure(&|m| watched_request_over_floor(&m[watch], &m[floor])),
+        ));
+    }
+    let header: Vec<String> = names
         .iter()
-        .map(|(name, _, _)| {
+        .map(|name| {
             format!("req/s, {name} | ns per run, {name} | program ns per request, {name} | runs per request, {name}")
         })
         .collect();
@@ -381,17 +434,17 @@ fn protocol_cost(rounds: u64, seconds: u64, connections: u64) -> String {
          {rounds} rounds of {seconds} s, {connections} connections:\n\n\
          | round | {} |\n|---|{}\n{}\n\n| figure | median | spread |\n|---|---|---|\n{}",
         header.join(" | "),
-        "---|".repeat(16),
+        "---|".repeat(24),
         lines.join("\n"),
         rows.join("\n"),
     )
 }
 
 /// One round's row of the table.
-fn round_row((round, m): (usize, &[Measured; 4])) -> String {
-    let [idle, watch, elsewhere, churn] = m;
+fn round_row((round, m): (usize, &[Measured; SETUPS])) -> String {
+    let [idle, watch, elsewhere, churn, floor] = m;
     format!(
-        "| {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1} | {:.2} | {:.0} | {:.0} | {:.2} | {:.0} |",
+        "| {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1} | {:.2} | {:.0} | {:.0} | {:.2} | {:.0} | {:.0} | {:.2} | {:.2} |",
         round + 1,
         idle.rps,
         watch.rps,
@@ -406,8 +459,17 @@ fn round_row((round, m): (usize, &[Measured; 4])) -> String {
         elsewhere.per_request,
         churn.rps,
         churn.runs_per_request,
-        churn.per_request
+        churn.per_request,
+        floor.per_run,
+        watch.per_run / floor.per_run,
+        watched_request_over_floor(watch, floor),
     )
+}
+
+/// A watched request's program time (both ends) over four runs of the floor: the issue's
+/// yardstick, a request being four runs (each direction seen leaving and arriving).
+fn watched_request_over_floor(watch: &Measured, floor: &Measured) -> f64 {
+    watch.per_request / (4.0 * floor.per_run)
 }
 
 /// A figure's median and spread (lowest to highest), with `digits` decimals.
