@@ -4,6 +4,7 @@
 //! Data flows kernel → [`kernel::Probe`] (BPF maps) → [`snapshot::Snapshot`] each tick → the
 //! estimator → the proxy. See docs/architecture.md.
 
+pub mod attach;
 pub mod config;
 pub mod endpoint;
 pub mod estimate;

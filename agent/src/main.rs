@@ -5,12 +5,17 @@
 //! 0 success; 1 failure (kernel, socket, an agent that does not answer, `check` finding
 //! something missing); 2 bad command line or configuration; 3 another agent runs on this node.
 
-use std::{path::PathBuf, process::ExitCode, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    process::ExitCode,
+    time::Duration,
+};
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use retry_after_agent::{
-    config::{Config, ConfigError, DEFAULT_CONFIG},
+    attach,
+    config::{AttachCgroups, Config, ConfigError, DEFAULT_CONFIG},
     estimate::{RejectedAt, RetryAfterPolicy, ServiceSettings},
     instance::{InstanceError, InstanceLock},
     kernel::{Probe, ProbeOptions, find_cgroup2_root},
@@ -333,11 +338,13 @@ fn check_programs(list: &mut Checklist, config: Option<&Config>, cgroup: Option<
     if cgroup.is_none() {
         return;
     }
+    let plan = config
+        .map(|c| attach::plan(c, Path::new("/proc")))
+        .unwrap_or_default();
+    report_attach_plan(list, config, &plan);
     let options = ProbeOptions {
         cgroup,
-        attach_to: config
-            .map(|c| c.agent.attach_cgroups.clone())
-            .unwrap_or_default(),
+        attach_to: plan.dirs,
         ..ProbeOptions::default()
     };
     match Probe::attach(&options) {
@@ -361,6 +368,37 @@ fn check_programs(list: &mut Checklist, config: Option<&Config>, cgroup: Option<
             format!("{:#}", anyhow::Error::from(error)),
         ),
     }
+}
+
+/// Which processes own the watched sockets now, and where `attach_cgroups = "auto"` attaches
+/// for them (or why it would fall back to the root, and what that costs).
+fn report_attach_plan(list: &mut Checklist, config: Option<&Config>, plan: &attach::AttachPlan) {
+    let Some(config) = config else { return };
+    let owners: Vec<String> = plan.owners.iter().map(ToString::to_string).collect();
+    let auto = match (&plan.fallback, plan.owner_cgroups()) {
+        (Some(why), _) => format!("falls back to the root ({why}): {}", attach::ROOT_COST),
+        (None, Some(dirs)) => format!(
+            "attaches to {}",
+            dirs.iter()
+                .map(|d| format!("/{}", d.display()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        (None, None) if owners.is_empty() => {
+            "would fall back to the root: no process owns a watched socket now".to_owned()
+        }
+        (None, None) => "would attach at the root: an owner is in the root cgroup".to_owned(),
+    };
+    let setting = match config.agent.attach_cgroups {
+        AttachCgroups::Auto => "agent.attach_cgroups = \"auto\"",
+        _ => "with agent.attach_cgroups = \"auto\", the agent",
+    };
+    let found = if owners.is_empty() {
+        "no process owns a watched socket now".to_owned()
+    } else {
+        format!("the watched sockets' owners: {}", owners.join(", "))
+    };
+    list.report(true, "attach cgroups", format!("{found}; {setting} {auto}"));
 }
 
 /// The socket's directory can be created and written.

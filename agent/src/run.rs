@@ -12,7 +12,8 @@ use tokio::{io::unix::AsyncFd, sync::broadcast};
 use tracing::{debug, info, warn};
 
 use crate::{
-    config::{AgentConfig, Config},
+    attach,
+    config::{AgentConfig, AttachCgroups, Config},
     error_chain,
     estimate::Estimator,
     instance::{InstanceError, InstanceLock},
@@ -142,12 +143,51 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     result
 }
 
-/// Attach the programs and watch every configured endpoint, each scoped to its proxy's
-/// cgroup where one is set.
+/// Say where the programs attach and why: with `"auto"`, the owners found (or why it falls
+/// back to the root, with the cost); at the root by default, the cgroups `"auto"` would use.
+fn log_attach_plan(config: &Config, plan: &attach::AttachPlan) {
+    let owners = || {
+        plan.owners
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match (&config.agent.attach_cgroups, &plan.fallback) {
+        (AttachCgroups::Auto, Some(why)) => warn!(
+            "agent.attach_cgroups = \"auto\": {why}; attaching at the cgroup root instead: {}",
+            attach::ROOT_COST
+        ),
+        (AttachCgroups::Auto, None) => {
+            info!(
+                "agent.attach_cgroups = \"auto\": the watched sockets' owners: {}",
+                owners()
+            )
+        }
+        (AttachCgroups::Root, _) => {
+            if let Some(dirs) = plan.owner_cgroups() {
+                let dirs: Vec<String> = dirs.iter().map(|d| format!("/{}", d.display())).collect();
+                info!(
+                    "attached at the cgroup root: {}; the watched sockets' owners are in {} \
+                     ({}): agent.attach_cgroups = \"auto\" attaches there",
+                    attach::ROOT_COST,
+                    dirs.join(", "),
+                    owners()
+                );
+            }
+        }
+        (AttachCgroups::Paths(_), _) => {}
+    }
+}
+
+/// Attach the programs (where `agent.attach_cgroups` says; `"auto"` resolved now) and watch
+/// every configured endpoint, each scoped to its proxy's cgroup where one is set.
 fn attach_and_watch(config: &Config) -> Result<Probe, RunError> {
+    let plan = attach::plan(config, Path::new("/proc"));
+    log_attach_plan(config, &plan);
     let options = ProbeOptions {
         cgroup: config.agent.cgroup.clone(),
-        attach_to: config.agent.attach_cgroups.clone(),
+        attach_to: plan.dirs,
         debug_log: tracing::enabled!(tracing::Level::DEBUG),
     };
     let mut probe = Probe::attach(&options)?;

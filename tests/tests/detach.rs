@@ -2,12 +2,14 @@
 //! once it has stopped on SIGTERM or SIGINT. Checked with bpftool, as an operator would.
 
 use std::{
+    os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
-use retry_after_agent::kernel::PROGRAM_NAMES;
-use retry_after_testkit::agent_binary;
+use retry_after_agent::kernel::{PROGRAM_NAMES, find_cgroup2_root};
+use retry_after_testkit::{TestCgroup, agent_binary, free_port, proxies::Nginx};
 
 fn bpftool(args: &[&str]) -> serde_json::Value {
     let out = Command::new("bpftool")
@@ -49,21 +51,54 @@ fn links_of(programs: &[u64]) -> Vec<serde_json::Value> {
         .collect()
 }
 
-fn start_agent() -> Child {
+/// A configuration file with `agent_lines` and one service whose backend is `backend`.
+fn config_file(agent_lines: &str, backend: &str) -> PathBuf {
     let config =
         std::env::temp_dir().join(format!("retry-after-detach-{}.toml", std::process::id()));
     std::fs::write(
         &config,
-        "[agent]\ntick_interval_ms = 100\nsocket_path = \"/tmp/retry-after-detach.sock\"\nmetrics_listen = \"127.0.0.1:0\"\n[[service]]\nname = \"t\"\nbackends = [{ address = \"127.0.0.1:1\" }]\n",
+        format!(
+            "[agent]\ntick_interval_ms = 100\nsocket_path = \"/tmp/retry-after-detach.sock\"\n\
+             metrics_listen = \"127.0.0.1:0\"\n{agent_lines}\n\
+             [[service]]\nname = \"t\"\nbackends = [{{ address = \"{backend}\" }}]\n"
+        ),
     )
     .unwrap();
+    config
+}
+
+fn start_agent() -> Child {
+    run_agent(&config_file("", "127.0.0.1:1"))
+}
+
+fn run_agent(config: &Path) -> Child {
     Command::new(agent_binary())
         .args(["run", "--config"])
-        .arg(&config)
+        .arg(config)
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
         .expect("start the agent")
+}
+
+/// Our programs and their links, once the agent has attached every one.
+fn attached(agent: &mut Child) -> (Vec<u64>, Vec<serde_json::Value>) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let programs = our_programs();
+        let links = links_of(&programs);
+        if programs.len() == PROGRAM_NAMES.len() && links.len() == PROGRAM_NAMES.len() {
+            return (programs, links);
+        }
+        if let Some(status) = agent.try_wait().unwrap() {
+            panic!("the agent exited before attaching: {status}");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the agent did not attach within 20 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// Our loaded programs, once the kernel has had up to 5 s to release them: it frees a program
@@ -82,22 +117,7 @@ fn stop_and_check(signal: i32) {
         "programs of an earlier run are still loaded"
     );
     let mut agent = start_agent();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let programs = loop {
-        let programs = our_programs();
-        let links = links_of(&programs);
-        if programs.len() == PROGRAM_NAMES.len() && links.len() == PROGRAM_NAMES.len() {
-            break programs;
-        }
-        if let Some(status) = agent.try_wait().unwrap() {
-            panic!("the agent exited before attaching: {status}");
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the agent did not attach within 20 s"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let (programs, _) = attached(&mut agent);
 
     // SAFETY: kill(2) on our own child's pid.
     assert_eq!(unsafe { libc::kill(agent.id() as i32, signal) }, 0);
@@ -127,4 +147,82 @@ fn nothing_stays_attached_after_sigterm() {
 #[test]
 fn nothing_stays_attached_after_sigint() {
     stop_and_check(libc::SIGINT);
+}
+
+/// The cgroups (by id) the agent's cgroup programs are attached to.
+fn link_cgroups(links: &[serde_json::Value]) -> Vec<u64> {
+    let mut ids: Vec<u64> = links
+        .iter()
+        .filter_map(|link| link["cgroup_id"].as_u64())
+        .collect();
+    ids.sort();
+    ids.dedup();
+    ids
+}
+
+/// A cgroup's id: its directory's inode.
+fn cgroup_id(path: &Path) -> u64 {
+    std::fs::metadata(path).unwrap().ino()
+}
+
+/// `attach_cgroups = "auto"`: `check` names the process that owns the watched listener (nginx,
+/// in a cgroup of its own) and its cgroup, and the agent attaches its socket programs there
+/// and nowhere else; with nobody listening on the backend yet, it falls back to the root.
+#[test]
+fn attach_cgroups_auto_attaches_where_the_watched_listener_is_owned() {
+    let cgroup = TestCgroup::create("retry-after-test-auto");
+    let port = free_port();
+    let _nginx = Nginx::start_in(
+        &format!("  server {{ listen {port}; location / {{ return 200 \"ok\\n\"; }} }}"),
+        Some(cgroup.path()),
+    );
+    let name = cgroup
+        .path()
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let config = config_file("attach_cgroups = \"auto\"", &port.to_string());
+    let check = Command::new(agent_binary())
+        .args(["check", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&check.stdout);
+    let line = said
+        .lines()
+        .find(|l| l.contains("attach cgroups:"))
+        .unwrap_or_else(|| panic!("no attach cgroups line in:\n{said}"));
+    assert!(
+        line.contains(&format!("/{name} (nginx pid"))
+            && line.contains(&format!("listens on 127.0.0.1:{}", port.port()))
+            && line.contains(&format!("attaches to /{name}")),
+        "{line}"
+    );
+    assert!(check.status.success(), "{said}");
+
+    let mut agent = run_agent(&config);
+    let (_, links) = attached(&mut agent);
+    let sockets: Vec<serde_json::Value> = links
+        .into_iter()
+        .filter(|l| l["cgroup_id"].is_u64())
+        .collect();
+    assert_eq!(sockets.len(), 3, "sock_ops, ingress, egress: {sockets:?}");
+    assert_eq!(link_cgroups(&sockets), vec![cgroup_id(cgroup.path())]);
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(agent.id() as i32, libc::SIGTERM) }, 0);
+    assert!(agent.wait().unwrap().success());
+    programs_once_released();
+
+    // Nobody listens on this backend: the root, with a warning.
+    let config = config_file("attach_cgroups = \"auto\"", "127.0.0.1:1");
+    let mut agent = run_agent(&config);
+    let (_, links) = attached(&mut agent);
+    let root = find_cgroup2_root().unwrap();
+    assert_eq!(link_cgroups(&links), vec![cgroup_id(&root)]);
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(agent.id() as i32, libc::SIGTERM) }, 0);
+    assert!(agent.wait().unwrap().success());
+    programs_once_released();
 }

@@ -14,13 +14,21 @@ pub struct ConfigFile {
     pub service: Vec<ServiceFile>,
 }
 
+/// `agent.attach_cgroups`: a list of paths, or a word (`"auto"`).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum AttachCgroupsFile {
+    Word(String),
+    Paths(Vec<String>),
+}
+
 /// `[agent]`; defaults in `Default`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AgentFile {
     pub tick_interval_ms: u64,
     pub cgroup: Option<String>,
-    pub attach_cgroups: Option<Vec<String>>,
+    pub attach_cgroups: Option<AttachCgroupsFile>,
     pub socket_path: String,
     pub socket_mode: String,
     pub allowed_uids: Option<Vec<u32>>,

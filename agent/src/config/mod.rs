@@ -21,7 +21,9 @@ use retry_after_common::{MAX_WATCHED_ENDPOINTS, Protocol};
 use retry_after_policy::{MAX_RETRY_AFTER_S, PolicyConstants, RetryAfterPolicy};
 use retry_after_protocol::MAX_SERVICE_NAME_LEN;
 
-use self::file::{AgentFile, BackendFile, BackpressureFile, ConfigFile, ServiceFile};
+use self::file::{
+    AgentFile, AttachCgroupsFile, BackendFile, BackpressureFile, ConfigFile, ServiceFile,
+};
 use crate::{
     endpoint::Endpoint,
     estimate::{DrainRateConstants, Estimator, RejectedAt, ServiceSettings},
@@ -40,6 +42,19 @@ pub struct Config {
     pub services: Vec<ServiceConfig>,
 }
 
+/// Where the programs attach (`agent.attach_cgroups`), so which sockets run them.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum AttachCgroups {
+    /// The cgroup v2 root: every socket of the node (the default).
+    #[default]
+    Root,
+    /// The cgroups of the processes that own the watched sockets, found when the agent
+    /// starts (`"auto"`); the root if none is found.
+    Auto,
+    /// These cgroups, absolute or relative to the hierarchy's root; none inside another.
+    Paths(Vec<PathBuf>),
+}
+
 /// Agent-wide settings (`[agent]`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct AgentConfig {
@@ -47,9 +62,8 @@ pub struct AgentConfig {
     pub tick_interval: Duration,
     /// The root of the cgroup v2 hierarchy (found from the mount table).
     pub cgroup: Option<PathBuf>,
-    /// The cgroups whose sockets the programs see, absolute or relative to `cgroup`; empty:
-    /// the root, every socket of the node.
-    pub attach_cgroups: Vec<PathBuf>,
+    /// Where the programs attach: which sockets run them.
+    pub attach_cgroups: AttachCgroups,
     /// The Unix socket proxies connect to.
     pub socket_path: PathBuf,
     /// Its permissions (0660).
@@ -357,40 +371,44 @@ fn agent(a: AgentFile) -> Result<AgentConfig, ConfigError> {
     })
 }
 
-/// `agent.attach_cgroups`: none (the root), else distinct, non-empty, not nested paths.
-fn attach_cgroups(paths: Option<Vec<String>>) -> Result<Vec<PathBuf>, ConfigError> {
-    let paths = match paths {
-        None => return Ok(Vec::new()),
-        Some(paths) if paths.is_empty() => {
+/// `agent.attach_cgroups`: none (the root), `"auto"`, else distinct, non-empty, not nested
+/// paths.
+fn attach_cgroups(value: Option<AttachCgroupsFile>) -> Result<AttachCgroups, ConfigError> {
+    let field = "agent.attach_cgroups";
+    let paths = match value {
+        None => return Ok(AttachCgroups::Root),
+        Some(AttachCgroupsFile::Word(word)) if word == "auto" => return Ok(AttachCgroups::Auto),
+        Some(AttachCgroupsFile::Word(word)) => {
             return Err(invalid(
-                "agent.attach_cgroups",
-                "[] would attach nowhere and see nothing; omit it to attach at the hierarchy's root",
+                field,
+                format!("{word:?} is neither \"auto\" nor a list of cgroup paths"),
             ));
         }
-        Some(paths) => {
-            for (i, path) in paths.iter().enumerate() {
-                if path.is_empty() || paths[..i].contains(path) {
-                    return Err(invalid(
-                        "agent.attach_cgroups",
-                        format!("{path:?} is empty or given twice"),
-                    ));
-                }
-            }
-            let paths: Vec<PathBuf> = paths.into_iter().map(PathBuf::from).collect();
-            if let Some((outer, inner)) = nested_pair(&paths) {
-                return Err(invalid(
-                    "agent.attach_cgroups",
-                    format!(
-                        "{:?} and {:?} are nested: name the outer one only (it holds the inner one's sockets)",
-                        outer.display().to_string(),
-                        inner.display().to_string()
-                    ),
-                ));
-            }
-            paths
-        }
+        Some(AttachCgroupsFile::Paths(paths)) => paths,
     };
-    Ok(paths)
+    if paths.is_empty() {
+        return Err(invalid(
+            field,
+            "[] would attach nowhere and see nothing; omit it to attach at the hierarchy's root",
+        ));
+    }
+    for (i, path) in paths.iter().enumerate() {
+        if path.is_empty() || paths[..i].contains(path) {
+            return Err(invalid(field, format!("{path:?} is empty or given twice")));
+        }
+    }
+    let paths: Vec<PathBuf> = paths.into_iter().map(PathBuf::from).collect();
+    if let Some((outer, inner)) = nested_pair(&paths) {
+        return Err(invalid(
+            field,
+            format!(
+                "{:?} and {:?} are nested: name the outer one only (it holds the inner one's sockets)",
+                outer.display().to_string(),
+                inner.display().to_string()
+            ),
+        ));
+    }
+    Ok(AttachCgroups::Paths(paths))
 }
 
 /// `agent.socket_mode`: an octal mode.
@@ -860,6 +878,20 @@ mod tests {
     }
 
     #[test]
+    fn attach_cgroups_is_the_root_auto_or_paths() {
+        let of = |text: &str| Config::parse(text).unwrap().agent.attach_cgroups;
+        assert_eq!(of(""), AttachCgroups::Root);
+        assert_eq!(
+            of("[agent]\nattach_cgroups = \"auto\"\n"),
+            AttachCgroups::Auto
+        );
+        assert_eq!(
+            of("[agent]\nattach_cgroups = [\"serving.slice\"]\n"),
+            AttachCgroups::Paths(vec![PathBuf::from("serving.slice")])
+        );
+    }
+
+    #[test]
     fn numbers_that_would_fail_later_are_refused_now() {
         for (text, field) in [
             ("[agent]\nmax_clients = 100000\n", "agent.max_clients"),
@@ -878,6 +910,10 @@ mod tests {
                 "are nested",
             ),
             ("[agent]\nmax_clients = 2\n", "agent.max_clients"),
+            (
+                "[agent]\nattach_cgroups = \"automatic\"\n",
+                "agent.attach_cgroups: \"automatic\" is neither",
+            ),
         ] {
             let e = error_of(text);
             assert!(e.contains(field), "{text}: {e}");

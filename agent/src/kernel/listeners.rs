@@ -29,12 +29,16 @@ pub struct ListenerBacklog {
 impl ListenerBacklog {
     /// True if connections to `endpoint` land on this listener.
     pub fn serves(&self, endpoint: &Endpoint) -> bool {
-        match endpoint {
-            Endpoint::AnyAddress(port) => self.local.port() == *port,
-            Endpoint::Addr(addr) => {
-                addr.port() == self.local.port()
-                    && (self.local.ip().is_unspecified() || endpoint.matches(&self.local))
-            }
+        listener_serves(&self.local, endpoint)
+    }
+}
+
+/// True if connections to `endpoint` land on a listener bound to `local`.
+pub(super) fn listener_serves(local: &SocketAddr, endpoint: &Endpoint) -> bool {
+    match endpoint {
+        Endpoint::AnyAddress(port) => local.port() == *port,
+        Endpoint::Addr(addr) => {
+            addr.port() == local.port() && (local.ip().is_unspecified() || endpoint.matches(local))
         }
     }
 }
