@@ -52,6 +52,14 @@ enum Task {
     Test,
     /// Set up, then measure the data-path cost of the attached programs.
     Bench(bench::BenchArgs),
+    /// Set up, then soak the agent: mixed traffic on loopback for MINUTES (default 30), the
+    /// agent restarted once midway, its memory, files, connections and ticks sampled each
+    /// minute and its counts held to nginx's (as root; not part of `test`).
+    Soak {
+        /// How long, in minutes (6 at least).
+        #[arg(default_value_t = 30)]
+        minutes: u32,
+    },
     /// Set up, then run the evaluation (`retry-after-eval`; with no arguments the real-socket
     /// and simulated runs side by side, as root, about 40 minutes).
     Evaluate {
@@ -87,6 +95,24 @@ fn main() -> Result<()> {
         }
         Task::Test => test(&root, &env),
         Task::Bench(args) => bench::bench(&root, &env, &args),
+        Task::Soak { minutes } => {
+            // The soak starts the agent binary, which must be built alongside it.
+            let mut build = env.cargo(&root);
+            build.args(["build", "--release", "--package", "retry-after-agent"]);
+            run(build)?;
+            let mut command = env.cargo(&root);
+            command.args([
+                "run",
+                "--release",
+                "--package",
+                "retry-after-eval",
+                "--bin",
+                "soak",
+                "--",
+                &minutes.to_string(),
+            ]);
+            run(command)
+        }
         Task::Evaluate { args } => {
             // The evaluation starts the agent binary, which must be built alongside it.
             let mut build = env.cargo(&root);
