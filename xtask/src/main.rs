@@ -69,6 +69,26 @@ enum Task {
     },
 }
 
+/// Build the agent (release), then run the evaluation crate's binary `bin` with `args`: the
+/// evaluation and the soak start the agent binary, which must be built alongside them.
+fn run_eval_binary(root: &Path, env: &setup::Env, bin: &str, args: &[String]) -> Result<()> {
+    let mut build = env.cargo(root);
+    build.args(["build", "--release", "--package", "retry-after-agent"]);
+    run(build)?;
+    let mut command = env.cargo(root);
+    command.args([
+        "run",
+        "--release",
+        "--package",
+        "retry-after-eval",
+        "--bin",
+        bin,
+        "--",
+    ]);
+    command.args(args);
+    run(command)
+}
+
 fn main() -> Result<()> {
     let cli = Cli::parse();
     let root = workspace_root();
@@ -95,44 +115,14 @@ fn main() -> Result<()> {
         }
         Task::Test => test(&root, &env),
         Task::Bench(args) => bench::bench(&root, &env, &args),
-        Task::Soak { minutes } => {
-            // The soak starts the agent binary, which must be built alongside it.
-            let mut build = env.cargo(&root);
-            build.args(["build", "--release", "--package", "retry-after-agent"]);
-            run(build)?;
-            let mut command = env.cargo(&root);
-            command.args([
-                "run",
-                "--release",
-                "--package",
-                "retry-after-eval",
-                "--bin",
-                "soak",
-                "--",
-                &minutes.to_string(),
-            ]);
-            run(command)
-        }
+        Task::Soak { minutes } => run_eval_binary(&root, &env, "soak", &[minutes.to_string()]),
         Task::Evaluate { args } => {
-            // The evaluation starts the agent binary, which must be built alongside it.
-            let mut build = env.cargo(&root);
-            build.args(["build", "--release", "--package", "retry-after-agent"]);
-            run(build)?;
-            let mut command = env.cargo(&root);
-            command.args([
-                "run",
-                "--release",
-                "--package",
-                "retry-after-eval",
-                "--bin",
-                "retry-after-eval",
-                "--",
-            ]);
-            if args.is_empty() {
-                command.args(DEFAULT_EVALUATION);
-            }
-            command.args(args);
-            run(command)
+            let args = if args.is_empty() {
+                DEFAULT_EVALUATION.iter().map(ToString::to_string).collect()
+            } else {
+                args
+            };
+            run_eval_binary(&root, &env, "retry-after-eval", &args)
         }
     }
 }
