@@ -385,7 +385,7 @@ fn report_attach_plan(list: &mut Checklist, config: Option<&Config>, plan: &atta
                 .join(", ")
         ),
         (None, None) if owners.is_empty() => {
-            "would fall back to the root: no process owns a watched socket now".to_owned()
+            format!("would attach at the root: {}", attach::ROOT_COST)
         }
         (None, None) => "would attach at the root: an owner is in the root cgroup".to_owned(),
     };
