@@ -39,7 +39,7 @@ use crate::{
 pub use cgroup::{CgroupScope, attach_dirs, cgroup_scope, find_cgroup2_root};
 pub use floor::Floor;
 pub use listeners::{ListenerBacklog, listener_backlogs};
-pub use owners::{Held, SocketOwner, owner_cgroups, socket_owners};
+pub use owners::{Held, SocketOwner, TcpSocket, owner_cgroups, socket_owners, tcp_sockets};
 
 /// The compiled eBPF object, built by agent/build.rs.
 static EBPF_OBJECT: &[u8] =

@@ -1,6 +1,6 @@
 //! Which cgroups own the sockets the agent watches: the processes listening on a watched
 //! endpoint (the replicas, the proxy's frontend) and those connected to a backend (the
-//! proxy), found from `/proc/net/tcp{,6}` and each process's open files. What
+//! proxy), found from `/proc/net/tcp{,6}` ([`tcp_sockets`]) and each process's open files. What
 //! `attach_cgroups = "auto"` attaches the programs to, so that no other socket of the node
 //! runs them.
 
@@ -55,11 +55,49 @@ impl std::fmt::Display for SocketOwner {
 
 /// A TCP socket of `/proc/net/tcp{,6}`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct TcpEntry {
-    local: SocketAddr,
-    remote: SocketAddr,
-    listening: bool,
-    inode: u64,
+pub struct TcpSocket {
+    /// Its local address.
+    pub local: SocketAddr,
+    /// Its peer's address (unspecified for a listener).
+    pub remote: SocketAddr,
+    /// Its TCP state, as the kernel numbers them (`TCP_ESTABLISHED` 1, `TCP_LISTEN` 10).
+    pub state: u8,
+    /// Its inode, which a process's open file `socket:[inode]` names.
+    pub inode: u64,
+}
+
+/// `TCP_ESTABLISHED`.
+const ESTABLISHED: u8 = 1;
+/// `TCP_LISTEN`.
+const LISTEN: u8 = 10;
+
+impl TcpSocket {
+    /// True for a connection (not a listener, not closing).
+    pub fn is_established(&self) -> bool {
+        self.state == ESTABLISHED
+    }
+
+    /// True for a listener.
+    pub fn is_listening(&self) -> bool {
+        self.state == LISTEN
+    }
+}
+
+/// Every TCP socket of this network namespace, IPv4 and IPv6, from `proc` (`/proc`).
+///
+/// # Errors
+/// `/proc/net/tcp` cannot be read (`tcp6` is skipped on a kernel without IPv6).
+pub fn tcp_sockets(proc: &Path) -> io::Result<Vec<TcpSocket>> {
+    let mut sockets = Vec::new();
+    for file in ["net/tcp", "net/tcp6"] {
+        let text = match fs::read_to_string(proc.join(file)) {
+            Ok(text) => text,
+            Err(e) if file == "net/tcp6" && e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        sockets.extend(text.lines().skip(1).filter_map(parse_tcp_line));
+    }
+    Ok(sockets)
 }
 
 /// The processes of this node that listen on one of `servers` or are connected to one of
@@ -73,20 +111,10 @@ pub fn socket_owners(
     servers: &[Endpoint],
     backends: &[Endpoint],
 ) -> io::Result<Vec<SocketOwner>> {
-    let mut wanted = BTreeMap::new();
-    for file in ["net/tcp", "net/tcp6"] {
-        let text = match fs::read_to_string(proc.join(file)) {
-            Ok(text) => text,
-            // A kernel without IPv6 has no tcp6.
-            Err(e) if file == "net/tcp6" && e.kind() == io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(e),
-        };
-        for entry in text.lines().skip(1).filter_map(parse_tcp_line) {
-            if let Some(held) = wanted_socket(&entry, servers, backends) {
-                wanted.insert(entry.inode, held);
-            }
-        }
-    }
+    let wanted: BTreeMap<u64, Held> = tcp_sockets(proc)?
+        .iter()
+        .filter_map(|socket| Some((socket.inode, wanted_socket(socket, servers, backends)?)))
+        .collect();
     let mut owners = Vec::new();
     if wanted.is_empty() {
         return Ok(owners);
@@ -101,8 +129,8 @@ pub fn socket_owners(
 }
 
 /// Whether a socket is one to find the owner of.
-fn wanted_socket(entry: &TcpEntry, servers: &[Endpoint], backends: &[Endpoint]) -> Option<Held> {
-    if entry.listening {
+fn wanted_socket(entry: &TcpSocket, servers: &[Endpoint], backends: &[Endpoint]) -> Option<Held> {
+    if entry.is_listening() {
         let serves = servers.iter().any(|e| listener_serves(&entry.local, e));
         return serves.then_some(Held::Listener(entry.local));
     }
@@ -161,16 +189,15 @@ fn unified_cgroup(text: &str) -> Option<PathBuf> {
 }
 
 /// One line of `/proc/net/tcp` or `tcp6`: `sl local rem st … inode …`.
-fn parse_tcp_line(line: &str) -> Option<TcpEntry> {
+fn parse_tcp_line(line: &str) -> Option<TcpSocket> {
     let fields: Vec<&str> = line.split_whitespace().collect();
     if fields.len() < 10 {
         return None;
     }
-    Some(TcpEntry {
+    Some(TcpSocket {
         local: parse_address(fields[1])?,
         remote: parse_address(fields[2])?,
-        // TCP_LISTEN.
-        listening: fields[3] == "0A",
+        state: u8::from_str_radix(fields[3], 16).ok()?,
         inode: fields[9].parse().ok()?,
     })
 }
@@ -226,23 +253,23 @@ mod tests {
         let v4 = "   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 23456 1 0000000000000000 100 0 0 10 0";
         let entry = parse_tcp_line(v4).unwrap();
         assert_eq!(entry.local, "127.0.0.1:8080".parse().unwrap());
-        assert!(entry.listening);
+        assert!(entry.is_listening());
         assert_eq!(entry.inode, 23456);
         let v6 = "   1: 00000000000000000000000001000000:1F91 00000000000000000000000001000000:C350 01 00000000:00000000 00:00000000 00000000     0        0 777 1 0000000000000000 20 4 30 10 -1";
         let entry = parse_tcp_line(v6).unwrap();
         assert_eq!(entry.local, "[::1]:8081".parse().unwrap());
         assert_eq!(entry.remote, "[::1]:50000".parse().unwrap());
-        assert!(!entry.listening);
+        assert!(entry.is_established());
         assert_eq!(parse_tcp_line("  sl  local_address rem_address   st"), None);
     }
 
     #[test]
     fn listeners_of_servers_and_connections_to_backends_are_wanted() {
         let any = |s: &str| s.parse::<SocketAddr>().unwrap();
-        let listener = |local| TcpEntry {
+        let listener = |local| TcpSocket {
             local: any(local),
             remote: any("0.0.0.0:0"),
-            listening: true,
+            state: LISTEN,
             inode: 1,
         };
         let servers = [
@@ -253,10 +280,10 @@ mod tests {
         assert!(wanted_socket(&listener("127.0.0.1:8080"), &servers, &[]).is_some());
         assert!(wanted_socket(&listener("10.1.2.3:9000"), &servers, &[]).is_some());
         assert!(wanted_socket(&listener("127.0.0.1:8081"), &servers, &[]).is_none());
-        let connection = TcpEntry {
+        let connection = TcpSocket {
             local: any("127.0.0.1:40000"),
             remote: any("127.0.0.1:8080"),
-            listening: false,
+            state: ESTABLISHED,
             inode: 2,
         };
         let backends = [Endpoint::from(any("127.0.0.1:8080"))];

@@ -12,6 +12,7 @@
 use std::{
     io::{Read, Write},
     net::{SocketAddr, TcpStream},
+    path::Path,
     sync::{
         Arc,
         atomic::{AtomicBool, AtomicUsize, Ordering},
@@ -20,6 +21,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use retry_after_agent::kernel::tcp_sockets;
 use retry_after_testkit::{
     AgentProcess, free_port,
     proxies::{Nginx, NginxStatus, Wrk, self_signed_certificate},
@@ -357,16 +359,11 @@ impl Sample {
 /// Established TCP sockets with either end on one of `ports` (each loopback connection is
 /// two: the server's and the client's).
 fn established_sockets(ports: [SocketAddr; 2]) -> usize {
-    let text = std::fs::read_to_string("/proc/net/tcp").unwrap();
-    let hex: Vec<String> = ports.iter().map(|p| format!(":{:04X}", p.port())).collect();
-    text.lines()
-        .skip(1)
-        .filter(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            f.len() > 3
-                && f[3] == "01"
-                && hex.iter().any(|h| f[1].ends_with(h) || f[2].ends_with(h))
-        })
+    let on_ports = |addr: &SocketAddr| ports.iter().any(|p| p.port() == addr.port());
+    tcp_sockets(Path::new("/proc"))
+        .expect("read /proc/net/tcp")
+        .iter()
+        .filter(|s| s.is_established() && (on_ports(&s.local) || on_ports(&s.remote)))
         .count()
 }
 
