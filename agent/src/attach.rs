@@ -16,21 +16,33 @@ pub const ROOT_COST: &str = "every segment of every socket on this node runs the
      early exit, about 80 ns each (docs/evaluation.md)";
 
 /// Where to attach, and what was found on the way.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AttachPlan {
     /// The cgroups to attach to; empty: the root.
     pub dirs: Vec<PathBuf>,
     /// The processes owning watched sockets now, by cgroup.
     pub owners: Vec<SocketOwner>,
-    /// Why `"auto"` fell back to the root, if it did.
-    pub fallback: Option<String>,
+    /// What `"auto"` attaches to, whatever the setting: the owners' cgroups, outermost only;
+    /// or why it would be the root.
+    pub auto: Result<Vec<PathBuf>, String>,
 }
 
 impl AttachPlan {
-    /// The cgroups the owners are in, outermost only (what `"auto"` attaches to), if they
-    /// are not the root.
-    pub fn owner_cgroups(&self) -> Option<Vec<PathBuf>> {
-        owner_cgroups(&self.owners)
+    /// The owners, one after another.
+    pub fn owners_listed(&self) -> String {
+        let owners: Vec<String> = self.owners.iter().map(ToString::to_string).collect();
+        owners.join(", ")
+    }
+
+    /// What `"auto"` does: `attaches to /a, /b`, or `attaches at the root (why): the cost`.
+    pub fn auto_described(&self) -> String {
+        match &self.auto {
+            Ok(dirs) => {
+                let dirs: Vec<String> = dirs.iter().map(|d| format!("/{}", d.display())).collect();
+                format!("attaches to {}", dirs.join(", "))
+            }
+            Err(why) => format!("attaches at the root ({why}): {ROOT_COST}"),
+        }
     }
 }
 
@@ -42,33 +54,27 @@ pub fn plan(config: &Config, proc: &Path) -> AttachPlan {
         .iter()
         .flat_map(|s| s.backends.iter().map(|b| b.endpoint))
         .collect();
-    let (owners, looked) = match socket_owners(proc, &servers, &backends) {
-        Ok(owners) => (owners, None),
+    let (owners, auto) = match socket_owners(proc, &servers, &backends) {
         Err(e) => (
             Vec::new(),
-            Some(format!("cannot read {}: {e}", proc.display())),
+            Err(format!("cannot read {}: {e}", proc.display())),
         ),
-    };
-    let mut plan = AttachPlan {
-        owners,
-        ..AttachPlan::default()
-    };
-    match &config.agent.attach_cgroups {
-        AttachCgroups::Root => {}
-        AttachCgroups::Paths(paths) => plan.dirs = paths.clone(),
-        AttachCgroups::Auto => match (plan.owner_cgroups(), looked) {
-            (_, Some(why)) => plan.fallback = Some(why),
-            (Some(dirs), None) => plan.dirs = dirs,
-            (None, None) if plan.owners.is_empty() => {
-                plan.fallback = Some(
+        Ok(owners) => {
+            let auto = match owner_cgroups(&owners) {
+                Some(dirs) => Ok(dirs),
+                None if owners.is_empty() => Err(
                     "no process listens on a watched endpoint or is connected to a backend yet"
-                        .into(),
-                );
-            }
-            (None, None) => {
-                plan.fallback = Some("a process in the root cgroup owns a watched socket".into());
-            }
-        },
-    }
-    plan
+                        .to_owned(),
+                ),
+                None => Err("a process in the root cgroup owns a watched socket".to_owned()),
+            };
+            (owners, auto)
+        }
+    };
+    let dirs = match &config.agent.attach_cgroups {
+        AttachCgroups::Root => Vec::new(),
+        AttachCgroups::Paths(paths) => paths.clone(),
+        AttachCgroups::Auto => auto.clone().unwrap_or_default(),
+    };
+    AttachPlan { dirs, owners, auto }
 }

@@ -338,13 +338,13 @@ fn check_programs(list: &mut Checklist, config: Option<&Config>, cgroup: Option<
     if cgroup.is_none() {
         return;
     }
-    let plan = config
-        .map(|c| attach::plan(c, Path::new("/proc")))
-        .unwrap_or_default();
-    report_attach_plan(list, config, &plan);
+    let plan = config.map(|c| (c, attach::plan(c, Path::new("/proc"))));
+    if let Some((config, plan)) = &plan {
+        report_attach_plan(list, config, plan);
+    }
     let options = ProbeOptions {
         cgroup,
-        attach_to: plan.dirs,
+        attach_to: plan.map(|(_, plan)| plan.dirs).unwrap_or_default(),
         ..ProbeOptions::default()
     };
     match Probe::attach(&options) {
@@ -371,34 +371,22 @@ fn check_programs(list: &mut Checklist, config: Option<&Config>, cgroup: Option<
 }
 
 /// Which processes own the watched sockets now, and where `attach_cgroups = "auto"` attaches
-/// for them (or why it would fall back to the root, and what that costs).
-fn report_attach_plan(list: &mut Checklist, config: Option<&Config>, plan: &attach::AttachPlan) {
-    let Some(config) = config else { return };
-    let owners: Vec<String> = plan.owners.iter().map(ToString::to_string).collect();
-    let auto = match (&plan.fallback, plan.owner_cgroups()) {
-        (Some(why), _) => format!("falls back to the root ({why}): {}", attach::ROOT_COST),
-        (None, Some(dirs)) => format!(
-            "attaches to {}",
-            dirs.iter()
-                .map(|d| format!("/{}", d.display()))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-        (None, None) if owners.is_empty() => {
-            format!("would attach at the root: {}", attach::ROOT_COST)
-        }
-        (None, None) => "would attach at the root: an owner is in the root cgroup".to_owned(),
+/// for them (or why it would be the root, and what that costs).
+fn report_attach_plan(list: &mut Checklist, config: &Config, plan: &attach::AttachPlan) {
+    let found = if plan.owners.is_empty() {
+        "no process owns a watched socket now".to_owned()
+    } else {
+        format!("the watched sockets' owners: {}", plan.owners_listed())
     };
     let setting = match config.agent.attach_cgroups {
         AttachCgroups::Auto => "agent.attach_cgroups = \"auto\"",
         _ => "with agent.attach_cgroups = \"auto\", the agent",
     };
-    let found = if owners.is_empty() {
-        "no process owns a watched socket now".to_owned()
-    } else {
-        format!("the watched sockets' owners: {}", owners.join(", "))
-    };
-    list.report(true, "attach cgroups", format!("{found}; {setting} {auto}"));
+    list.report(
+        true,
+        "attach cgroups",
+        format!("{found}; {setting} {}", plan.auto_described()),
+    );
 }
 
 /// The socket's directory can be created and written.

@@ -146,37 +146,23 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
 /// Say where the programs attach and why: with `"auto"`, the owners found (or why it falls
 /// back to the root, with the cost); at the root by default, the cgroups `"auto"` would use.
 fn log_attach_plan(config: &Config, plan: &attach::AttachPlan) {
-    let owners = || {
-        plan.owners
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    match (&config.agent.attach_cgroups, &plan.fallback) {
-        (AttachCgroups::Auto, Some(why)) => warn!(
-            "agent.attach_cgroups = \"auto\": {why}; attaching at the cgroup root instead: {}",
-            attach::ROOT_COST
+    match (&config.agent.attach_cgroups, &plan.auto) {
+        (AttachCgroups::Auto, Err(_)) => {
+            warn!("agent.attach_cgroups = \"auto\" {}", plan.auto_described())
+        }
+        (AttachCgroups::Auto, Ok(_)) => info!(
+            "agent.attach_cgroups = \"auto\" {}: the watched sockets' owners: {}",
+            plan.auto_described(),
+            plan.owners_listed()
         ),
-        (AttachCgroups::Auto, None) => {
-            info!(
-                "agent.attach_cgroups = \"auto\": the watched sockets' owners: {}",
-                owners()
-            )
-        }
-        (AttachCgroups::Root, _) => {
-            if let Some(dirs) = plan.owner_cgroups() {
-                let dirs: Vec<String> = dirs.iter().map(|d| format!("/{}", d.display())).collect();
-                info!(
-                    "attached at the cgroup root: {}; the watched sockets' owners are in {} \
-                     ({}): agent.attach_cgroups = \"auto\" attaches there",
-                    attach::ROOT_COST,
-                    dirs.join(", "),
-                    owners()
-                );
-            }
-        }
-        (AttachCgroups::Paths(_), _) => {}
+        (AttachCgroups::Root, Ok(_)) => info!(
+            "attached at the cgroup root: {}; the watched sockets' owners: {}; with \
+             agent.attach_cgroups = \"auto\", the agent {}",
+            attach::ROOT_COST,
+            plan.owners_listed(),
+            plan.auto_described()
+        ),
+        (AttachCgroups::Root | AttachCgroups::Paths(_), _) => {}
     }
 }
 
