@@ -1097,7 +1097,6 @@ mod tests {
 
         fn server_sends(&mut self, bytes: &[u8]) -> FrameWalk {
             let len = bytes.len() as u32;
-            assert!(self.client.is_http2());
             let w = self.server_sends_at(self.server_seq, bytes);
             self.server_seq = self.server_seq.wrapping_add(len);
             w
