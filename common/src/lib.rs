@@ -241,9 +241,33 @@ impl Protocol {
     }
 }
 
-/// Index into the counters array of a watch slot's counters from one side.
-pub const fn counter_index(slot: u32, side: Side) -> u32 {
-    slot * 2 + side as u32
+/// Index into the counters array of a watch slot's counters from one side, the copy `writer`
+/// updates. The counts of a slot and side are the sum of both copies over every CPU.
+pub const fn counter_index(slot: u32, side: Side, writer: CounterWriter) -> u32 {
+    (slot * 2 + side as u32) * 2 + writer as u32
+}
+
+/// Entries in [`ENDPOINT_COUNTERS_MAP`]: every slot, side and [`CounterWriter`].
+pub const ENDPOINT_COUNTER_ENTRIES: u32 = MAX_WATCHED_ENDPOINTS * 4;
+
+/// Which programs update a copy of an endpoint's counters. Each slot and side has one copy for
+/// each, so that the ingress program, which runs on every received segment, adds without
+/// atomic instructions.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CounterWriter {
+    /// Every program but the ingress one: a send in process context can be interrupted (or,
+    /// on a preemptible kernel, preempted) by another program on its CPU, so these add
+    /// atomically.
+    Any = 0,
+    /// The ingress program alone. The kernel runs it with bottom halves disabled, from the TCP
+    /// receive path, so it never nests with itself on one CPU: its adds are plain.
+    Ingress = 1,
+}
+
+impl CounterWriter {
+    /// Both copies.
+    pub const ALL: [CounterWriter; 2] = [CounterWriter::Any, CounterWriter::Ingress];
 }
 
 /// From which end of a connection the kernel sees it.

@@ -1,19 +1,28 @@
 //! Counter updates that stay exact when programs nest on one CPU.
 //!
 //! A cgroup_skb program running in process context (a send) can be interrupted by a softirq
-//! that runs another of our programs (a receive) on the same CPU, and both may update the same
-//! per-CPU value. Plain read-modify-write would lose one of the updates, so every increment is
-//! a BPF atomic add. `core::sync::atomic::AtomicU64` has no `fetch_add` on the bpfel target, so
-//! the add goes through the compiler intrinsic, which LLVM lowers to the BPF `lock xadd`
+//! that runs another of our programs (a receive, or a send of its own) on the same CPU, and
+//! both may update the same per-CPU value; on a preemptible kernel another task may even run
+//! in between. Plain read-modify-write would lose one of the updates, so those programs add
+//! atomically. `core::sync::atomic::AtomicU64` has no `fetch_add` on the bpfel target, so the
+//! add goes through the compiler intrinsic, which LLVM lowers to the BPF `lock xadd`
 //! instruction when its result is unused (the form every verifier accepts).
+//!
+//! The ingress program is the exception: the kernel runs it from the TCP receive path with
+//! bottom halves disabled, so it never nests with itself on one CPU. It writes a copy of the
+//! endpoint counters of its own ([`CounterWriter::Ingress`]), with plain adds, which cost a
+//! fraction of an atomic one.
 
 use core::{
     ffi::c_void,
     intrinsics::{AtomicOrdering, atomic_and, atomic_or, atomic_xadd},
+    ptr::{read_volatile, write_volatile},
 };
 
 use aya_ebpf::{helpers::bpf_loop, maps::PerCpuArray};
-use retry_after_common::{EndpointCounters, ProbeStat, h2::FrameOps, turn::TurnDelta};
+use retry_after_common::{
+    CounterWriter, EndpointCounters, ProbeStat, h2::FrameOps, turn::TurnDelta,
+};
 
 /// Atomically add `n` to the counter at `slot`.
 ///
@@ -39,8 +48,100 @@ pub unsafe fn add_unconditionally(slot: *mut u64, n: u64) {
     unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(slot, n) };
 }
 
-/// Apply what one HTTP/2 segment did to an endpoint's counters, without branching on the
-/// counts (see [`add_unconditionally`]).
+/// One copy of an endpoint's counters, as the program that holds it updates them: with plain
+/// adds (`PLAIN`) if only the ingress program writes the copy, atomically otherwise. A constant,
+/// so each program's code carries one way of adding.
+#[derive(Clone, Copy)]
+pub struct Counters<const PLAIN: bool> {
+    values: *mut EndpointCounters,
+}
+
+impl<const PLAIN: bool> Counters<PLAIN> {
+    /// The programs that write a copy counted this way.
+    pub const WRITER: CounterWriter = if PLAIN {
+        CounterWriter::Ingress
+    } else {
+        CounterWriter::Any
+    };
+
+    /// The copy at `values`, written by [`Self::WRITER`].
+    #[inline(always)]
+    pub fn new(values: *mut EndpointCounters) -> Self {
+        Self { values }
+    }
+
+    /// Add `n` to the counter at `slot`, a field of this copy.
+    ///
+    /// # Safety
+    /// `slot` must point into this copy, a live map value.
+    #[inline(always)]
+    unsafe fn add(self, slot: *mut u64, n: u64) {
+        if n == 0 {
+            return;
+        }
+        if PLAIN {
+            // SAFETY: guaranteed by the caller; no other program writes this copy on this CPU
+            // while this one runs.
+            unsafe { write_volatile(slot, read_volatile(slot).wrapping_add(n)) };
+        } else {
+            // SAFETY: guaranteed by the caller.
+            unsafe { add(slot, n) };
+        }
+    }
+
+    /// Count one connection opened.
+    ///
+    /// # Safety
+    /// This copy must be a live map value.
+    #[inline(always)]
+    pub unsafe fn count_opened(self) {
+        // SAFETY: guaranteed by the caller.
+        unsafe { self.add(&raw mut (*self.values).connections_opened, 1) };
+    }
+
+    /// Count one connection closed.
+    ///
+    /// # Safety
+    /// As [`Counters::count_opened`].
+    #[inline(always)]
+    pub unsafe fn count_closed(self) {
+        // SAFETY: guaranteed by the caller.
+        unsafe { self.add(&raw mut (*self.values).connections_closed, 1) };
+    }
+
+    /// Apply what one turn event did.
+    ///
+    /// # Safety
+    /// As [`Counters::count_opened`].
+    #[inline(always)]
+    pub unsafe fn apply(self, delta: &TurnDelta) {
+        let c = self.values;
+        // SAFETY: guaranteed by the caller.
+        unsafe {
+            self.add(&raw mut (*c).requests_started, delta.started as u64);
+            // A withdrawn start is subtracted (wrapping; the agent sums the copies wrapping,
+            // so the total is exact even when one copy goes below zero).
+            self.add(
+                &raw mut (*c).requests_started,
+                (delta.withdrawn as u64).wrapping_neg(),
+            );
+            self.add(&raw mut (*c).responses_completed, delta.completed as u64);
+            self.add(&raw mut (*c).responses_rejected, delta.rejected as u64);
+            self.add(&raw mut (*c).requests_abandoned, delta.abandoned as u64);
+            self.add(&raw mut (*c).request_bytes, delta.request_bytes as u64);
+            self.add(&raw mut (*c).response_bytes, delta.response_bytes as u64);
+        }
+    }
+
+    /// The values of this copy.
+    #[inline(always)]
+    pub fn values(self) -> *mut EndpointCounters {
+        self.values
+    }
+}
+
+/// Apply what one HTTP/2 segment did to an endpoint's counters, atomically whichever program
+/// writes the copy, and without branching on the counts (see [`add_unconditionally`]).
 ///
 /// # Safety
 /// `c` must point into a live map value.
@@ -48,35 +149,12 @@ pub unsafe fn add_unconditionally(slot: *mut u64, n: u64) {
 pub unsafe fn apply_streams(c: *mut EndpointCounters, delta: &TurnDelta) {
     // SAFETY: guaranteed by the caller.
     unsafe {
-        add_unconditionally(&mut (*c).requests_started, delta.started as u64);
-        add_unconditionally(&mut (*c).responses_completed, delta.completed as u64);
-        add_unconditionally(&mut (*c).responses_rejected, delta.rejected as u64);
-        add_unconditionally(&mut (*c).requests_abandoned, delta.abandoned as u64);
-        add(&mut (*c).request_bytes, delta.request_bytes as u64);
-        add(&mut (*c).response_bytes, delta.response_bytes as u64);
-    }
-}
-
-/// Apply what one turn event did to an endpoint's counters.
-///
-/// # Safety
-/// `c` must point into a live map value.
-#[inline(always)]
-pub unsafe fn apply(c: *mut EndpointCounters, delta: &TurnDelta) {
-    // SAFETY: guaranteed by the caller.
-    unsafe {
-        add(&mut (*c).requests_started, delta.started as u64);
-        // A withdrawn start is subtracted (wrapping; the agent sums the per-CPU copies
-        // wrapping, so the total is exact even when this CPU's own copy goes below zero).
-        add(
-            &mut (*c).requests_started,
-            (delta.withdrawn as u64).wrapping_neg(),
-        );
-        add(&mut (*c).responses_completed, delta.completed as u64);
-        add(&mut (*c).responses_rejected, delta.rejected as u64);
-        add(&mut (*c).requests_abandoned, delta.abandoned as u64);
-        add(&mut (*c).request_bytes, delta.request_bytes as u64);
-        add(&mut (*c).response_bytes, delta.response_bytes as u64);
+        add_unconditionally(&raw mut (*c).requests_started, delta.started as u64);
+        add_unconditionally(&raw mut (*c).responses_completed, delta.completed as u64);
+        add_unconditionally(&raw mut (*c).responses_rejected, delta.rejected as u64);
+        add_unconditionally(&raw mut (*c).requests_abandoned, delta.abandoned as u64);
+        add(&raw mut (*c).request_bytes, delta.request_bytes as u64);
+        add(&raw mut (*c).response_bytes, delta.response_bytes as u64);
     }
 }
 

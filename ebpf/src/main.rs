@@ -50,8 +50,8 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::{debug, warn};
 use retry_after_common::{
-    ConnState, EndpointCounters, EndpointKey, MAX_WATCHED_ENDPOINTS, PROBE_STATS_LEN, ProbeStat,
-    Protocol, Side, WATCHED_PORT_WORDS, WatchValue, counter_index,
+    ConnState, ENDPOINT_COUNTER_ENTRIES, EndpointCounters, EndpointKey, MAX_WATCHED_ENDPOINTS,
+    PROBE_STATS_LEN, ProbeStat, Protocol, Side, WATCHED_PORT_WORDS, WatchValue, counter_index,
     h2::{Detected, FrameSegment},
     tls::{Sender, Walked},
     turn::{PHASE_REQUEST, ResponseStart, STATUS_LINE_PREFIX, TurnDelta},
@@ -62,11 +62,12 @@ use retry_after_common::{
 static WATCHED_ENDPOINTS: HashMap<EndpointKey, WatchValue> =
     HashMap::with_max_entries(MAX_WATCHED_ENDPOINTS, 0);
 
-/// Counters per watch slot and side (`counter_index`). The agent zeroes a slot's counters
-/// before it hands the slot to a new watch; the programs only increment.
+/// Counters per watch slot, side and writer (`counter_index`: the ingress program has a copy
+/// of its own, see counters.rs). The agent zeroes a slot's counters before it hands the slot
+/// to a new watch; the programs only increment.
 #[map]
 static ENDPOINT_COUNTERS: PerCpuArray<EndpointCounters> =
-    PerCpuArray::with_max_entries(MAX_WATCHED_ENDPOINTS * 2, 0);
+    PerCpuArray::with_max_entries(ENDPOINT_COUNTER_ENTRIES, 0);
 
 /// The live generation of each watch slot (0: free). Checked on every segment, so removing a
 /// watch stops its connections from counting at once.
@@ -208,14 +209,18 @@ fn ra_destroy(ctx: BtfTracePointContext) -> i32 {
 /// A segment arrives at a local socket.
 #[cgroup_skb(ingress)]
 fn ra_ingress(ctx: SkBuffContext) -> i32 {
-    on_segment(&ctx, true);
+    if ports_watched(&ctx) {
+        on_segment::<true>(&ctx);
+    }
     1
 }
 
 /// A local socket sends a segment.
 #[cgroup_skb(egress)]
 fn ra_egress(ctx: SkBuffContext) -> i32 {
-    on_segment(&ctx, false);
+    if ports_watched(&ctx) {
+        on_segment::<false>(&ctx);
+    }
     1
 }
 
@@ -463,17 +468,17 @@ fn close_tracked<S>(sk: *mut S) {
     let conn = unsafe { &mut *conn };
     // A scoped connection that never sent a segment was never counted.
     if conn.scope_cgroup == 0
-        && let Some(c) = live_counters(conn)
+        && let Some(c) = live_counters::<false>(conn)
     {
         let delta = if conn.client_frames.is_http2() {
             conn.streams.on_close::<counters::KernelFrameOps>()
         } else {
             conn.turn.on_close(conn.server_records.is_tls())
         };
-        // SAFETY: `c` points into this CPU's copy of a live map value.
+        // SAFETY: `c` is this CPU's copy of a live map value.
         unsafe {
-            counters::apply(c, &delta);
-            counters::add(&mut (*c).connections_closed, 1);
+            c.apply(&delta);
+            c.count_closed();
         }
     }
     forget(sk);
@@ -485,20 +490,21 @@ fn close_tracked<S>(sk: *mut S) {
 #[inline(always)]
 fn count_opened(conn: &ConnState, early: &TurnDelta) {
     if conn.scope_cgroup == 0
-        && let Some(c) = live_counters(conn)
+        && let Some(c) = live_counters::<false>(conn)
     {
-        // SAFETY: `c` points into this CPU's copy of a live map value.
+        // SAFETY: `c` is this CPU's copy of a live map value.
         unsafe {
-            counters::add(&mut (*c).connections_opened, 1);
-            counters::apply(c, early);
+            c.count_opened();
+            c.apply(early);
         }
     }
 }
 
-/// The counters a tracked connection feeds, or `None` if its watch was removed or replaced
-/// since it was opened. Two array lookups, which the verifier inlines.
+/// The copy `writer` updates of the counters a tracked connection feeds, or `None` if its
+/// watch was removed or replaced since it was opened. Two array lookups, which the verifier
+/// inlines.
 #[inline(always)]
-fn live_counters(conn: &ConnState) -> Option<*mut EndpointCounters> {
+fn live_counters<const PLAIN: bool>(conn: &ConnState) -> Option<counters::Counters<PLAIN>> {
     let generation = SLOT_GENERATIONS.get(conn.slot)?;
     if *generation != conn.generation {
         return None;
@@ -508,7 +514,21 @@ fn live_counters(conn: &ConnState) -> Option<*mut EndpointCounters> {
     } else {
         Side::Server
     };
-    ENDPOINT_COUNTERS.get_ptr_mut(counter_index(conn.slot, side))
+    let index = counter_index(conn.slot, side, counters::Counters::<PLAIN>::WRITER);
+    ENDPOINT_COUNTERS
+        .get_ptr_mut(index)
+        .map(counters::Counters::new)
+}
+
+/// True if either port of the segment's socket is the port of a watched endpoint: a tracked
+/// connection always has a watched port on one end. Checked in the program itself, so every
+/// other socket's segment leaves without a call.
+#[inline(always)]
+fn ports_watched(ctx: &SkBuffContext) -> bool {
+    // Local in host byte order, remote in network byte order in the upper 16 bits.
+    let local_port = ctx.skb.local_port() as u16;
+    let remote_port = u32::from_be(ctx.skb.remote_port()) as u16;
+    port_watched(local_port) || port_watched(remote_port)
 }
 
 /// True if `port` (host byte order) is the port of a watched endpoint.
@@ -520,14 +540,10 @@ fn port_watched(port: u16) -> bool {
     }
 }
 
-fn on_segment(ctx: &SkBuffContext, ingress: bool) {
-    // The socket's ports: local in host byte order, remote in network byte order in the upper
-    // 16 bits. A tracked connection always has a watched port on one end.
-    let local_port = ctx.skb.local_port() as u16;
-    let remote_port = u32::from_be(ctx.skb.remote_port()) as u16;
-    if !port_watched(local_port) && !port_watched(remote_port) {
-        return;
-    }
+/// A segment of any socket, seen on ingress (`INGRESS`) or egress: a constant, so each
+/// program's copy carries only its own direction's paths, and its own way of counting.
+fn on_segment<const INGRESS: bool>(ctx: &SkBuffContext) {
+    let ingress = INGRESS;
     let skb = ctx.as_ptr().cast::<__sk_buff>();
     // SAFETY: the context's socket field, a plain load.
     let sk = unsafe { (*skb).__bindgen_anon_2.sk };
@@ -541,7 +557,7 @@ fn on_segment(ctx: &SkBuffContext, ingress: bool) {
         }
         return;
     };
-    let Some((conn, c)) = connection(ctx, ingress, sk, state, &segment) else {
+    let Some((conn, c)) = connection::<INGRESS>(ctx, ingress, sk, state, &segment) else {
         return;
     };
     // SAFETY: `conn` points at the socket's live state.
@@ -561,7 +577,7 @@ fn on_segment(ctx: &SkBuffContext, ingress: bool) {
     match streams_or_turns(conn, c, &segment, &payload, sender) {
         // Nothing runs after it: the verifier checks the rest of this path once, not once for
         // each way out of the frame walk.
-        Counted::ByStreams => http2_segment(conn, c, &segment, &payload, sender),
+        Counted::ByStreams => http2_segment(conn, c.values(), &segment, &payload, sender),
         Counted::NotAtAll => {}
         Counted::ByTurns => {
             let delta = match sender {
@@ -574,8 +590,8 @@ fn on_segment(ctx: &SkBuffContext, ingress: bool) {
                     server_segment(ctx, conn, &segment, &walked)
                 }
             };
-            // SAFETY: `c` points into this CPU's copy of a live map value.
-            unsafe { counters::apply(c, &delta) };
+            // SAFETY: `c` is this CPU's copy of a live map value.
+            unsafe { c.apply(&delta) };
         }
     }
 }
@@ -585,16 +601,16 @@ fn on_segment(ctx: &SkBuffContext, ingress: bool) {
 /// or removed and added again) is dropped: the connection is then as untracked, and may be
 /// adopted by this very segment.
 #[inline(always)]
-fn connection(
+fn connection<const INGRESS: bool>(
     ctx: &SkBuffContext,
     ingress: bool,
     sk: *mut bpf_sock,
     state: Option<*mut ConnState>,
     segment: &packet::Segment,
-) -> Option<(*mut ConnState, *mut EndpointCounters)> {
+) -> Option<(*mut ConnState, counters::Counters<INGRESS>)> {
     let with_counters = |conn: *mut ConnState| {
         // SAFETY: `conn` points at the socket's live state.
-        let c = live_counters(unsafe { &*conn });
+        let c = live_counters::<INGRESS>(unsafe { &*conn });
         if c.is_none() {
             forget(sk);
         }
@@ -636,16 +652,16 @@ fn enter_scope(skb: *mut __sk_buff, sk: *mut bpf_sock, conn: &mut ConnState) -> 
 /// A segment from the client, its records walked (`walked`): a ClientHello found withdraws
 /// what the turn counted as plaintext, then the turn is moved by the request bytes it carries.
 #[inline(always)]
-fn client_segment(
+fn client_segment<const INGRESS: bool>(
     conn: &mut ConnState,
-    c: *mut EndpointCounters,
+    c: counters::Counters<INGRESS>,
     segment: &packet::Segment,
     walked: &Walked,
 ) -> TurnDelta {
     if walked.found_tls {
         let withdrawn = conn.turn.on_early_bytes_not_a_request();
-        // SAFETY: `c` points into this CPU's copy of a live map value.
-        unsafe { counters::apply(c, &withdrawn) };
+        // SAFETY: `c` is this CPU's copy of a live map value.
+        unsafe { c.apply(&withdrawn) };
     }
     let len = if walked.plaintext || walked.message {
         segment.payload_len
@@ -696,9 +712,9 @@ enum Counted {
 /// HTTP/2 preface, a TLS record or anything else), on an endpoint that may speak HTTP/2. A
 /// request that came with the handshake and was the preface is withdrawn.
 #[inline(always)]
-fn streams_or_turns(
+fn streams_or_turns<const INGRESS: bool>(
     conn: &mut ConnState,
-    c: *mut EndpointCounters,
+    c: counters::Counters<INGRESS>,
     segment: &packet::Segment,
     payload: &packet::SegmentPayload,
     sender: Sender,
@@ -713,8 +729,8 @@ fn streams_or_turns(
         && conn.client_frames.detect(segment.seq, payload, protocol) == Detected::Http2
     {
         let withdrawn = conn.turn.on_early_bytes_not_a_request();
-        // SAFETY: `c` points into this CPU's copy of a live map value.
-        unsafe { counters::apply(c, &withdrawn) };
+        // SAFETY: `c` is this CPU's copy of a live map value.
+        unsafe { c.apply(&withdrawn) };
     }
     if conn.client_frames.is_http2() {
         Counted::ByStreams

@@ -26,9 +26,9 @@ use aya::{
     util::nr_cpus,
 };
 use retry_after_common::{
-    ENDPOINT_COUNTERS_MAP, EndpointCounters, EndpointKey, MAX_WATCHED_ENDPOINTS, PROBE_STATS_MAP,
-    ProbeStat, Protocol, SLOT_GENERATIONS_MAP, Side, WATCHED_ENDPOINTS_MAP, WATCHED_PORTS_MAP,
-    WatchValue, counter_index,
+    CounterWriter, ENDPOINT_COUNTERS_MAP, EndpointCounters, EndpointKey, MAX_WATCHED_ENDPOINTS,
+    PROBE_STATS_MAP, ProbeStat, Protocol, SLOT_GENERATIONS_MAP, Side, WATCHED_ENDPOINTS_MAP,
+    WATCHED_PORTS_MAP, WatchValue, counter_index,
 };
 
 use crate::{
@@ -316,11 +316,13 @@ impl Probe {
         let mut counters: PerCpuArray<&mut MapData, EndpointCounters> =
             self.map_mut(ENDPOINT_COUNTERS_MAP)?;
         for side in Side::ALL {
-            let zeros = PerCpuValues::try_from(vec![EndpointCounters::default(); cpus])
-                .map_err(ProbeError::Cpus)?;
-            counters
-                .set(counter_index(watch.slot, side), zeros, 0)
-                .map_err(|source| map_error("reset counters", ENDPOINT_COUNTERS_MAP, source))?;
+            for writer in CounterWriter::ALL {
+                let zeros = PerCpuValues::try_from(vec![EndpointCounters::default(); cpus])
+                    .map_err(ProbeError::Cpus)?;
+                counters
+                    .set(counter_index(watch.slot, side, writer), zeros, 0)
+                    .map_err(|source| map_error("reset counters", ENDPOINT_COUNTERS_MAP, source))?;
+            }
         }
         self.map_mut::<Array<_, u32>>(SLOT_GENERATIONS_MAP)?
             .set(watch.slot, &watch.generation, 0)
@@ -384,12 +386,16 @@ impl Probe {
         let mut endpoints = Vec::with_capacity(self.watched.len() * 2);
         for (endpoint, watch) in &self.watched {
             for side in Side::ALL {
-                let per_cpu = counters
-                    .get(&counter_index(watch.slot, side), 0)
-                    .map_err(|source| map_error("read counters", ENDPOINT_COUNTERS_MAP, source))?;
-                let counters = per_cpu
-                    .iter()
-                    .fold(EndpointCounters::default(), |sum, cpu| sum.add(cpu));
+                let mut sum = EndpointCounters::default();
+                for writer in CounterWriter::ALL {
+                    let per_cpu = counters
+                        .get(&counter_index(watch.slot, side, writer), 0)
+                        .map_err(|source| {
+                            map_error("read counters", ENDPOINT_COUNTERS_MAP, source)
+                        })?;
+                    sum = per_cpu.iter().fold(sum, |sum, cpu| sum.add(cpu));
+                }
+                let counters = sum;
                 let accept_backlog = match (side, &backlogs) {
                     (Side::Server, Some(backlogs)) => Some(
                         backlogs
