@@ -26,13 +26,16 @@ pub struct Rejection {
     pub retry_after: Option<String>,
 }
 
-/// One request for `path` on its own connection; a rejection (answered at once) is returned,
-/// an admitted request (queued behind slow replicas) is left after 150 ms.
-pub fn probe(target: SocketAddr, path: &str) -> Option<Rejection> {
+/// How long a probe waits for an answer from a proxy written in C (nginx, HAProxy), which
+/// rejects in well under a millisecond: an admitted request, queued behind slow replicas, is
+/// left after that.
+pub const PROBE_WAIT: Duration = Duration::from_millis(150);
+
+/// One request for `path` on its own connection; a rejection answered within `wait` is
+/// returned, a request still unanswered then (admitted, queued behind slow replicas) is left.
+pub fn probe(target: SocketAddr, path: &str, wait: Duration) -> Option<Rejection> {
     let mut stream = TcpStream::connect(target).ok()?;
-    stream
-        .set_read_timeout(Some(Duration::from_millis(150)))
-        .ok()?;
+    stream.set_read_timeout(Some(wait)).ok()?;
     stream
         .write_all(
             format!("GET {path} HTTP/1.1\r\nHost: probe\r\nConnection: close\r\n\r\n").as_bytes(),
@@ -59,16 +62,18 @@ pub fn probe(target: SocketAddr, path: &str) -> Option<Rejection> {
     })
 }
 
-/// Probes `path` at `target` every 20 ms until `stop`, recording every rejection.
+/// Probes `path` at `target` every 20 ms until `stop`, each probe waiting up to `wait` (see
+/// [`probe`]), recording every rejection.
 pub fn prober(
     target: SocketAddr,
     path: &'static str,
+    wait: Duration,
     stop: Arc<AtomicBool>,
 ) -> thread::JoinHandle<Vec<Rejection>> {
     thread::spawn(move || {
         let mut seen = Vec::new();
         while !stop.load(Ordering::SeqCst) {
-            seen.extend(probe(target, path));
+            seen.extend(probe(target, path, wait));
             thread::sleep(Duration::from_millis(20));
         }
         seen

@@ -20,7 +20,7 @@ use retry_after_testkit::{
     AgentProcess, free_port,
     http::HttpServer,
     proxies::{Haproxy, Wrk},
-    rejections::{median, outage, prober, values},
+    rejections::{PROBE_WAIT, median, outage, prober, values},
     sample,
 };
 
@@ -93,8 +93,8 @@ fn haproxy_rejections_carry_the_computed_value_then_the_static_one_then_the_comp
     ];
     let stop = Arc::new(AtomicBool::new(false));
     let probes = [
-        prober(short_fe, "/", stop.clone()),
-        prober(long_fe, "/", stop.clone()),
+        prober(short_fe, "/", PROBE_WAIT, stop.clone()),
+        prober(long_fe, "/", PROBE_WAIT, stop.clone()),
     ];
     // What the agent itself answers for HAProxy's queue on a service (10 short, 50 long).
     let agent_says = |agent: &AgentProcess, service: &str, depth: u64| {

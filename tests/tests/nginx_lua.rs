@@ -28,7 +28,7 @@ use retry_after_testkit::{
     AgentProcess, free_port,
     http::HttpServer,
     proxies::{NGINX_LUA_MODULES, Nginx, Wrk, nginx_lua_package_path, nginx_workers_may_connect},
-    rejections::{median, outage, prober, values},
+    rejections::{PROBE_WAIT, median, outage, prober, values},
     sample,
 };
 
@@ -86,7 +86,7 @@ fn nginx_rejections_carry_the_computed_value_then_the_static_one_then_the_comput
     // Longer than the outage's schedule (about 27 s here).
     let load = Wrk::start(front, 1, 60, 60);
     let stop = Arc::new(AtomicBool::new(false));
-    let probes = prober(front, "/", stop.clone());
+    let probes = prober(front, "/", PROBE_WAIT, stop.clone());
     // The agent's own answers for the queue it sees at nginx's listener, which moves as
     // nginx's burst fills and drains: five, 250 ms apart, as (lowest, highest, depths).
     let agent_says = |agent: &AgentProcess| {
