@@ -409,25 +409,22 @@ static NEXT_AGENT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsi
 /// client's source port by the time a server binds it (nginx failed to start so in CI).
 pub fn free_port() -> std::net::SocketAddr {
     use std::sync::atomic::{AtomicU32, Ordering};
-    /// Ports handed out by this process so far, so that two calls never return the same one.
-    static NEXT: AtomicU32 = AtomicU32::new(0);
+    /// Ports this process has tried so far: no two calls try the same one first.
+    static TRIED: AtomicU32 = AtomicU32::new(0);
     const SPAN: u32 = 10_000;
     let ephemeral_from = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
         .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
         .unwrap_or(32_768);
-    // Test binaries run one after another: each starts at its own place in the span.
-    let start = std::process::id() % SPAN;
-    for _ in 0..SPAN {
-        let offset = (start + NEXT.fetch_add(1, Ordering::Relaxed)) % SPAN;
-        let Some(port) = ephemeral_from.checked_sub(SPAN - offset) else {
-            break;
-        };
-        if port < 1_024 {
-            break;
-        }
-        if let Ok(listener) = std::net::TcpListener::bind(("127.0.0.1", port as u16)) {
-            return listener.local_addr().unwrap();
+    // The SPAN ports below the range, if they are all unprivileged; test binaries run one
+    // after another, and each starts at its own place among them.
+    if let Some(base) = ephemeral_from.checked_sub(SPAN).filter(|b| *b >= 1_024) {
+        let start = std::process::id() % SPAN;
+        for _ in 0..SPAN {
+            let port = base + (start + TRIED.fetch_add(1, Ordering::Relaxed)) % SPAN;
+            if let Ok(listener) = std::net::TcpListener::bind(("127.0.0.1", port as u16)) {
+                return listener.local_addr().unwrap();
+            }
         }
     }
     std::net::TcpListener::bind("127.0.0.1:0")
