@@ -18,11 +18,12 @@ use retry_after_agent::{
     config::{AttachCgroups, Config, ConfigError, DEFAULT_CONFIG},
     estimate::{RejectedAt, RetryAfterPolicy, ServiceSettings},
     instance::{InstanceError, InstanceLock},
-    kernel::{Probe, ProbeOptions, find_cgroup2_root},
+    kernel::{FeatureState, KernelSupport, Probe, ProbeOptions, find_cgroup2_root},
     run,
     run::RunError,
     shutdown,
 };
+use retry_after_common::Protocol;
 use tracing::info;
 
 /// Tells load-shedding proxies when to tell clients to come back: computes Retry-After from
@@ -348,25 +349,69 @@ fn check_programs(list: &mut Checklist, config: Option<&Config>, cgroup: Option<
         ..ProbeOptions::default()
     };
     match Probe::attach(&options) {
-        Ok(probe) => list.report(
-            true,
-            "eBPF programs",
-            format!(
-                "sock_ops and cgroup_skb programs load and attach ({} programs) to {}",
-                probe.program_ids().len(),
-                probe
-                    .attached_cgroups()
-                    .iter()
-                    .map(|p| p.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        ),
+        Ok(probe) => {
+            report_kernel_support(list, probe.kernel_support(), config);
+            list.report(
+                true,
+                "eBPF programs",
+                format!(
+                    "sock_ops and cgroup_skb programs load and attach ({} programs: {}) to {}",
+                    probe.program_ids().len(),
+                    probe.kernel_support().programs.names()[..3].join(", "),
+                    probe
+                        .attached_cgroups()
+                        .iter()
+                        .map(|p| p.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            );
+        }
         Err(error) => list.report(
             false,
             "eBPF programs",
             format!("{:#}", anyhow::Error::from(error)),
         ),
+    }
+}
+
+/// One line per kernel feature (present, or missing with the verifier's reason and what goes
+/// without it), a warning per service that needs what is switched off. A missing feature is
+/// not a missing requirement: the agent runs without what needs it.
+fn report_kernel_support(list: &Checklist, support: &KernelSupport, config: Option<&Config>) {
+    for (feature, state) in support.features.iter() {
+        match state {
+            FeatureState::Present => println!(
+                "ok      kernel feature {} (since {}): present",
+                feature.name(),
+                feature.since()
+            ),
+            FeatureState::Missing(why) => list.warn(
+                &format!(
+                    "kernel feature {} (since {})",
+                    feature.name(),
+                    feature.since()
+                ),
+                &format!("missing ({why}): {}", feature.without()),
+            ),
+        }
+    }
+    for limit in support.limits() {
+        list.warn("on this kernel", &limit);
+    }
+    if support.http2_off.is_none() {
+        return;
+    }
+    let Some(config) = config else {
+        return;
+    };
+    for (endpoint, protocol) in config.protocols() {
+        if matches!(protocol, Protocol::Http2 | Protocol::Grpc) {
+            list.warn(
+                &format!("endpoint {endpoint}"),
+                "configured as HTTP/2, whose streams this kernel cannot count: its requests are not counted",
+            );
+        }
     }
 }
 

@@ -17,7 +17,9 @@ use crate::{
     error_chain,
     estimate::Estimator,
     instance::{InstanceError, InstanceLock},
-    kernel::{Probe, ProbeError, ProbeOptions, WatchOptions, cgroup_scope},
+    kernel::{
+        FeatureState, KernelSupport, Probe, ProbeError, ProbeOptions, WatchOptions, cgroup_scope,
+    },
     metrics, privileges,
     server::{self, ServerError, ServerOptions},
     shared::Shared,
@@ -101,6 +103,13 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     raise_open_files(agent.max_clients)?;
     let probe = attach_and_watch(&config)?;
     let shared = Arc::new(Shared::new(config.estimator(), probe.watched().count()));
+    shared.metrics().record_kernel_features(
+        probe
+            .kernel_support()
+            .features
+            .iter()
+            .map(|(feature, state)| (feature.name(), *state == FeatureState::Present)),
+    );
     let metrics_listener = metrics::bind(agent.metrics_listen)
         .await
         .map_err(|source| RunError::Metrics {
@@ -175,9 +184,11 @@ fn attach_and_watch(config: &Config) -> Result<Probe, RunError> {
         cgroup: config.agent.cgroup.clone(),
         attach_to: plan.dirs,
         debug_log: tracing::enabled!(tracing::Level::DEBUG),
+        ..ProbeOptions::default()
     };
     let mut probe = Probe::attach(&options)?;
     forward_ebpf_logs(&mut probe);
+    log_kernel_support(probe.kernel_support());
     let scopes = config.client_scopes();
     let protocols = config.protocols();
     for endpoint in config.watched_endpoints() {
@@ -216,6 +227,23 @@ fn stopped(stop: &broadcast::Sender<()>) -> impl Future<Output = ()> + use<> {
     let mut stopped = stop.subscribe();
     async move {
         let _ = stopped.recv().await;
+    }
+}
+
+/// What this kernel runs and lacks, once: a line for the features, a warning for each thing
+/// switched off.
+fn log_kernel_support(support: &KernelSupport) {
+    let features: Vec<String> = support
+        .features
+        .iter()
+        .map(|(feature, state)| match state {
+            FeatureState::Present => format!("{}=yes", feature.name()),
+            FeatureState::Missing(_) => format!("{}=no", feature.name()),
+        })
+        .collect();
+    info!(programs = ?support.programs, features = %features.join(" "), "kernel features probed");
+    for limit in support.limits() {
+        warn!("{limit}");
     }
 }
 

@@ -55,11 +55,13 @@ pub struct ProbeStats {
     /// HTTP/2 streams given up beyond their connection's stream window (counted abandoned,
     /// their end not counted).
     pub http2_streams_forgotten: u64,
+    /// HTTP/2 connections left out: the kernel cannot run the programs that count streams.
+    pub http2_connections_left_out: u64,
 }
 
 impl ProbeStats {
     /// Every counter with its name (the `kind` label of `retry_after_probe_problems`).
-    pub fn named(&self) -> [(&'static str, u64); 10] {
+    pub fn named(&self) -> [(&'static str, u64); 11] {
         [
             ("connections_untracked", self.connections_untracked),
             ("state_callback_refused", self.state_callback_refused),
@@ -71,6 +73,10 @@ impl ProbeStats {
             ("tls_segments_unframed", self.tls_segments_unframed),
             ("http2_segments_unframed", self.http2_segments_unframed),
             ("http2_streams_forgotten", self.http2_streams_forgotten),
+            (
+                "http2_connections_left_out",
+                self.http2_connections_left_out,
+            ),
         ]
     }
 }

@@ -111,6 +111,21 @@ pub const WATCHED_PORTS_MAP: &str = "WATCHED_PORTS";
 pub const WATCHED_PORT_WORDS: u32 = 1024;
 /// Name of the per-CPU array of probe-wide counters, indexed by [`ProbeStat`].
 pub const PROBE_STATS_MAP: &str = "PROBE_STATS";
+/// Name of the settings map: what the agent switched off for the running kernel
+/// (`Array<u32>` indexed by [`Setting`]).
+pub const SETTINGS_MAP: &str = "SETTINGS";
+
+/// An entry of [`SETTINGS_MAP`]; 0 is the default behaviour.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Setting {
+    /// Not 0: connections established before they were watched are not adopted (their
+    /// closes could not be seen: the kernel cannot run the `tcp_destroy_sock` program).
+    AdoptionOff = 0,
+}
+
+/// Number of slots in [`SETTINGS_MAP`].
+pub const SETTINGS_LEN: u32 = 1;
 
 /// How many endpoints can be watched at once.
 pub const MAX_WATCHED_ENDPOINTS: u32 = 1_024;
@@ -473,10 +488,13 @@ pub enum ProbeStat {
     /// HTTP/2 streams given up beyond their connection's window of [`h2::STREAM_WINDOW`]
     /// streams (see [`h2::Streams::beyond`]): counted abandoned then, their end not counted.
     Http2StreamsForgotten = 9,
+    /// HTTP/2 connections left out: the kernel cannot run the programs that count streams
+    /// (no `bpf_loop` or no atomic fetch operations), so their requests are not counted.
+    Http2ConnectionsLeftOut = 10,
 }
 
 /// Number of slots in [`PROBE_STATS_MAP`].
-pub const PROBE_STATS_LEN: u32 = 10;
+pub const PROBE_STATS_LEN: u32 = 11;
 
 /// The payload of a segment in the host tests: a byte slice.
 #[cfg(test)]

@@ -25,6 +25,7 @@
 #![feature(core_intrinsics)]
 
 mod counters;
+mod features;
 mod packet;
 
 use core::{
@@ -51,7 +52,8 @@ use aya_ebpf::{
 use aya_log_ebpf::{debug, warn};
 use retry_after_common::{
     ConnState, ENDPOINT_COUNTER_ENTRIES, EndpointCounters, EndpointKey, MAX_WATCHED_ENDPOINTS,
-    PROBE_STATS_LEN, ProbeStat, Protocol, Side, WATCHED_PORT_WORDS, WatchValue, counter_index,
+    PROBE_STATS_LEN, ProbeStat, Protocol, SETTINGS_LEN, Setting, Side, WATCHED_PORT_WORDS,
+    WatchValue, counter_index,
     h2::{Detected, FrameSegment},
     tls::{Sender, Walked},
     turn::{PHASE_REQUEST, ResponseStart, STATUS_LINE_PREFIX, TurnDelta},
@@ -180,20 +182,29 @@ const EARLY_OTHER: u8 = 2;
 #[map]
 static PROBE_STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(PROBE_STATS_LEN, 0);
 
+/// What the agent switched off for this kernel (see `Setting`); all zero: nothing.
+#[map]
+static SETTINGS: Array<u32> = Array::with_max_entries(SETTINGS_LEN, 0);
+
+/// The value of `setting` (0 if unreadable).
+#[inline(always)]
+fn setting(setting: Setting) -> u32 {
+    SETTINGS.get(setting as u32).copied().unwrap_or(0)
+}
+
 const AF_INET: u32 = 2;
 const AF_INET6: u32 = 10;
 
 /// Connection establishment and close.
 #[sock_ops]
 fn ra_sockops(ctx: SockOpsContext) -> u32 {
-    match ctx.op() {
-        BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB => on_established(&ctx, Side::Server),
-        BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB => on_established(&ctx, Side::Client),
-        BPF_SOCK_OPS_STATE_CB if ctx.arg(1) == BPF_TCP_CLOSE => on_close(&ctx),
-        _ => {}
-    }
-    // sock_ops return values are ignored for these callbacks; 1 means "handled".
-    1
+    sockops::<true>(&ctx)
+}
+
+/// `ra_sockops` without HTTP/2 streams, for kernels without atomic fetch operations.
+#[sock_ops]
+fn ra_sockops_noh2(ctx: SockOpsContext) -> u32 {
+    sockops::<false>(&ctx)
 }
 
 /// A full TCP socket is destroyed (once, after TCP_CLOSE, when no process holds it any more).
@@ -202,7 +213,15 @@ fn ra_sockops(ctx: SockOpsContext) -> u32 {
 #[btf_tracepoint(function = "tcp_destroy_sock")]
 fn ra_destroy(ctx: BtfTracePointContext) -> i32 {
     let sk: *mut c_void = ctx.arg(0);
-    close_tracked(sk);
+    close_tracked::<_, true>(sk);
+    0
+}
+
+/// `ra_destroy` without HTTP/2 streams.
+#[btf_tracepoint(function = "tcp_destroy_sock")]
+fn ra_destroy_noh2(ctx: BtfTracePointContext) -> i32 {
+    let sk: *mut c_void = ctx.arg(0);
+    close_tracked::<_, false>(sk);
     0
 }
 
@@ -210,7 +229,17 @@ fn ra_destroy(ctx: BtfTracePointContext) -> i32 {
 #[cgroup_skb(ingress)]
 fn ra_ingress(ctx: SkBuffContext) -> i32 {
     if ports_watched(&ctx) {
-        on_segment::<true>(&ctx);
+        on_segment::<true, true>(&ctx);
+    }
+    1
+}
+
+/// `ra_ingress` without HTTP/2 streams, for kernels without `bpf_loop` or atomic fetch
+/// operations: an HTTP/2 connection is left out, and counted as such.
+#[cgroup_skb(ingress)]
+fn ra_ingress_noh2(ctx: SkBuffContext) -> i32 {
+    if ports_watched(&ctx) {
+        on_segment::<true, false>(&ctx);
     }
     1
 }
@@ -219,8 +248,30 @@ fn ra_ingress(ctx: SkBuffContext) -> i32 {
 #[cgroup_skb(egress)]
 fn ra_egress(ctx: SkBuffContext) -> i32 {
     if ports_watched(&ctx) {
-        on_segment::<false>(&ctx);
+        on_segment::<false, true>(&ctx);
     }
+    1
+}
+
+/// `ra_egress` without HTTP/2 streams (see `ra_ingress_noh2`).
+#[cgroup_skb(egress)]
+fn ra_egress_noh2(ctx: SkBuffContext) -> i32 {
+    if ports_watched(&ctx) {
+        on_segment::<false, false>(&ctx);
+    }
+    1
+}
+
+/// The sock_ops callbacks, counting HTTP/2 streams at a close if `HTTP2`.
+#[inline(always)]
+fn sockops<const HTTP2: bool>(ctx: &SockOpsContext) -> u32 {
+    match ctx.op() {
+        BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB => on_established(ctx, Side::Server),
+        BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB => on_established(ctx, Side::Client),
+        BPF_SOCK_OPS_STATE_CB if ctx.arg(1) == BPF_TCP_CLOSE => on_close::<HTTP2>(ctx),
+        _ => {}
+    }
+    // sock_ops return values are ignored for these callbacks; 1 means "handled".
     1
 }
 
@@ -325,42 +376,96 @@ fn matching_watch(endpoint: &EndpointKey) -> Option<WatchValue> {
     unsafe { WATCHED_ENDPOINTS.get(&wildcard) }.copied()
 }
 
+/// A connection of a watched endpoint is established: start tracking it. Two functions of
+/// their own, called one after the other, so their stacks (the addresses read by the first,
+/// the state built by the second) are never added together: kernels before 6.2 round each
+/// frame up to 32 bytes and refuse a call chain over 512.
+#[inline(always)]
 fn on_established(ctx: &SockOpsContext, side: Side) {
+    let mut found = Established {
+        watch: WatchValue::default(),
+        sk: null_mut(),
+        port: 0,
+        early_end: 0,
+        early_bytes: 0,
+        early: false,
+    };
+    if established_watch(ctx, side, &mut found) {
+        track_established(ctx, side, &found);
+    }
+}
+
+/// What `established_watch` found for `track_established`.
+struct Established {
+    /// The watch the connection matched.
+    watch: WatchValue,
+    /// Its socket.
+    sk: *mut c_void,
+    /// The endpoint's port (for the log).
+    port: u16,
+    /// A request came with the handshake (`early_request`): where it ends and the bytes
+    /// counted so far.
+    early_end: u32,
+    early_bytes: u32,
+    early: bool,
+}
+
+/// Whether the connection of this callback, seen from `side`, is one of a watched endpoint,
+/// and if so (into `found`) its watch and the request that came with its handshake; its state
+/// callback (its close) is asked for.
+#[inline(never)]
+fn established_watch(ctx: &SockOpsContext, side: Side, found: &mut Established) -> bool {
     let a = addresses!(ctx.ops);
     let Some(endpoint) = endpoint_of(&a, side) else {
-        return;
+        return false;
     };
     let Some(watch) = matching_watch(&endpoint) else {
-        return;
+        return false;
     };
     // SAFETY: the context's socket field, a plain load.
     let sk = unsafe { (*ctx.ops).__bindgen_anon_2.sk };
     if sk.is_null() {
-        return;
+        return false;
     }
     enable_state_callback(ctx);
-    let mut conn = ConnState::new(&watch, side);
+    found.watch = watch;
+    found.sk = sk.cast();
+    found.port = endpoint.port;
+    if let Some((end, bytes)) = early_request(ctx, &a, side) {
+        found.early_end = end;
+        found.early_bytes = bytes;
+        found.early = true;
+    }
+    true
+}
+
+/// Start tracking the connection `found` describes, seen from `side`, and count it opened.
+#[inline(never)]
+fn track_established(ctx: &SockOpsContext, side: Side, found: &Established) {
+    let mut conn = ConnState::new(&found.watch, side);
     // A request that came with the handshake: its bytes passed before this connection was
     // tracked (see `early_request`). The state is complete before it is stored, so a segment
     // on another CPU never finds it without its request.
-    let early_delta = match early_request(ctx, &a, side) {
-        Some((end, bytes)) => conn.turn.on_early_request(end, bytes),
-        None => TurnDelta::default(),
+    let early_delta = if found.early {
+        conn.turn
+            .on_early_request(found.early_end, found.early_bytes)
+    } else {
+        TurnDelta::default()
     };
-    match store(sk, &mut conn, MADE_AT_ESTABLISHED) {
+    match store(found.sk, &mut conn, MADE_AT_ESTABLISHED) {
         Some(Stored::Mine(_)) => {}
         // Its first response arrived before this callback, and started it (see `adopt`).
         Some(Stored::Theirs(_)) => return,
         None => {
             counters::probe_stat(&PROBE_STATS, ProbeStat::ConnectionsUntracked);
-            warn!(ctx, "cannot track connection on port {}", endpoint.port);
+            warn!(ctx, "cannot track connection on port {}", found.port);
             return;
         }
     }
     count_opened(&conn, &early_delta);
     debug!(
         ctx,
-        "tracking {} connection on port {}", side as u32, endpoint.port
+        "tracking {} connection on port {}", side as u32, found.port
     );
 }
 
@@ -448,19 +553,19 @@ fn note_early_payload(ctx: &SkBuffContext, segment: &packet::Segment, local_port
     }
 }
 
-fn on_close(ctx: &SockOpsContext) {
+fn on_close<const HTTP2: bool>(ctx: &SockOpsContext) {
     // SAFETY: the context's socket field, a plain load.
     let sk = unsafe { (*ctx.ops).__bindgen_anon_2.sk };
     if !sk.is_null() {
-        close_tracked(sk);
+        close_tracked::<_, HTTP2>(sk);
     }
 }
 
 /// A tracked connection closed: close its open turn, count the close, forget it. Reached from
 /// the sock_ops state callback and from the `tcp_destroy_sock` tracepoint, whichever runs
-/// first (the second finds nothing).
+/// first (the second finds nothing). Without `HTTP2`, no connection is counted by streams.
 #[inline(always)]
-fn close_tracked<S>(sk: *mut S) {
+fn close_tracked<S, const HTTP2: bool>(sk: *mut S) {
     let Some(conn) = tracked(sk) else {
         return;
     };
@@ -470,7 +575,7 @@ fn close_tracked<S>(sk: *mut S) {
     if conn.scope_cgroup == 0
         && let Some(c) = live_counters::<false>(conn)
     {
-        let delta = if conn.client_frames.is_http2() {
+        let delta = if HTTP2 && conn.client_frames.is_http2() {
             conn.streams.on_close::<counters::KernelFrameOps>()
         } else {
             conn.turn.on_close(conn.server_records.is_tls())
@@ -542,7 +647,8 @@ fn port_watched(port: u16) -> bool {
 
 /// A segment of any socket, seen on ingress (`INGRESS`) or egress: a constant, so each
 /// program's copy carries only its own direction's paths, and its own way of counting.
-fn on_segment<const INGRESS: bool>(ctx: &SkBuffContext) {
+/// HTTP/2 connections are counted by streams if `HTTP2`, left out if not.
+fn on_segment<const INGRESS: bool, const HTTP2: bool>(ctx: &SkBuffContext) {
     let ingress = INGRESS;
     let skb = ctx.as_ptr().cast::<__sk_buff>();
     // SAFETY: the context's socket field, a plain load.
@@ -551,12 +657,13 @@ fn on_segment<const INGRESS: bool>(ctx: &SkBuffContext) {
         return;
     }
     let state = tracked(sk);
-    let Some(segment) = packet::parse_tcp(ctx) else {
+    let segment = packet::parse_tcp(ctx);
+    if !segment.parsed {
         if state.is_some() {
             counters::probe_stat(&PROBE_STATS, ProbeStat::PacketsUnparsed);
         }
         return;
-    };
+    }
     let Some((conn, c)) = connection::<INGRESS>(ctx, ingress, sk, state, &segment) else {
         return;
     };
@@ -574,10 +681,14 @@ fn on_segment<const INGRESS: bool>(ctx: &SkBuffContext) {
         Sender::Server
     };
     let payload = packet::SegmentPayload::new(ctx, segment.payload_offset);
-    match streams_or_turns(conn, c, &segment, &payload, sender) {
+    match streams_or_turns::<INGRESS, HTTP2>(conn, c, &segment, &payload, sender) {
         // Nothing runs after it: the verifier checks the rest of this path once, not once for
         // each way out of the frame walk.
-        Counted::ByStreams => http2_segment(conn, c.values(), &segment, &payload, sender),
+        Counted::ByStreams => {
+            if HTTP2 {
+                http2_segment(conn, c.values(), &segment, &payload, sender);
+            }
+        }
         Counted::NotAtAll => {}
         Counted::ByTurns => {
             let delta = match sender {
@@ -608,17 +719,27 @@ fn connection<const INGRESS: bool>(
     state: Option<*mut ConnState>,
     segment: &packet::Segment,
 ) -> Option<(*mut ConnState, counters::Counters<INGRESS>)> {
-    let with_counters = |conn: *mut ConnState| {
-        // SAFETY: `conn` points at the socket's live state.
-        let c = live_counters::<INGRESS>(unsafe { &*conn });
-        if c.is_none() {
-            forget(sk);
-        }
-        c.map(|c| (conn, c))
-    };
-    state
-        .and_then(with_counters)
-        .or_else(|| adopt(ctx, ingress, segment).and_then(with_counters))
+    if let Some(conn) = state
+        && let Some(found) = with_counters::<INGRESS>(sk, conn)
+    {
+        return Some(found);
+    }
+    adopt(ctx, ingress, segment).and_then(|conn| with_counters::<INGRESS>(sk, conn))
+}
+
+/// A tracked connection `conn` of socket `sk` with the counters it feeds, or `None` (and the
+/// state dropped) if its watch is gone.
+#[inline(always)]
+fn with_counters<const INGRESS: bool>(
+    sk: *mut bpf_sock,
+    conn: *mut ConnState,
+) -> Option<(*mut ConnState, counters::Counters<INGRESS>)> {
+    // SAFETY: `conn` points at the socket's live state.
+    let c = live_counters::<INGRESS>(unsafe { &*conn });
+    if c.is_none() {
+        forget(sk);
+    }
+    c.map(|c| (conn, c))
 }
 
 /// Decide a scoped connection's scope on its first segment with a full socket: true if its
@@ -704,15 +825,17 @@ enum Counted {
     ByTurns,
     /// By HTTP/2 streams, from the frames.
     ByStreams,
-    /// Not at all: HTTP/2 (the endpoint says so) inside TLS, whose frames are encrypted.
+    /// Not at all: HTTP/2 (the endpoint says so) inside TLS, whose frames are encrypted; or
+    /// HTTP/2 where the programs cannot count streams.
     NotAtAll,
 }
 
 /// How this connection's requests are counted: decided at its client's first payload (the
 /// HTTP/2 preface, a TLS record or anything else), on an endpoint that may speak HTTP/2. A
-/// request that came with the handshake and was the preface is withdrawn.
+/// request that came with the handshake and was the preface is withdrawn. Without `HTTP2`,
+/// an HTTP/2 connection is not counted at all (and counted as left out, once).
 #[inline(always)]
-fn streams_or_turns<const INGRESS: bool>(
+fn streams_or_turns<const INGRESS: bool, const HTTP2: bool>(
     conn: &mut ConnState,
     c: counters::Counters<INGRESS>,
     segment: &packet::Segment,
@@ -731,9 +854,16 @@ fn streams_or_turns<const INGRESS: bool>(
         let withdrawn = conn.turn.on_early_bytes_not_a_request();
         // SAFETY: `c` is this CPU's copy of a live map value.
         unsafe { c.apply(&withdrawn) };
+        if !HTTP2 {
+            counters::probe_stat(&PROBE_STATS, ProbeStat::Http2ConnectionsLeftOut);
+        }
     }
     if conn.client_frames.is_http2() {
-        Counted::ByStreams
+        if HTTP2 {
+            Counted::ByStreams
+        } else {
+            Counted::NotAtAll
+        }
     } else if conn.client_frames.is_encrypted()
         && matches!(protocol, Protocol::Http2 | Protocol::Grpc)
     {
@@ -893,7 +1023,7 @@ fn adoption(
     // data is taken only on the client side, as the first response of a connection whose
     // request went in the SYN: nothing received yet, something sent.
     let request_end = if (side == Side::Server) == ingress {
-        if state != BPF_TCP_ESTABLISHED {
+        if state != BPF_TCP_ESTABLISHED || setting(Setting::AdoptionOff) != 0 {
             return false;
         }
         None

@@ -25,7 +25,14 @@ const TCP_FLAG_PSH: u8 = 0x08;
 const TCP_FLAG_ACK: u8 = 0x10;
 
 /// What the turn state machine needs from one TCP segment.
+///
+/// Every field is defined whether or not the packet could be read (`parsed`): LLVM leaves the
+/// payload of a `None` undefined, may spill and reload it on the path that never wrote it, and
+/// kernels before 6.3 refuse a read of a stack slot the path did not write.
 pub struct Segment {
+    /// The packet was a TCP segment over IPv4 or IPv6 whose headers could be read; if not,
+    /// every other field is zero.
+    pub parsed: bool,
     /// Sequence number of the first payload byte.
     pub seq: u32,
     /// Acknowledgement number (meaningful if `has_ack`).
@@ -117,10 +124,30 @@ pub fn response_start(ctx: &SkBuffContext, offset: u32) -> ResponseStart {
     }
 }
 
-/// The TCP segment in `ctx`, or `None` if it is not TCP over IPv4/IPv6 without extension
-/// headers.
+impl Segment {
+    /// No segment: what [`parse_tcp`] makes of a packet it cannot read.
+    const NONE: Self = Self {
+        parsed: false,
+        seq: 0,
+        ack: 0,
+        has_ack: false,
+        payload_len: 0,
+        push: false,
+        payload_offset: 0,
+        source_port: 0,
+        ipv6: false,
+    };
+}
+
+/// The TCP segment in `ctx`, or [`Segment::NONE`] (not `parsed`) if it is not TCP over
+/// IPv4/IPv6 without extension headers.
 #[inline(always)]
-pub fn parse_tcp(ctx: &SkBuffContext) -> Option<Segment> {
+pub fn parse_tcp(ctx: &SkBuffContext) -> Segment {
+    read_tcp(ctx).unwrap_or(Segment::NONE)
+}
+
+#[inline(always)]
+fn read_tcp(ctx: &SkBuffContext) -> Option<Segment> {
     // SAFETY: the context pointer of a cgroup_skb program is a valid __sk_buff.
     let protocol = unsafe { (*(ctx.as_ptr() as *const __sk_buff)).protocol };
     let is_ipv6 = match u16::from_be(protocol as u16) {
@@ -220,6 +247,7 @@ fn segment(ctx: &SkBuffContext, headers: Headers) -> Option<Segment> {
     let payload_offset = headers.ip_header_len as u32 + tcp_header_len;
     let payload_len = ctx.len().saturating_sub(payload_offset);
     Some(Segment {
+        parsed: true,
         seq,
         ack,
         has_ack: t[13] & TCP_FLAG_ACK != 0,

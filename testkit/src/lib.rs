@@ -104,6 +104,11 @@ impl AttachedProbe {
         Self { probe, _turn: turn }
     }
 
+    /// What the programs run on this kernel, and what they left out.
+    pub fn kernel_support(&self) -> &retry_after_agent::kernel::KernelSupport {
+        self.probe.kernel_support()
+    }
+
     /// Attach and watch `endpoints`.
     pub fn watching(endpoints: &[Endpoint]) -> Self {
         let mut attached = Self::attach();

@@ -9,7 +9,7 @@ use std::{process::Command, thread, time::Duration};
 
 use retry_after_agent::{
     endpoint::Endpoint,
-    kernel::{ProbeOptions, WatchOptions, cgroup_scope},
+    kernel::{KernelFeature, ProbeOptions, ProgramSet, WatchOptions, cgroup_scope},
 };
 use retry_after_common::Side;
 use retry_after_testkit::{
@@ -70,6 +70,19 @@ const TLS_1_3: Tls = Tls {
 /// ab then wrk against nginx listening with `listen` options, over `tls` if given: the
 /// kernel's counts on both sides equal nginx's own.
 fn check(listen: &str, tls: Option<Tls>) {
+    check_with(listen, tls, &ProbeOptions::default());
+}
+
+/// What the oldest kernels users run lack (5.10: no atomic fetch operations, no `bpf_loop`,
+/// no socket storage from tracing programs), switched off here as there.
+const OLDER_KERNEL: [KernelFeature; 3] = [
+    KernelFeature::AtomicFetch,
+    KernelFeature::BpfLoop,
+    KernelFeature::TracingSocketStorage,
+];
+
+/// [`check`] with the probe attached with `options`.
+fn check_with(listen: &str, tls: Option<Tls>, options: &ProbeOptions) {
     let port = free_port();
     let (scheme, listen_tls, server_tls) = match tls {
         Some(tls) => {
@@ -91,7 +104,8 @@ fn check(listen: &str, tls: Option<Tls>) {
         "  server {{ listen {port}{listen}{listen_tls}; {server_tls} keepalive_requests 100000; location / {{ return 200 \"ok\\n\"; }} }}"
     ));
     let endpoint = Endpoint::from(port);
-    let probe = AttachedProbe::watching(&[endpoint]);
+    let mut probe = AttachedProbe::attach_with(options);
+    probe.watch(endpoint);
     let url = format!("{scheme}://{port}/");
     let before = nginx.status();
     ab(&url, tls.map(|t| t.ab), 500, 10);
@@ -139,6 +153,67 @@ fn tls_1_3_turns_equal_nginx_stub_status() {
 #[test]
 fn tls_1_3_on_a_deferred_listener_turns_equal_nginx_stub_status() {
     check(" deferred", Some(TLS_1_3));
+}
+
+/// The build an older kernel runs, without HTTP/2 streams and without adoption, counts plain
+/// and TLS turns exactly as the full build does.
+#[test]
+fn without_the_features_older_kernels_lack_plain_and_tls_turns_equal_nginx_stub_status() {
+    let options = ProbeOptions {
+        without: OLDER_KERNEL.to_vec(),
+        ..ProbeOptions::default()
+    };
+    check_with("", None, &options);
+    check_with("", Some(TLS_1_3), &options);
+    let probe = AttachedProbe::attach_with(&options);
+    let support = probe.kernel_support();
+    assert_eq!(support.programs, ProgramSet::WithoutHttp2);
+    assert!(
+        support.http2_off.is_some() && support.adoption_off.is_some(),
+        "{support:?}"
+    );
+}
+
+/// Without socket storage for tracing programs no close of an adopted connection could be
+/// seen, so a pool opened before the probe is left out, as said, rather than counted open
+/// forever; the connections opened after it are counted.
+#[test]
+fn without_tracing_socket_storage_a_pool_opened_before_the_probe_is_left_out() {
+    let port = free_port();
+    let nginx = Nginx::start(&format!(
+        "  server {{ listen {port}; keepalive_requests 100000; keepalive_timeout 60s; location / {{ return 200 \"ok\\n\"; }} }}"
+    ));
+    let endpoint = Endpoint::from(port);
+    let mut pool: Vec<_> = (0..10)
+        .map(|_| retry_after_testkit::http::HttpClient::connect(port))
+        .collect();
+    for client in &mut pool {
+        client.exchange(0);
+    }
+    let mut probe = AttachedProbe::attach_with(&ProbeOptions {
+        without: vec![KernelFeature::TracingSocketStorage],
+        ..ProbeOptions::default()
+    });
+    probe.watch(endpoint);
+    assert_eq!(probe.kernel_support().programs, ProgramSet::Full);
+    thread::sleep(Duration::from_millis(100));
+    for _ in 0..10 {
+        for client in &mut pool {
+            client.exchange(0);
+        }
+    }
+    let before = nginx.status();
+    ab(&format!("http://{port}/"), None, 200, 4);
+    let truth = traffic(before, nginx.status());
+    assert_eq!(truth.requests, 200);
+    for side in [Side::Server, Side::Client] {
+        probe.wait_for(endpoint, side, SETTLE, "ab's, not the pool's", |s| {
+            s.counters.requests_started == truth.requests
+                && s.counters.connections_opened == truth.accepts
+                && s.counters.connections_closed == truth.accepts
+        });
+    }
+    assert_eq!(probe.read().probe.connections_adopted, 0);
 }
 
 #[test]

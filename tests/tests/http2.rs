@@ -21,7 +21,10 @@ use std::{
     time::Duration,
 };
 
-use retry_after_agent::{endpoint::Endpoint, kernel::WatchOptions};
+use retry_after_agent::{
+    endpoint::Endpoint,
+    kernel::{KernelFeature, ProbeOptions, ProgramSet, WatchOptions},
+};
 use retry_after_common::{Protocol, Side};
 use retry_after_protocol::{Response, policy::Rung};
 use retry_after_testkit::{
@@ -113,6 +116,43 @@ fn h2load_streams_against_nginx_are_counted_exactly_on_both_sides() {
             total,
             "{client:?}"
         );
+    }
+}
+
+/// Where the kernel cannot run the stream-counting programs (no `bpf_loop`: before 5.17), the
+/// build without HTTP/2 runs: h2load's connections are left out, not miscounted as turns, and
+/// counted as left out on each vantage point.
+#[test]
+fn without_bpf_loop_http2_connections_are_left_out_and_said_so() {
+    let addr = free_port();
+    let nginx = Nginx::start(&format!(
+        "  server {{ listen {addr} http2; keepalive_requests 100000; \
+         location / {{ return 200 \"ok\\n\"; }} }}"
+    ));
+    let endpoint = Endpoint::from(addr);
+    let mut probe = AttachedProbe::attach_with(&ProbeOptions {
+        without: vec![KernelFeature::BpfLoop],
+        ..ProbeOptions::default()
+    });
+    probe.watch(endpoint);
+    assert_eq!(probe.kernel_support().programs, ProgramSet::WithoutHttp2);
+    let before = nginx.status();
+    eprintln!("{}", h2load(&format!("http://{addr}/"), 2000, 10, 16));
+    assert_eq!(requests_between(before, nginx.status()), 2000);
+    // Both vantage points of each of the 10 connections.
+    let mut left_out = 0;
+    for _ in 0..50 {
+        left_out = probe.read().probe.http2_connections_left_out;
+        if left_out == 20 {
+            break;
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(left_out, 20);
+    for side in [Side::Server, Side::Client] {
+        let counters = probe.counters(endpoint, side).counters;
+        assert_eq!(counters.requests_started, 0, "{side:?}: {counters:?}");
+        assert_eq!(counters.connections_opened, 10, "{side:?}: {counters:?}");
     }
 }
 

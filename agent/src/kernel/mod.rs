@@ -6,6 +6,7 @@
 //! they also go away if the process dies).
 
 mod cgroup;
+mod features;
 mod floor;
 mod listeners;
 mod owners;
@@ -27,8 +28,8 @@ use aya::{
 };
 use retry_after_common::{
     CounterWriter, ENDPOINT_COUNTERS_MAP, EndpointCounters, EndpointKey, MAX_WATCHED_ENDPOINTS,
-    PROBE_STATS_MAP, ProbeStat, Protocol, SLOT_GENERATIONS_MAP, Side, WATCHED_ENDPOINTS_MAP,
-    WATCHED_PORTS_MAP, WatchValue, counter_index,
+    PROBE_STATS_MAP, ProbeStat, Protocol, SETTINGS_MAP, SLOT_GENERATIONS_MAP, Setting, Side,
+    WATCHED_ENDPOINTS_MAP, WATCHED_PORTS_MAP, WatchValue, counter_index,
 };
 
 use crate::{
@@ -37,6 +38,7 @@ use crate::{
 };
 
 pub use cgroup::{CgroupScope, attach_dirs, cgroup_scope, find_cgroup2_root};
+pub use features::{FeatureState, KernelFeature, KernelFeatures};
 pub use floor::Floor;
 pub use listeners::{ListenerBacklog, listener_backlogs};
 pub use owners::{Held, SocketOwner, TcpSocket, owner_cgroups, socket_owners, tcp_sockets};
@@ -45,8 +47,63 @@ pub use owners::{Held, SocketOwner, TcpSocket, owner_cgroups, socket_owners, tcp
 static EBPF_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/retry-after-ebpf"));
 
-/// Names of our programs, as the kernel lists them (`bpftool prog`).
-pub const PROGRAM_NAMES: [&str; 4] = ["ra_sockops", "ra_ingress", "ra_egress", "ra_destroy"];
+/// Names of our programs where the kernel runs them all, as it lists them (`bpftool prog`).
+pub const PROGRAM_NAMES: [&str; 4] = ProgramSet::Full.names();
+
+/// Which build of the counting programs the kernel runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProgramSet {
+    /// Every program: turns, TLS records and HTTP/2 streams.
+    Full,
+    /// Without HTTP/2 streams (no `bpf_loop`, no atomic fetch operations): HTTP/2
+    /// connections are left out.
+    WithoutHttp2,
+}
+
+impl ProgramSet {
+    /// Its programs' names: sock_ops, ingress, egress, the `tcp_destroy_sock` tracepoint.
+    pub const fn names(self) -> [&'static str; 4] {
+        match self {
+            Self::Full => ["ra_sockops", "ra_ingress", "ra_egress", "ra_destroy"],
+            Self::WithoutHttp2 => [
+                "ra_sockops_noh2",
+                "ra_ingress_noh2",
+                "ra_egress_noh2",
+                "ra_destroy_noh2",
+            ],
+        }
+    }
+}
+
+/// What the agent runs on this kernel, and what it left out for want of a feature.
+#[derive(Clone, Debug)]
+pub struct KernelSupport {
+    /// What the kernel's verifier accepted of the feature probes.
+    pub features: KernelFeatures,
+    /// The programs loaded.
+    pub programs: ProgramSet,
+    /// Why HTTP/2 streams are not counted, if they are not.
+    pub http2_off: Option<String>,
+    /// Why connections opened before they were watched are not adopted, if they are not.
+    pub adoption_off: Option<String>,
+}
+
+impl KernelSupport {
+    /// What is switched off, one line each (empty: nothing).
+    pub fn limits(&self) -> Vec<String> {
+        let http2 = self.http2_off.as_ref().map(|why| {
+            format!(
+                "HTTP/2 streams not counted, HTTP/2 connections left out: {why}; HTTP/1.x and TLS are counted"
+            )
+        });
+        let adoption = self.adoption_off.as_ref().map(|why| {
+            format!(
+                "connections opened before the agent started are not adopted: {why}; connections established while it runs are counted"
+            )
+        });
+        http2.into_iter().chain(adoption).collect()
+    }
+}
 
 /// How the probe is loaded.
 #[derive(Clone, Debug, Default)]
@@ -58,6 +115,9 @@ pub struct ProbeOptions {
     pub attach_to: Vec<PathBuf>,
     /// Let the programs' debug-level log lines through to the agent's log.
     pub debug_log: bool,
+    /// Features to run without even where the kernel has them, switching off what needs them
+    /// as a kernel without them would (tests of older kernels' behaviour on this one).
+    pub without: Vec<KernelFeature>,
 }
 
 /// What went wrong in the kernel part of the agent.
@@ -144,6 +204,17 @@ pub enum ProbeError {
         /// The limit.
         limit: u32,
     },
+    /// Both builds of the counting programs were refused (the verifier logs are in the source).
+    #[error("the kernel refused eBPF program {name}, also without HTTP/2 ({full})")]
+    VerifyBoth {
+        /// The program of the build without HTTP/2.
+        name: &'static str,
+        /// Why the full build was refused, in one line.
+        full: Box<str>,
+        /// The loader's error, with the verifier log.
+        #[source]
+        source: aya::programs::ProgramError,
+    },
     /// The number of possible CPUs (the size of per-CPU values) could not be read.
     #[error("cannot read the number of possible CPUs")]
     Cpus(#[source] std::io::Error),
@@ -183,6 +254,7 @@ pub struct Probe {
     free_slots: Vec<u32>,
     next_generation: u32,
     cpus: usize,
+    support: KernelSupport,
 }
 
 impl Probe {
@@ -204,8 +276,12 @@ impl Probe {
         let mut loader = EbpfLoader::new();
         loader.override_global("AYA_LOG_LEVEL", &log_level, false);
         let mut ebpf = loader.load(EBPF_OBJECT).map_err(ProbeError::Load)?;
-        attach_socket_programs(&mut ebpf, &dirs)?;
-        attach_destroy_tracepoint(&mut ebpf, &cgroup)?;
+        let btf = Btf::from_sys_fs().map_err(ProbeError::Btf)?;
+        let support = load_programs(&mut ebpf, &btf, &options.without)?;
+        attach_socket_programs(&mut ebpf, support.programs, &dirs)?;
+        if support.adoption_off.is_none() {
+            attach_destroy_tracepoint(&mut ebpf, support.programs, &cgroup)?;
+        }
         let cpus = nr_cpus()
             .map_err(|(_, source)| ProbeError::Cpus(source))?
             .get() as usize;
@@ -217,7 +293,13 @@ impl Probe {
             free_slots: (0..MAX_WATCHED_ENDPOINTS).rev().collect(),
             next_generation: 1,
             cpus,
+            support,
         })
+    }
+
+    /// What runs on this kernel, and what was left out for want of a feature.
+    pub fn kernel_support(&self) -> &KernelSupport {
+        &self.support
     }
 
     /// Hand the programs' log records to a forwarder (see `aya_log`); call once, right after
@@ -441,6 +523,7 @@ impl Probe {
             tls_segments_unframed: read(ProbeStat::TlsSegmentsUnframed)?,
             http2_segments_unframed: read(ProbeStat::Http2SegmentsUnframed)?,
             http2_streams_forgotten: read(ProbeStat::Http2StreamsForgotten)?,
+            http2_connections_left_out: read(ProbeStat::Http2ConnectionsLeftOut)?,
         })
     }
 
@@ -449,7 +532,7 @@ impl Probe {
     where
         T: TryFrom<&'a Map, Error = MapError>,
     {
-        let map = self.ebpf.map(name).ok_or_else(|| missing(name))?;
+        let map = self.ebpf.map(name).ok_or_else(|| missing_map(name))?;
         T::try_from(map).map_err(|source| ProbeError::MissingMap { name, source })
     }
 
@@ -458,7 +541,7 @@ impl Probe {
     where
         T: TryFrom<&'a mut Map, Error = MapError>,
     {
-        let map = self.ebpf.map_mut(name).ok_or_else(|| missing(name))?;
+        let map = self.ebpf.map_mut(name).ok_or_else(|| missing_map(name))?;
         T::try_from(map).map_err(|source| ProbeError::MissingMap { name, source })
     }
 }
@@ -502,18 +585,137 @@ fn attach_error(name: &'static str, path: &Path) -> impl FnOnce(ProgramError) ->
     }
 }
 
-/// Load the socket programs (sock_ops, and the segment programs both ways) and attach each
-/// to every cgroup of `dirs`.
-fn attach_socket_programs(
+/// Probe the kernel's features, then load the programs it can run: the full build, or the
+/// build without HTTP/2 if a feature it needs is missing or the kernel refuses it; the
+/// `tcp_destroy_sock` program if the kernel can run it, else adoption is switched off (in
+/// `SETTINGS`, before anything is attached). Only a refusal of the build without HTTP/2 fails.
+/// The features in `without` count as missing.
+fn load_programs(
     ebpf: &mut Ebpf,
-    dirs: &[(&PathBuf, std::fs::File)],
-) -> Result<(), ProbeError> {
-    let [sockops, ingress, egress, _] = PROGRAM_NAMES;
+    btf: &Btf,
+    without: &[KernelFeature],
+) -> Result<KernelSupport, ProbeError> {
+    let mut features = KernelFeatures::probe(ebpf, btf);
+    for feature in without {
+        features.switch_off(*feature);
+    }
+    let mut http2_off = [KernelFeature::AtomicFetch, KernelFeature::BpfLoop]
+        .into_iter()
+        .find_map(|feature| missing(&features, feature));
+    let programs = if http2_off.is_some() {
+        load_socket_programs(ebpf, ProgramSet::WithoutHttp2)?;
+        ProgramSet::WithoutHttp2
+    } else {
+        match load_socket_programs(ebpf, ProgramSet::Full) {
+            Ok(()) => ProgramSet::Full,
+            Err(refused) => {
+                let full = refused_reason(&refused);
+                http2_off = Some(format!("the kernel refused the HTTP/2 build: {full}"));
+                unload_socket_programs(ebpf, ProgramSet::Full);
+                load_socket_programs(ebpf, ProgramSet::WithoutHttp2).map_err(
+                    |error| match error {
+                        ProbeError::Verify { name, source } => ProbeError::VerifyBoth {
+                            name,
+                            full: full.into(),
+                            source,
+                        },
+                        other => other,
+                    },
+                )?;
+                ProgramSet::WithoutHttp2
+            }
+        }
+    };
+    let adoption_off = match missing(&features, KernelFeature::TracingSocketStorage) {
+        Some(why) => Some(why),
+        None => load_destroy_tracepoint(ebpf, programs, btf)
+            .err()
+            .map(|refused| format!("the kernel refused it: {}", refused_reason(&refused))),
+    };
+    if adoption_off.is_some() {
+        switch_off(ebpf, Setting::AdoptionOff)?;
+    }
+    Ok(KernelSupport {
+        features,
+        programs,
+        http2_off,
+        adoption_off,
+    })
+}
+
+/// "`feature` missing (since VERSION): why" if the kernel lacks `feature`.
+fn missing(features: &KernelFeatures, feature: KernelFeature) -> Option<String> {
+    match features.state(feature) {
+        FeatureState::Present => None,
+        FeatureState::Missing(why) => Some(format!(
+            "{} missing (since {}): {why}",
+            feature.name(),
+            feature.since()
+        )),
+    }
+}
+
+/// The verifier's reason in a refusal, in one line.
+fn refused_reason(error: &ProbeError) -> String {
+    match error {
+        ProbeError::Verify { name, source } => format!("{name}: {}", features::refusal(source)),
+        other => other.to_string(),
+    }
+}
+
+/// Set `setting` to 1 in the programs' settings.
+fn switch_off(ebpf: &mut Ebpf, setting: Setting) -> Result<(), ProbeError> {
+    let map = ebpf
+        .map_mut(SETTINGS_MAP)
+        .ok_or_else(|| missing_map(SETTINGS_MAP))?;
+    let mut settings: Array<&mut MapData, u32> =
+        Array::try_from(map).map_err(|source| ProbeError::MissingMap {
+            name: SETTINGS_MAP,
+            source,
+        })?;
+    settings
+        .set(setting as u32, &1, 0)
+        .map_err(|source| map_error("switch off", SETTINGS_MAP, source))
+}
+
+/// Load the socket programs of `set` (sock_ops, and the segment programs both ways).
+fn load_socket_programs(ebpf: &mut Ebpf, set: ProgramSet) -> Result<(), ProbeError> {
+    let [sockops, ingress, egress, _] = set.names();
     let program: &mut SockOps = program_mut(ebpf, sockops)?;
     program.load().map_err(|source| ProbeError::Verify {
         name: sockops,
         source,
     })?;
+    for name in [ingress, egress] {
+        let program: &mut CgroupSkb = program_mut(ebpf, name)?;
+        program
+            .load()
+            .map_err(|source| ProbeError::Verify { name, source })?;
+    }
+    Ok(())
+}
+
+/// Unload whatever of the socket programs of `set` was loaded.
+fn unload_socket_programs(ebpf: &mut Ebpf, set: ProgramSet) {
+    let [sockops, ingress, egress, _] = set.names();
+    if let Ok(program) = program_mut::<SockOps>(ebpf, sockops) {
+        let _ = program.unload();
+    }
+    for name in [ingress, egress] {
+        if let Ok(program) = program_mut::<CgroupSkb>(ebpf, name) {
+            let _ = program.unload();
+        }
+    }
+}
+
+/// Attach the loaded socket programs of `set` to every cgroup of `dirs`.
+fn attach_socket_programs(
+    ebpf: &mut Ebpf,
+    set: ProgramSet,
+    dirs: &[(&PathBuf, std::fs::File)],
+) -> Result<(), ProbeError> {
+    let [sockops, ingress, egress, _] = set.names();
+    let program: &mut SockOps = program_mut(ebpf, sockops)?;
     for (path, dir) in dirs {
         // A single attachment: the kernel here refuses AllowMultiple for sock_ops on the
         // root.
@@ -526,9 +728,6 @@ fn attach_socket_programs(
         (egress, CgroupSkbAttachType::Egress),
     ] {
         let program: &mut CgroupSkb = program_mut(ebpf, name)?;
-        program
-            .load()
-            .map_err(|source| ProbeError::Verify { name, source })?;
         for (path, dir) in dirs {
             program
                 .attach(dir, attach_type, CgroupAttachMode::Single)
@@ -538,18 +737,27 @@ fn attach_socket_programs(
     Ok(())
 }
 
-/// Closes of connections adopted after they opened (their state callback was never enabled)
-/// come from the `tcp_destroy_sock` tracepoint.
-fn attach_destroy_tracepoint(ebpf: &mut Ebpf, cgroup: &Path) -> Result<(), ProbeError> {
-    let destroy = PROGRAM_NAMES[3];
-    let btf = Btf::from_sys_fs().map_err(ProbeError::Btf)?;
+/// Load the `tcp_destroy_sock` program of `set`: closes of connections adopted after they
+/// opened (their state callback was never enabled).
+fn load_destroy_tracepoint(ebpf: &mut Ebpf, set: ProgramSet, btf: &Btf) -> Result<(), ProbeError> {
+    let destroy = set.names()[3];
     let program: &mut BtfTracePoint = program_mut(ebpf, destroy)?;
     program
-        .load("tcp_destroy_sock", &btf)
+        .load("tcp_destroy_sock", btf)
         .map_err(|source| ProbeError::Verify {
             name: destroy,
             source,
-        })?;
+        })
+}
+
+/// Attach the loaded `tcp_destroy_sock` program of `set`.
+fn attach_destroy_tracepoint(
+    ebpf: &mut Ebpf,
+    set: ProgramSet,
+    cgroup: &Path,
+) -> Result<(), ProbeError> {
+    let destroy = set.names()[3];
+    let program: &mut BtfTracePoint = program_mut(ebpf, destroy)?;
     program.attach().map_err(attach_error(destroy, cgroup))?;
     Ok(())
 }
@@ -563,7 +771,7 @@ where
         .ok_or(ProbeError::MissingProgram { name })
 }
 
-fn missing(name: &'static str) -> ProbeError {
+fn missing_map(name: &'static str) -> ProbeError {
     ProbeError::MissingMap {
         name,
         source: aya::maps::MapError::InvalidName {

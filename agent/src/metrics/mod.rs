@@ -35,6 +35,7 @@ pub struct Metrics {
     endpoint_in_flight: IntGaugeVec,
     endpoint_accept_backlog: IntGaugeVec,
     probe_problems: IntGaugeVec,
+    kernel_feature: IntGaugeVec,
     drain_rate: GaugeVec,
     drain_rate_warm: IntGaugeVec,
     queue_depth: IntGaugeVec,
@@ -141,6 +142,7 @@ impl Metrics {
             endpoint_in_flight: reg(&registry, IntGaugeVec::new(Opts::new("retry_after_endpoint_requests_in_flight", "Requests begun and not yet answered or abandoned."), &endpoint).unwrap()),
             endpoint_accept_backlog: reg(&registry, IntGaugeVec::new(Opts::new("retry_after_endpoint_accept_backlog", "Connections waiting in the accept queues of listeners serving the endpoint."), &["endpoint"]).unwrap()),
             probe_problems: reg(&registry, IntGaugeVec::new(Opts::new("retry_after_probe_problems", "Things the kernel programs could not observe, since start."), &["kind"]).unwrap()),
+            kernel_feature: reg(&registry, IntGaugeVec::new(Opts::new("retry_after_kernel_feature", "1 if the running kernel has a feature some programs need, 0 if what needs it is switched off (probed at start)."), &["feature"]).unwrap()),
             drain_rate: reg(&registry, GaugeVec::new(Opts::new("retry_after_service_drain_rate_per_second", "EWMA of responses completed per second across the service's backends."), &service).unwrap()),
             drain_rate_warm: reg(&registry, IntGaugeVec::new(Opts::new("retry_after_service_drain_rate_warm", "1 when the drain rate is warm enough to compute with."), &service).unwrap()),
             queue_depth: reg(&registry, IntGaugeVec::new(Opts::new("retry_after_service_queue_depth", "Queue depth from the best kernel source in the service's scope, at the last tick (absent while no source can see the queue)."), &service).unwrap()),
@@ -172,6 +174,15 @@ impl Metrics {
             last_counters: std::sync::Mutex::new(HashMap::new()),
             last_judge_dropped: std::sync::Mutex::new(HashMap::new()),
             last_returns_dropped: std::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Record which kernel features the programs found at start (name, present).
+    pub fn record_kernel_features<'a>(&self, features: impl IntoIterator<Item = (&'a str, bool)>) {
+        for (feature, present) in features {
+            self.kernel_feature
+                .with_label_values(&[feature])
+                .set(i64::from(present));
         }
     }
 

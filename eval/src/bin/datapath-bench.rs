@@ -266,15 +266,15 @@ struct Measured {
 fn measure(setup: usize, endpoint: Endpoint, elsewhere: &TestCgroup, load: &Wrk<'_>) -> Measured {
     let programs = match setup {
         FLOOR => Programs::floor(),
-        NOT_WATCHING => Programs::Probe(AttachedProbe::attach()),
-        WATCHING => Programs::Probe(AttachedProbe::watching(&[endpoint])),
+        NOT_WATCHING => Programs::Probe(Box::new(AttachedProbe::attach())),
+        WATCHING => Programs::Probe(Box::new(AttachedProbe::watching(&[endpoint]))),
         _ => {
             let mut probe = AttachedProbe::attach_with(&ProbeOptions {
                 attach_to: vec![elsewhere.path().to_path_buf()],
                 ..ProbeOptions::default()
             });
             probe.watch(endpoint);
-            Programs::Probe(probe)
+            Programs::Probe(Box::new(probe))
         }
     };
     let rps = if setup == ELSEWHERE_NEW_CONNECTIONS {
@@ -287,7 +287,7 @@ fn measure(setup: usize, endpoint: Endpoint, elsewhere: &TestCgroup, load: &Wrk<
 
 /// What one setup attached: the agent's programs, or the floor's.
 enum Programs {
-    Probe(AttachedProbe),
+    Probe(Box<AttachedProbe>),
     Floor(Floor),
 }
 
@@ -351,8 +351,8 @@ fn protocol_cost(rounds: u64, seconds: u64, connections: u64) -> String {
             let endpoint = protocols[protocol].1;
             let programs = match mode {
                 0 => Programs::floor(),
-                1 => Programs::Probe(AttachedProbe::attach()),
-                _ => Programs::Probe(AttachedProbe::watching(&[endpoint])),
+                1 => Programs::Probe(Box::new(AttachedProbe::attach())),
+                _ => Programs::Probe(Box::new(AttachedProbe::watching(&[endpoint]))),
             };
             let (rps, requests) = if protocol == 0 {
                 let rps = wrk(&h1_url, seconds, connections);
