@@ -19,7 +19,7 @@ use retry_after_agent::{
     estimate::{RejectedAt, RetryAfterPolicy, ServiceSettings},
     instance::{InstanceError, InstanceLock},
     kernel::{FeatureState, KernelSupport, Probe, ProbeOptions, find_cgroup2_root},
-    run,
+    privileges, run,
     run::RunError,
     shutdown,
 };
@@ -93,14 +93,29 @@ mod exit {
 }
 
 fn main() -> ExitCode {
-    let runtime = match tokio::runtime::Runtime::new() {
+    let cli = Cli::parse();
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    runtime.enable_all();
+    if matches!(cli.command, Command::Run { .. }) {
+        // The daemon's runtime threads hold no capability from their start: only the thread
+        // that attaches needs any, and it gives them up once attached (`run`). Asked before
+        // any thread starts.
+        privileges::keeps_bpf();
+        runtime.on_thread_start(|| {
+            if let Err(error) = privileges::drop_all() {
+                eprintln!("retry-after-agent: a runtime thread kept its capabilities: {error}");
+                std::process::abort();
+            }
+        });
+    }
+    let runtime = match runtime.build() {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("retry-after-agent: cannot start the runtime: {error}");
             return ExitCode::from(exit::FAILURE);
         }
     };
-    match runtime.block_on(command()) {
+    match runtime.block_on(command(cli)) {
         Ok(code) => code,
         Err(error) => {
             // `{:#}`: the message and every cause on one line; no backtrace, whatever
@@ -129,7 +144,7 @@ fn exit_code(error: &anyhow::Error) -> u8 {
     exit::FAILURE
 }
 
-async fn command() -> anyhow::Result<ExitCode> {
+async fn command(cli: Cli) -> anyhow::Result<ExitCode> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -137,7 +152,7 @@ async fn command() -> anyhow::Result<ExitCode> {
         )
         .with_writer(std::io::stderr)
         .init();
-    match Cli::parse().command {
+    match cli.command {
         Command::Run { config } => {
             let config = load(config.as_ref())?;
             // Caught before anything is attached, so a stop during start-up is a clean stop.

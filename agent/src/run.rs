@@ -121,6 +121,12 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     // Everything privileged is done: attached, watched, bound. Give it all up before the
     // first byte from another process is parsed.
     privileges::drop_all().map_err(RunError::DropPrivileges)?;
+    if privileges::keeps_bpf() {
+        warn!(
+            "this kernel refuses every bpf() call without CAP_BPF (kernel.unprivileged_bpf_disabled): \
+             CAP_BPF is kept, and no other capability, so the counters stay readable"
+        );
+    }
     let (stop, _) = broadcast::channel::<()>(1);
     let server = tokio::spawn(server::serve(
         listener,

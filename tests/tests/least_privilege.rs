@@ -31,11 +31,33 @@ fn as_nobody_with(caps: &[&str]) -> Vec<String> {
 
 /// A line of /proc/<pid>/status.
 fn status(pid: u32, key: &str) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
+    status_line(&format!("/proc/{pid}/status"), key)
+}
+
+/// A line of the status file at `path`.
+fn status_line(path: &str, key: &str) -> String {
+    std::fs::read_to_string(path)
         .unwrap()
         .lines()
         .find_map(|l| l.strip_prefix(key).map(|v| v.trim().to_owned()))
-        .unwrap_or_else(|| panic!("no {key}"))
+        .unwrap_or_else(|| panic!("no {key} in {path}"))
+}
+
+/// Capabilities belong to threads: every thread of `pid` (its runtime's workers, which parse
+/// what other processes send, among them) holds none and may gain none.
+fn assert_no_thread_holds_a_capability(pid: u32) {
+    let tasks: Vec<_> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .map(|task| task.unwrap().path().join("status"))
+        .collect();
+    assert!(tasks.len() > 1, "the runtime's threads: {tasks:?}");
+    for task in tasks {
+        let task = task.to_str().unwrap();
+        for key in ["CapEff:", "CapPrm:"] {
+            assert_eq!(status_line(task, key), "0000000000000000", "{task} {key}");
+        }
+        assert_eq!(status_line(task, "NoNewPrivs:"), "1", "{task}");
+    }
 }
 
 #[test]
@@ -60,6 +82,7 @@ fn the_agent_as_nobody_with_three_capabilities_counts_exactly_then_holds_none() 
     );
     assert_eq!(status(pid, "CapPrm:"), "0000000000000000");
     assert_eq!(status(pid, "NoNewPrivs:"), "1");
+    assert_no_thread_holds_a_capability(pid);
 
     let mut client = HttpClient::connect(addr);
     for _ in 0..200 {
