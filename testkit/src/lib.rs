@@ -5,9 +5,11 @@
 //! real TCP on 127.0.0.1 or ::1 and the probe is the agent's own, attached to the root cgroup.
 
 pub mod http;
+pub mod kernels;
 pub mod proxies;
 pub mod rejections;
 pub mod replica;
+pub mod vm;
 
 use std::{
     path::{Path, PathBuf},

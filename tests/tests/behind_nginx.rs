@@ -5,7 +5,7 @@
 //! Open (the request in the SYN), with the keep-alive connections opened before the probe
 //! attached, and with the programs attached to nginx's cgroup only.
 
-use std::{process::Command, thread, time::Duration};
+use std::{net::SocketAddr, process::Command, thread, time::Duration};
 
 use retry_after_agent::{
     endpoint::Endpoint,
@@ -14,7 +14,7 @@ use retry_after_agent::{
 use retry_after_common::Side;
 use retry_after_testkit::{
     AttachedProbe, SETTLE, TestCgroup, free_port,
-    http::{HttpServer, ServerOptions},
+    http::{HttpClient, HttpServer, ServerOptions},
     proxies::{Nginx, NginxStatus, Wrk, command_in, self_signed_certificate},
 };
 
@@ -179,17 +179,8 @@ fn without_the_features_older_kernels_lack_plain_and_tls_turns_equal_nginx_stub_
 /// forever; the connections opened after it are counted.
 #[test]
 fn without_tracing_socket_storage_a_pool_opened_before_the_probe_is_left_out() {
-    let port = free_port();
-    let nginx = Nginx::start(&format!(
-        "  server {{ listen {port}; keepalive_requests 100000; keepalive_timeout 60s; location / {{ return 200 \"ok\\n\"; }} }}"
-    ));
+    let (nginx, port, mut pool) = nginx_and_a_pool_used_before_watching();
     let endpoint = Endpoint::from(port);
-    let mut pool: Vec<_> = (0..10)
-        .map(|_| retry_after_testkit::http::HttpClient::connect(port))
-        .collect();
-    for client in &mut pool {
-        client.exchange(0);
-    }
     let mut probe = AttachedProbe::attach_with(&ProbeOptions {
         without: vec![KernelFeature::TracingSocketStorage],
         ..ProbeOptions::default()
@@ -216,20 +207,24 @@ fn without_tracing_socket_storage_a_pool_opened_before_the_probe_is_left_out() {
     assert_eq!(probe.read().probe.connections_adopted, 0);
 }
 
-#[test]
-fn keepalive_connections_opened_before_the_probe_are_counted_from_their_next_request() {
+/// nginx keeping connections alive, and a client pool of ten connections to it, each used
+/// once before anything watches.
+fn nginx_and_a_pool_used_before_watching() -> (Nginx, SocketAddr, Vec<HttpClient>) {
     let port = free_port();
     let nginx = Nginx::start(&format!(
         "  server {{ listen {port}; keepalive_requests 100000; keepalive_timeout 60s; location / {{ return 200 \"ok\\n\"; }} }}"
     ));
-    let endpoint = Endpoint::from(port);
-    // A client pool of ten connections, used before anything watches.
-    let mut pool: Vec<_> = (0..10)
-        .map(|_| retry_after_testkit::http::HttpClient::connect(port))
-        .collect();
+    let mut pool: Vec<_> = (0..10).map(|_| HttpClient::connect(port)).collect();
     for client in &mut pool {
         client.exchange(0);
     }
+    (nginx, port, pool)
+}
+
+#[test]
+fn keepalive_connections_opened_before_the_probe_are_counted_from_their_next_request() {
+    let (nginx, port, mut pool) = nginx_and_a_pool_used_before_watching();
+    let endpoint = Endpoint::from(port);
     let probe = AttachedProbe::watching(&[endpoint]);
     thread::sleep(Duration::from_millis(100));
     let before = nginx.status();

@@ -16,6 +16,10 @@
 //! * Python packages, pinned (`PYTHON_PACKAGES`), with the machine's python3; Ray Serve,
 //!   pinned (`SERVE_PACKAGES`), in the project's own virtual environment `.tools/serve-venv`
 //!   (`python3-venv` makes it on a Debian python3).
+//! * The kernel matrix: `qemu-system-x86` and `busybox-static` (the virtual machines and their
+//!   init), and the pinned Debian kernel packages of `testkit/src/kernels.rs`, downloaded with
+//!   apt through a private sources list and state under `.tools/kernels/apt/` and unpacked
+//!   into `.tools/kernels/<version>/` (a stamp there makes a second run free).
 
 use std::{
     ffi::OsString,
@@ -26,6 +30,9 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
+
+#[path = "../../testkit/src/kernels.rs"]
+mod kernels;
 
 /// bpf-linker release built here.
 const BPF_LINKER_VERSION: &str = "0.13.0";
@@ -43,7 +50,7 @@ const PYTHON_PACKAGES: [(&str, &str, &str); 3] = [
 const SERVE_PACKAGES: [(&str, &str, &str); 1] = [("ray[serve]", "2.60.0", "ray.serve")];
 
 /// Debian packages the tests and benchmarks run.
-const DEBIAN_PACKAGES: [&str; 11] = [
+const DEBIAN_PACKAGES: [&str; 14] = [
     "wrk",
     "nghttp2-client",
     "bpftool",
@@ -55,7 +62,15 @@ const DEBIAN_PACKAGES: [&str; 11] = [
     "apache2-utils",
     "openssl",
     "python3-venv",
+    "qemu-system-x86",
+    "busybox-static",
+    "xz-utils",
 ];
+
+/// The archive the kernel packages come from.
+const KERNEL_ARCHIVE: &str = "http://deb.debian.org/debian";
+/// The keyring that signs its suites (bullseye's to trixie's keys).
+const KERNEL_KEYRING: &str = "/usr/share/keyrings/debian-archive-keyring.gpg";
 
 /// Install the pinned Python packages that are missing, with the machine's python3.
 /// Install with `python` (an interpreter's path or name) those of `packages` (requirement,
@@ -150,6 +165,7 @@ pub fn setup(root: &Path, needs: Needs) -> Result<Env> {
         ensure_debian_packages()?;
         ensure_pip_packages(Path::new("python3"), &PYTHON_PACKAGES)?;
         ensure_serve_venv(&tools)?;
+        ensure_kernels(&tools)?;
     }
     Ok(Env { path })
 }
@@ -276,6 +292,150 @@ fn ensure_debian_packages() -> Result<()> {
         bail!("apt-get install {} failed ({install})", missing.join(" "));
     }
     Ok(())
+}
+
+/// Download and unpack the pinned kernel packages that are not unpacked yet.
+fn ensure_kernels(tools: &Path) -> Result<()> {
+    let root = tools.join("kernels");
+    let missing: Vec<&kernels::Kernel> = kernels::KERNELS
+        .iter()
+        .filter(|k| fs::read_to_string(kernel_stamp(&root, k)).ok() != Some(stamp_text(k)))
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let apt = KernelApt::prepare(&root)?;
+    apt.update()?;
+    for kernel in missing {
+        let deb = apt.download(kernel)?;
+        unpack_kernel(&root, kernel, &deb)?;
+    }
+    Ok(())
+}
+
+fn kernel_stamp(root: &Path, kernel: &kernels::Kernel) -> PathBuf {
+    root.join(kernel.version).join(".pinned")
+}
+
+fn stamp_text(kernel: &kernels::Kernel) -> String {
+    format!("{} {}\n", kernel.package(), kernel.version)
+}
+
+/// Unpack `deb` into `<root>/<version>/` (through a temporary directory), then stamp it.
+fn unpack_kernel(root: &Path, kernel: &kernels::Kernel, deb: &Path) -> Result<()> {
+    let dir = root.join(kernel.version);
+    let partial = root.join(format!("{}.partial", kernel.version));
+    let _ = fs::remove_dir_all(&partial);
+    eprintln!("+ dpkg-deb -x {} {}", deb.display(), dir.display());
+    let status = Command::new("dpkg-deb")
+        .arg("-x")
+        .arg(deb)
+        .arg(&partial)
+        .status()
+        .context("cannot run dpkg-deb")?;
+    if !status.success() {
+        bail!("dpkg-deb -x {} failed ({status})", deb.display());
+    }
+    let _ = fs::remove_dir_all(&dir);
+    fs::rename(&partial, &dir).with_context(|| format!("renaming to {}", dir.display()))?;
+    fs::write(kernel_stamp(root, kernel), stamp_text(kernel))?;
+    Ok(())
+}
+
+/// apt with a sources list and state of its own (the kernels' suites), so the machine's own
+/// apt configuration is neither used nor changed.
+struct KernelApt {
+    dir: PathBuf,
+    debs: PathBuf,
+}
+
+impl KernelApt {
+    /// Write the sources list and make the state directories under `<root>/apt/`.
+    fn prepare(root: &Path) -> Result<Self> {
+        let dir = root.join("apt");
+        let debs = root.join("debs");
+        for sub in ["lists/partial", "cache/archives/partial"] {
+            fs::create_dir_all(dir.join(sub))?;
+        }
+        fs::create_dir_all(&debs)?;
+        let mut suites: Vec<&str> = kernels::KERNELS.iter().map(|k| k.suite).collect();
+        suites.dedup();
+        let sources: String = suites
+            .iter()
+            .map(|suite| {
+                format!("deb [signed-by={KERNEL_KEYRING}] {KERNEL_ARCHIVE} {suite} main\n")
+            })
+            .collect();
+        fs::write(dir.join("sources.list"), sources)?;
+        Ok(Self { dir, debs })
+    }
+
+    /// `apt-get` with this sources list and state.
+    fn apt_get(&self) -> Command {
+        let mut command = Command::new("apt-get");
+        let option = |name: &str, value: &Path| format!("{name}={}", value.display());
+        command
+            .arg("-q")
+            .arg("-o")
+            .arg(option(
+                "Dir::Etc::sourcelist",
+                &self.dir.join("sources.list"),
+            ))
+            .args(["-o", "Dir::Etc::sourceparts=-"])
+            .arg("-o")
+            .arg(option("Dir::State::Lists", &self.dir.join("lists")))
+            .arg("-o")
+            .arg(option("Dir::Cache", &self.dir.join("cache")))
+            .args([
+                "-o",
+                "APT::Architectures=amd64",
+                "-o",
+                "Acquire::Languages=none",
+            ])
+            .args(["-o", "APT::Sandbox::User=root"]);
+        command
+    }
+
+    fn update(&self) -> Result<()> {
+        eprintln!("+ apt-get update (the kernels' suites)");
+        let status = self
+            .apt_get()
+            .arg("update")
+            .status()
+            .context("cannot run apt-get")?;
+        if !status.success() {
+            bail!("apt-get update for the kernel packages failed ({status})");
+        }
+        Ok(())
+    }
+
+    /// Download the kernel's package at its pinned version (unless already here); its path.
+    fn download(&self, kernel: &kernels::Kernel) -> Result<PathBuf> {
+        let package = kernel.package();
+        let deb = self
+            .debs
+            .join(format!("{package}_{}_amd64.deb", kernel.version));
+        if deb.exists() {
+            return Ok(deb);
+        }
+        eprintln!("+ apt-get download {package}={}", kernel.version);
+        let status = self
+            .apt_get()
+            .current_dir(&self.debs)
+            .arg("download")
+            .arg(format!("{package}={}", kernel.version))
+            .status()
+            .context("cannot run apt-get")?;
+        if !status.success() || !deb.exists() {
+            bail!(
+                "apt-get download {package}={} failed ({status}): is that version still in \
+                 {}'s archive?",
+                kernel.version,
+                kernel.suite
+            );
+        }
+        Ok(deb)
+    }
 }
 
 /// Run a command and return its standard output.
