@@ -6,12 +6,13 @@
 //! virtio, 9p and overlay modules, and an init that mounts this machine's root filesystem
 //! read-only over 9p with a tmpfs overlay on top (so the guest can write, and nothing it
 //! writes reaches the host), mounts proc, sys, devtmpfs, cgroup2, bpffs, tracefs and debugfs
-//! and tmpfs on `/tmp` and `/run`, brings up `lo` (the guest has no other network), then runs
-//! the command in the host's working directory. A second, writable 9p share (a temporary
+//! and a tmpfs on `/run`, brings up `lo` (the guest has no other network), then runs the
+//! command in the host's working directory. A second, writable 9p share (a temporary
 //! directory of the host's) carries the command in and its output and exit status out.
 //!
-//! The guest's `/tmp` and `/run` are its own (empty tmpfs): a command cannot run in, or read
-//! files from, the host's `/tmp`; put what it needs in the workspace.
+//! The guest's `/run` is its own (empty tmpfs); everything else, `/tmp` included (a clone of
+//! the project may live there), is the host's as it was at boot, writable through the
+//! overlay.
 
 use std::{
     collections::HashMap,
@@ -96,7 +97,6 @@ $B mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null
 $B mkdir -p /dev/pts /dev/shm
 $B mount -t devpts devpts /dev/pts
 $B mount -t tmpfs -o mode=1777 shm /dev/shm
-$B mount -t tmpfs -o mode=1777 tmp /tmp
 $B ip link set lo up
 $B hostname kernel-matrix
 $B sh /run/vm/command > /run/vm/output 2>&1 < /dev/null
@@ -477,8 +477,8 @@ impl RunShare {
     ) -> Result<(), VmError> {
         let dir = quote(&dir.to_string_lossy());
         let mut script = format!(
-            "cd {dir} || {{ echo guest: cannot enter {dir}, the guest has its own /tmp and \
-             /run >&2; exit 125; }}\n"
+            "cd {dir} || {{ echo guest: cannot enter {dir}, the guest has its own /run >&2; \
+             exit 125; }}\n"
         );
         for (name, value) in guest_env(env) {
             script.push_str(&format!("export {name}={}\n", quote(&value)));
