@@ -599,34 +599,55 @@ fn load_programs(
     for feature in without {
         features.switch_off(*feature);
     }
-    let mut http2_off = [KernelFeature::AtomicFetch, KernelFeature::BpfLoop]
+    let (programs, http2_off) = load_counting_programs(ebpf, &features)?;
+    let adoption_off = load_adoption(ebpf, &features, programs, btf)?;
+    Ok(KernelSupport {
+        features,
+        programs,
+        http2_off,
+        adoption_off,
+    })
+}
+
+/// Load the socket programs of the fullest build `features` allow; which, and why HTTP/2 is
+/// off if it is.
+fn load_counting_programs(
+    ebpf: &mut Ebpf,
+    features: &KernelFeatures,
+) -> Result<(ProgramSet, Option<String>), ProbeError> {
+    let lacking = [KernelFeature::AtomicFetch, KernelFeature::BpfLoop]
         .into_iter()
-        .find_map(|feature| missing(&features, feature));
-    let programs = if http2_off.is_some() {
+        .find_map(|feature| missing(features, feature));
+    if let Some(why) = lacking {
         load_socket_programs(ebpf, ProgramSet::WithoutHttp2)?;
-        ProgramSet::WithoutHttp2
-    } else {
-        match load_socket_programs(ebpf, ProgramSet::Full) {
-            Ok(()) => ProgramSet::Full,
-            Err(refused) => {
-                let full = refused_reason(&refused);
-                http2_off = Some(format!("the kernel refused the HTTP/2 build: {full}"));
-                unload_socket_programs(ebpf, ProgramSet::Full);
-                load_socket_programs(ebpf, ProgramSet::WithoutHttp2).map_err(
-                    |error| match error {
-                        ProbeError::Verify { name, source } => ProbeError::VerifyBoth {
-                            name,
-                            full: full.into(),
-                            source,
-                        },
-                        other => other,
-                    },
-                )?;
-                ProgramSet::WithoutHttp2
-            }
-        }
+        return Ok((ProgramSet::WithoutHttp2, Some(why)));
+    }
+    let Err(refused) = load_socket_programs(ebpf, ProgramSet::Full) else {
+        return Ok((ProgramSet::Full, None));
     };
-    let adoption_off = match missing(&features, KernelFeature::TracingSocketStorage) {
+    let full = refused_reason(&refused);
+    unload_socket_programs(ebpf, ProgramSet::Full);
+    load_socket_programs(ebpf, ProgramSet::WithoutHttp2).map_err(|error| match error {
+        ProbeError::Verify { name, source } => ProbeError::VerifyBoth {
+            name,
+            full: full.as_str().into(),
+            source,
+        },
+        other => other,
+    })?;
+    let why = format!("the kernel refused the HTTP/2 build: {full}");
+    Ok((ProgramSet::WithoutHttp2, Some(why)))
+}
+
+/// Load the `tcp_destroy_sock` program of `programs` where the kernel can run it; else switch
+/// adoption off, and say why.
+fn load_adoption(
+    ebpf: &mut Ebpf,
+    features: &KernelFeatures,
+    programs: ProgramSet,
+    btf: &Btf,
+) -> Result<Option<String>, ProbeError> {
+    let adoption_off = match missing(features, KernelFeature::TracingSocketStorage) {
         Some(why) => Some(why),
         None => load_destroy_tracepoint(ebpf, programs, btf)
             .err()
@@ -635,12 +656,7 @@ fn load_programs(
     if adoption_off.is_some() {
         switch_off(ebpf, Setting::AdoptionOff)?;
     }
-    Ok(KernelSupport {
-        features,
-        programs,
-        http2_off,
-        adoption_off,
-    })
+    Ok(adoption_off)
 }
 
 /// "`feature` missing (since VERSION): why" if the kernel lacks `feature`.
