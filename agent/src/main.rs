@@ -372,7 +372,7 @@ fn check_programs(list: &mut Checklist, config: Option<&Config>, cgroup: Option<
                 format!(
                     "sock_ops and cgroup_skb programs load and attach ({} programs: {}) to {}",
                     probe.program_ids().len(),
-                    probe.kernel_support().programs.names()[..3].join(", "),
+                    probe.kernel_support().programs().names()[..3].join(", "),
                     probe
                         .attached_cgroups()
                         .iter()

@@ -18,7 +18,8 @@ use crate::{
     estimate::Estimator,
     instance::{InstanceError, InstanceLock},
     kernel::{
-        FeatureState, KernelSupport, Probe, ProbeError, ProbeOptions, WatchOptions, cgroup_scope,
+        FeatureState, KernelFeature, KernelSupport, Probe, ProbeError, ProbeOptions, WatchOptions,
+        cgroup_scope,
     },
     metrics, privileges,
     server::{self, ServerError, ServerOptions},
@@ -104,11 +105,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     let probe = attach_and_watch(&config)?;
     let shared = Arc::new(Shared::new(config.estimator(), probe.watched().count()));
     shared.metrics().record_kernel_features(
-        probe
-            .kernel_support()
-            .features
-            .iter()
-            .map(|(feature, state)| (feature.name(), *state == FeatureState::Present)),
+        KernelFeature::ALL
+            .map(|feature| (feature.name(), probe.kernel_support().features.has(feature))),
     );
     let metrics_listener = metrics::bind(agent.metrics_listen)
         .await
@@ -247,7 +245,7 @@ fn log_kernel_support(support: &KernelSupport) {
             FeatureState::Missing(_) => format!("{}=no", feature.name()),
         })
         .collect();
-    info!(programs = ?support.programs, features = %features.join(" "), "kernel features probed");
+    info!(programs = ?support.programs(), features = %features.join(" "), "kernel features probed");
     for limit in support.limits() {
         warn!("{limit}");
     }

@@ -378,8 +378,8 @@ fn matching_watch(endpoint: &EndpointKey) -> Option<WatchValue> {
 
 /// A connection of a watched endpoint is established: start tracking it. Two functions of
 /// their own, called one after the other, so their stacks (the addresses read by the first,
-/// the state built by the second) are never added together: kernels before 6.2 round each
-/// frame up to 32 bytes and refuse a call chain over 512.
+/// the state built by the second) are never added together: Debian's 6.1 rounds each frame
+/// up to 32 bytes and refuses a call chain over 512 (6.12 does not round a leaf up).
 #[inline(always)]
 fn on_established(ctx: &SockOpsContext, side: Side) {
     let mut found = Established {
@@ -404,7 +404,7 @@ struct Established {
     /// The endpoint's port (for the log).
     port: u16,
     /// A request came with the handshake (`early_request`): where it ends and the bytes
-    /// counted so far.
+    /// counted so far. Three fields, not an `Option`, for the reason `packet::Segment` gives.
     early_end: u32,
     early_bytes: u32,
     early: bool,

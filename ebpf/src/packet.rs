@@ -28,7 +28,7 @@ const TCP_FLAG_ACK: u8 = 0x10;
 ///
 /// Every field is defined whether or not the packet could be read (`parsed`): LLVM leaves the
 /// payload of a `None` undefined, may spill and reload it on the path that never wrote it, and
-/// kernels before 6.3 refuse a read of a stack slot the path did not write.
+/// Debian's 6.1 refuses a read of a stack slot the path did not write (6.12 accepts it).
 pub struct Segment {
     /// The packet was a TCP segment over IPv4 or IPv6 whose headers could be read; if not,
     /// every other field is zero.

@@ -167,7 +167,7 @@ fn without_the_features_older_kernels_lack_plain_and_tls_turns_equal_nginx_stub_
     check_with("", Some(TLS_1_3), &options);
     let probe = AttachedProbe::attach_with(&options);
     let support = probe.kernel_support();
-    assert_eq!(support.programs, ProgramSet::WithoutHttp2);
+    assert_eq!(support.programs(), ProgramSet::WithoutHttp2);
     assert!(
         support.http2_off.is_some() && support.adoption_off.is_some(),
         "{support:?}"
@@ -186,7 +186,7 @@ fn without_tracing_socket_storage_a_pool_opened_before_the_probe_is_left_out() {
         ..ProbeOptions::default()
     });
     probe.watch(endpoint);
-    assert_eq!(probe.kernel_support().programs, ProgramSet::Full);
+    assert_eq!(probe.kernel_support().programs(), ProgramSet::Full);
     thread::sleep(Duration::from_millis(100));
     for _ in 0..10 {
         for client in &mut pool {

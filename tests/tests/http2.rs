@@ -135,7 +135,7 @@ fn without_bpf_loop_http2_connections_are_left_out_and_said_so() {
         ..ProbeOptions::default()
     });
     probe.watch(endpoint);
-    assert_eq!(probe.kernel_support().programs, ProgramSet::WithoutHttp2);
+    assert_eq!(probe.kernel_support().programs(), ProgramSet::WithoutHttp2);
     let before = nginx.status();
     eprintln!("{}", h2load(&format!("http://{addr}/"), 2000, 10, 16));
     assert_eq!(requests_between(before, nginx.status()), 2000);

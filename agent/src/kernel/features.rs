@@ -139,14 +139,12 @@ fn probe_one(ebpf: &mut Ebpf, btf: &Btf, feature: KernelFeature) -> FeatureState
         };
     };
     let loaded = match feature {
-        KernelFeature::TracingSocketStorage => {
-            load_tracing(ebpf, name, btf).map_err(|error| refusal(&error))
-        }
-        _ => load_skb(ebpf, name).map_err(|error| refusal(&error)),
+        KernelFeature::TracingSocketStorage => load_tracing(ebpf, name, btf),
+        _ => load_skb(ebpf, name),
     };
     match loaded {
         Ok(()) => FeatureState::Present,
-        Err(reason) => FeatureState::Missing(reason),
+        Err(error) => FeatureState::Missing(refusal(&error)),
     }
 }
 

@@ -80,15 +80,22 @@ impl ProgramSet {
 pub struct KernelSupport {
     /// What the kernel's verifier accepted of the feature probes.
     pub features: KernelFeatures,
-    /// The programs loaded.
-    pub programs: ProgramSet,
-    /// Why HTTP/2 streams are not counted, if they are not.
+    /// Why HTTP/2 streams are not counted, if they are not (the build without HTTP/2 runs).
     pub http2_off: Option<String>,
     /// Why connections opened before they were watched are not adopted, if they are not.
     pub adoption_off: Option<String>,
 }
 
 impl KernelSupport {
+    /// The programs loaded: the build without HTTP/2 where HTTP/2 is off.
+    pub fn programs(&self) -> ProgramSet {
+        if self.http2_off.is_some() {
+            ProgramSet::WithoutHttp2
+        } else {
+            ProgramSet::Full
+        }
+    }
+
     /// What is switched off, one line each (empty: nothing).
     pub fn limits(&self) -> Vec<String> {
         let http2 = self.http2_off.as_ref().map(|why| {
@@ -278,9 +285,9 @@ impl Probe {
         let mut ebpf = loader.load(EBPF_OBJECT).map_err(ProbeError::Load)?;
         let btf = Btf::from_sys_fs().map_err(ProbeError::Btf)?;
         let support = load_programs(&mut ebpf, &btf, &options.without)?;
-        attach_socket_programs(&mut ebpf, support.programs, &dirs)?;
+        attach_socket_programs(&mut ebpf, support.programs(), &dirs)?;
         if support.adoption_off.is_none() {
-            attach_destroy_tracepoint(&mut ebpf, support.programs, &cgroup)?;
+            attach_destroy_tracepoint(&mut ebpf, support.programs(), &cgroup)?;
         }
         let cpus = nr_cpus()
             .map_err(|(_, source)| ProbeError::Cpus(source))?
@@ -541,8 +548,7 @@ impl Probe {
     where
         T: TryFrom<&'a mut Map, Error = MapError>,
     {
-        let map = self.ebpf.map_mut(name).ok_or_else(|| missing_map(name))?;
-        T::try_from(map).map_err(|source| ProbeError::MissingMap { name, source })
+        typed_map_mut(&mut self.ebpf, name)
     }
 }
 
@@ -599,31 +605,31 @@ fn load_programs(
     for feature in without {
         features.switch_off(*feature);
     }
-    let (programs, http2_off) = load_counting_programs(ebpf, &features)?;
-    let adoption_off = load_adoption(ebpf, &features, programs, btf)?;
-    Ok(KernelSupport {
+    let http2_off = load_counting_programs(ebpf, &features)?;
+    let mut support = KernelSupport {
         features,
-        programs,
         http2_off,
-        adoption_off,
-    })
+        adoption_off: None,
+    };
+    support.adoption_off = load_adoption(ebpf, &support.features, support.programs(), btf)?;
+    Ok(support)
 }
 
-/// Load the socket programs of the fullest build `features` allow; which, and why HTTP/2 is
-/// off if it is.
+/// Load the socket programs of the fullest build `features` allow; why HTTP/2 is off, if it
+/// is (the build without HTTP/2 was loaded).
 fn load_counting_programs(
     ebpf: &mut Ebpf,
     features: &KernelFeatures,
-) -> Result<(ProgramSet, Option<String>), ProbeError> {
+) -> Result<Option<String>, ProbeError> {
     let lacking = [KernelFeature::AtomicFetch, KernelFeature::BpfLoop]
         .into_iter()
         .find_map(|feature| missing(features, feature));
     if let Some(why) = lacking {
         load_socket_programs(ebpf, ProgramSet::WithoutHttp2)?;
-        return Ok((ProgramSet::WithoutHttp2, Some(why)));
+        return Ok(Some(why));
     }
     let Err(refused) = load_socket_programs(ebpf, ProgramSet::Full) else {
-        return Ok((ProgramSet::Full, None));
+        return Ok(None);
     };
     let full = refused_reason(&refused);
     unload_socket_programs(ebpf, ProgramSet::Full);
@@ -635,8 +641,7 @@ fn load_counting_programs(
         },
         other => other,
     })?;
-    let why = format!("the kernel refused the HTTP/2 build: {full}");
-    Ok((ProgramSet::WithoutHttp2, Some(why)))
+    Ok(Some(format!("the kernel refused the HTTP/2 build: {full}")))
 }
 
 /// Load the `tcp_destroy_sock` program of `programs` where the kernel can run it; else switch
@@ -681,15 +686,7 @@ fn refused_reason(error: &ProbeError) -> String {
 
 /// Set `setting` to 1 in the programs' settings.
 fn switch_off(ebpf: &mut Ebpf, setting: Setting) -> Result<(), ProbeError> {
-    let map = ebpf
-        .map_mut(SETTINGS_MAP)
-        .ok_or_else(|| missing_map(SETTINGS_MAP))?;
-    let mut settings: Array<&mut MapData, u32> =
-        Array::try_from(map).map_err(|source| ProbeError::MissingMap {
-            name: SETTINGS_MAP,
-            source,
-        })?;
-    settings
+    typed_map_mut::<Array<_, u32>>(ebpf, SETTINGS_MAP)?
         .set(setting as u32, &1, 0)
         .map_err(|source| map_error("switch off", SETTINGS_MAP, source))
 }
@@ -776,6 +773,15 @@ fn attach_destroy_tracepoint(
     let program: &mut BtfTracePoint = program_mut(ebpf, destroy)?;
     program.attach().map_err(attach_error(destroy, cgroup))?;
     Ok(())
+}
+
+/// The map `name` of `ebpf`, as the typed map `T`, for writing.
+fn typed_map_mut<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<T, ProbeError>
+where
+    T: TryFrom<&'a mut Map, Error = MapError>,
+{
+    let map = ebpf.map_mut(name).ok_or_else(|| missing_map(name))?;
+    T::try_from(map).map_err(|source| ProbeError::MissingMap { name, source })
 }
 
 fn program_mut<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut T, ProbeError>
