@@ -48,7 +48,8 @@ pub fn bench(root: &Path, env: &Env, args: &BenchArgs) -> Result<()> {
         ]);
         crate::run(command)?;
     }
-    // The other two are binaries of the evaluation crate.
+    // The other three (`sim-bench`, `socket-bench`, `datapath-bench`) are binaries of the
+    // evaluation crate.
     let bench_bin = |bin: &str| {
         let mut command = env.cargo(root);
         command.args(["run", "--release", "--package", "retry-after-eval"]);
