@@ -4,10 +4,10 @@
 //! What runs is the code the real run runs: the reference proxy's [`Router`] and
 //! [`RetryBacklog`], the agent's [`ServiceEstimator`] (drain-rate EWMA, judge, ladder, built
 //! from the same configuration text through the agent's own parser), the client library's
-//! [`decide`] on the estimator's push, and the clients' [`Behaviour`]. What is simulated is
-//! what the kernel and the sockets would do: each agent sees its proxy's requests in flight
-//! and completed per replica (the client-side counts its probe reads) at every tick, and a
-//! request takes its drawn service time and nothing else (no network time).
+//! [`OwnReturns::decide`] on the estimator's push, and the clients' [`Behaviour`]. What is
+//! simulated is what the kernel and the sockets would do: each agent sees its proxy's requests
+//! in flight and completed per replica (the client-side counts its probe reads) at every tick,
+//! and a request takes its drawn service time and nothing else (no network time).
 //!
 //! The counts are the ones the probe would read, limits included: a streamed response (a
 //! replica with `chunks` > 1) is counted complete at its first pause, as
