@@ -6,7 +6,8 @@
 //! * bpf-linker, built against the pinned toolchain's own LLVM (no system LLVM is new enough),
 //!   into `.tools/` of the workspace. A stamp records which rustc it was built for, so a
 //!   toolchain change rebuilds it and an unchanged one costs nothing.
-//! * Debian packages: `wrk` (load generator for the benchmark and the proxy tests), `bpftool`
+//! * Debian packages: `wrk` (load generator for the benchmark and the proxy tests),
+//!   `nghttp2-client` (h2load, the HTTP/2 load of the tests and the benchmark), `bpftool`
 //!   (the tests check with it that nothing stays attached), `haproxy` (the real proxy the
 //!   estimate is tested behind), `nginx` with `apache2-utils` (ab): a real backend and
 //!   one-request connections whose own counters judge the kernel's, and with
@@ -17,9 +18,10 @@
 //!   pinned (`SERVE_PACKAGES`), in the project's own virtual environment `.tools/serve-venv`
 //!   (`python3-venv` makes it on a Debian python3).
 //! * The kernel matrix: `qemu-system-x86` and `busybox-static` (the virtual machines and their
-//!   init), and the pinned Debian kernel packages of `testkit/src/kernels.rs`, downloaded with
-//!   apt through a private sources list and state under `.tools/kernels/apt/` and unpacked
-//!   into `.tools/kernels/<version>/` (a stamp there makes a second run free).
+//!   init), `xz-utils` (unpacks the kernels' compressed modules for the guests), and the
+//!   pinned Debian kernel packages of `testkit/src/kernels.rs`, downloaded with apt through a
+//!   private sources list and state under `.tools/kernels/apt/` and unpacked into
+//!   `.tools/kernels/<version>/` (a stamp there makes a second run free).
 
 use std::{
     ffi::OsString,
