@@ -1,6 +1,8 @@
 //! Compiles the eBPF programs (the `retry-after-ebpf` crate) for the BPF target, so the agent
 //! can embed the object file. Needs `bpf-linker` on PATH (`./dev setup` installs it).
 
+use std::path::{Path, PathBuf};
+
 use anyhow::{Context as _, anyhow};
 use aya_build::Toolchain;
 
@@ -27,14 +29,45 @@ fn main() -> anyhow::Result<()> {
     // watches only the eBPF crate's own directory.
     println!("cargo::rerun-if-changed={root_dir}/../common");
     let toolchain = pinned_toolchain().context("reading the channel from rust-toolchain.toml")?;
-    aya_build::build_ebpf(
+    // aya-build builds into OUT_DIR, which differs for each profile and each set of features
+    // the agent is built with (check, doc, debug, test, release): the same object, built anew
+    // each time. It is built once instead, in the target folder's `ebpf/`, and copied here.
+    let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").context("OUT_DIR not set")?);
+    let shared = shared_ebpf_dir(&out_dir);
+    // SAFETY: as above.
+    unsafe { std::env::set_var("OUT_DIR", &shared) };
+    let built = aya_build::build_ebpf(
         [aya_build::Package {
             name: EBPF_PACKAGE,
             root_dir: root_dir.as_str(),
             ..Default::default()
         }],
         Toolchain::Custom(Box::leak(toolchain.into_boxed_str())),
-    )
+    );
+    // SAFETY: as above.
+    unsafe { std::env::set_var("OUT_DIR", &out_dir) };
+    built?;
+    let object = shared.join(EBPF_PACKAGE);
+    std::fs::copy(&object, out_dir.join(EBPF_PACKAGE))
+        .with_context(|| format!("copying {}", object.display()))?;
+    Ok(())
+}
+
+/// `<target>/ebpf`, from OUT_DIR (`<target>/<profile>/build/<package>-<hash>/out`); OUT_DIR
+/// itself where it has no such shape.
+fn shared_ebpf_dir(out_dir: &Path) -> PathBuf {
+    match out_dir.ancestors().nth(4) {
+        Some(target)
+            if out_dir
+                .parent()
+                .and_then(Path::parent)
+                .and_then(Path::file_name)
+                == Some("build".as_ref()) =>
+        {
+            target.join("ebpf")
+        }
+        _ => out_dir.to_path_buf(),
+    }
 }
 
 /// The channel named in the workspace's rust-toolchain.toml, so the eBPF crate is built by the
