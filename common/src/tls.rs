@@ -30,7 +30,7 @@
 //! segments in between are counted as unframed.
 //!
 //! Plain integer code, shared by the eBPF programs and the host tests; the bytes are read
-//! through [`Payload`](crate::Payload).
+//! through [`Payload`].
 
 use crate::{Payload, Resume, WalkFlags};
 

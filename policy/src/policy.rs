@@ -21,7 +21,7 @@ pub enum RetryAfterPolicy {
     RouterQueueDrainRate,
     /// The earliest second at which the drain rate, less the fresh arrivals forecast, has
     /// room for the queue ahead, every return already promised by then and this one (not the
-    /// proposal's; see [`scheduled_returns`]).
+    /// proposal's; see docs/estimator.md).
     ScheduledReturns,
 }
 

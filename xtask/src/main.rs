@@ -5,8 +5,12 @@
 //!   benchmarks use (`setup --for run`: bpf-linker only). Idempotent: a second run only checks.
 //! * `run`: bpf-linker, then the agent with the embedded default configuration (nothing the
 //!   tests use is installed).
-//! * `test`: setup, then formatting, lints (host crates and the eBPF crate) and every test,
-//!   including the integration tests that attach the real programs (needs root).
+//! * `check`: formatting, lints (host crates and the eBPF crate), rustdoc and every test that
+//!   needs neither root nor an installed package (the crates' own tests, and the Lua and
+//!   Python ports against the shared vectors): the lane for any contributor, with bpf-linker
+//!   the only thing it installs.
+//! * `test`: setup, `check`, then the root suite: the integration tests that attach the real
+//!   programs and drive real proxies (needs root). Ends with the time each part took.
 //! * `bench`: setup, then the data-path benchmark (see docs/evaluation.md).
 //! * `evaluate`: setup, then `retry-after-eval` with the arguments given; with none, the
 //!   five scenarios under eight policies on real sockets and in the simulator, side by side
@@ -14,15 +18,19 @@
 
 mod bench;
 mod setup;
+mod timings;
 
 use std::{
     ffi::OsStr,
     path::{Path, PathBuf},
     process::Command,
+    time::Instant,
 };
 
 use anyhow::{Context as _, Result, bail};
+use cargo_metadata::Message;
 use clap::{Parser, Subcommand};
+use timings::{Timings, run_timing_tests};
 
 #[derive(Debug, Parser)]
 #[command(about = "retry-after-agent project tasks")]
@@ -48,7 +56,10 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Set up, then check formatting and lints and run every test (as root).
+    /// Check formatting, lints and rustdoc and run the tests that need no root and no
+    /// installed package (bpf-linker is the one thing installed).
+    Check,
+    /// Set up, then `check`, then the root suite (as root); prints the time of each part.
     Test,
     /// Set up, then measure the data-path cost of the attached programs.
     Bench(bench::BenchArgs),
@@ -93,11 +104,12 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     let root = workspace_root();
     let needs = match &cli.task {
-        Task::Run { .. } => setup::Needs::Run,
+        Task::Run { .. } | Task::Check => setup::Needs::Run,
         Task::Setup { purpose } if purpose == "run" => setup::Needs::Run,
         _ => setup::Needs::Everything,
     };
-    let env = setup::setup(&root, needs)?;
+    let mut timings = Timings::default();
+    let env = timings.part("setup", || setup::setup(&root, needs))?;
     match cli.task {
         Task::Setup { .. } => Ok(()),
         Task::Run { args } => {
@@ -113,7 +125,16 @@ fn main() -> Result<()> {
             command.args(args);
             run(command)
         }
-        Task::Test => test(&root, &env),
+        Task::Check => {
+            check(&root, &env, &mut timings)?;
+            timings.print();
+            Ok(())
+        }
+        Task::Test => {
+            let outcome = test(&root, &env, &mut timings);
+            timings.print();
+            outcome
+        }
         Task::Bench(args) => bench::bench(&root, &env, &args),
         Task::Soak { minutes } => run_eval_binary(&root, &env, "soak", &[minutes.to_string()]),
         Task::Evaluate { args } => {
@@ -150,13 +171,26 @@ const DEFAULT_EVALUATION: [&str; 19] = [
     "docs/evaluation-run",
 ];
 
-fn test(root: &Path, env: &setup::Env) -> Result<()> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        bail!(
-            "the integration tests load and attach eBPF programs: run the tests as root (CAP_BPF, CAP_NET_ADMIN)"
-        );
-    }
+/// The lane without root: formatting, lints, rustdoc, the crates' own tests and the ports'
+/// vector checks.
+fn check(root: &Path, env: &setup::Env, timings: &mut Timings) -> Result<()> {
+    timings.part("format and lints", || lint(root, env))?;
+    // Rustdoc of every host crate, broken links and all.
+    let mut doc = env.cargo(root);
+    doc.env("RUSTDOCFLAGS", "-D warnings")
+        .args(["doc", "--no-deps", "--workspace"]);
+    doc.args(["--exclude", "retry-after-ebpf"]);
+    timings.part("rustdoc", || run(doc))?;
+    // Every crate's own tests (the root suite is the integration tests crate).
+    let mut unit = env.cargo(root);
+    unit.args(["test", "--workspace"]);
+    unit.args(["--exclude", "retry-after-integration-tests"]);
+    unit.args(["--exclude", "retry-after-ebpf"]);
+    timings.part("crate tests", || run(unit))
+}
+
+/// `cargo fmt --check`, then clippy over the host crates and over the eBPF crate.
+fn lint(root: &Path, env: &setup::Env) -> Result<()> {
     let mut fmt = env.cargo(root);
     fmt.args(["fmt", "--all", "--", "--check"]);
     run(fmt)?;
@@ -177,27 +211,77 @@ fn test(root: &Path, env: &setup::Env) -> Result<()> {
         "-D",
         "warnings",
     ]);
-    run(clippy_ebpf)?;
-    // Unit tests of every crate, then the integration tests one at a time: they attach to the
-    // root cgroup, where only one attachment of each program type is allowed.
-    let mut unit = env.cargo(root);
-    unit.args(["test", "--workspace"]);
-    unit.args(["--exclude", "retry-after-integration-tests"]);
-    unit.args(["--exclude", "retry-after-ebpf"]);
-    run(unit)?;
+    run(clippy_ebpf)
+}
+
+/// `check`, then the root suite: the integration tests, one at a time (they attach to the
+/// root cgroup, where only one attachment of each program type is allowed).
+fn test(root: &Path, env: &setup::Env, timings: &mut Timings) -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!(
+            "the root suite loads and attaches eBPF programs: run `./dev test` as root (CAP_BPF, CAP_NET_ADMIN), or `./dev check` for everything that needs no root"
+        );
+    }
+    check(root, env, timings)?;
     // The detach test runs the real binary.
-    let mut agent = env.cargo(root);
-    agent.args(["build", "--package", "retry-after-agent", "--bins"]);
-    run(agent)?;
-    let mut integration = env.cargo(root);
-    integration.args([
+    let mut build = env.cargo(root);
+    build.args(["build", "--package", "retry-after-agent", "--bins"]);
+    let suites = timings.part("build the root suite", || {
+        run(build)?;
+        suite_binaries(root, env)
+    })?;
+    // Run as cargo would (from the crate's folder), with libtest's own timing of each test.
+    let started = Instant::now();
+    let mut outcome = Ok(());
+    for suite in suites {
+        let mut command = Command::new(suite);
+        command
+            .current_dir(root.join("tests"))
+            .env("RUSTC_BOOTSTRAP", "1")
+            .args([
+                "--test-threads=1",
+                "-Z",
+                "unstable-options",
+                "--report-time",
+            ]);
+        outcome = outcome.and(run_timing_tests(command, timings));
+    }
+    timings.record("root suite, in all", started.elapsed());
+    outcome
+}
+
+/// Build the integration tests crate's test binaries; their paths.
+fn suite_binaries(root: &Path, env: &setup::Env) -> Result<Vec<PathBuf>> {
+    let mut build = env.cargo(root);
+    build.args([
         "test",
         "--package",
         "retry-after-integration-tests",
-        "--",
-        "--test-threads=1",
+        "--no-run",
     ]);
-    run(integration)
+    build.args(["--message-format", "json-render-diagnostics"]);
+    let line = command_line(&build);
+    eprintln!("+ {line}");
+    let out = build
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .with_context(|| format!("cannot start `{line}`"))?;
+    if !out.status.success() {
+        bail!("`{line}` failed ({})", out.status);
+    }
+    let binaries: Vec<PathBuf> = Message::parse_stream(out.stdout.as_slice())
+        .filter_map(|message| match message {
+            Ok(Message::CompilerArtifact(artifact)) if artifact.profile.test => {
+                artifact.executable.map(PathBuf::from)
+            }
+            _ => None,
+        })
+        .collect();
+    if binaries.is_empty() {
+        bail!("`{line}` built no test binary");
+    }
+    Ok(binaries)
 }
 
 /// The workspace root (the parent of this crate's directory).

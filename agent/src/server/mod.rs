@@ -1,6 +1,6 @@
 //! The Unix-socket server proxies talk to (protocol: the `retry-after-protocol` crate and
 //! docs/protocol.md), cut like a small tokio server: this module binds and accepts,
-//! [`connection`] serves one connection, [`command`] answers each request, [`registry`] holds
+//! `connection` serves one connection, `command` answers each request, `registry` holds
 //! the connections and decides who makes room for whom.
 //!
 //! One bad connection is answered with an `ERR` line and never affects another. Limits: a

@@ -9,7 +9,7 @@
 //! Last, in the same run, the HTTP/2 frame walk beside the HTTP/1.1 turns: nginx answering
 //! both, h2load and wrk as the loads, each port not watched and watched.
 //!
-//! Usage: datapath-bench [ROUNDS] [SECONDS] [CONNECTIONS] [KERNEL_ROUNDS]   (defaults 10 5 16 5;
+//! Usage: `datapath-bench [ROUNDS] [SECONDS] [CONNECTIONS] [KERNEL_ROUNDS]`   (defaults 10 5 16 5;
 //! run as root; ROUNDS 0 skips the throughput table)
 
 use std::{process::Command, time::Duration};

@@ -1,7 +1,7 @@
 //! The simulator's speed: CPU seconds per simulated second, per scenario, over several runs,
 //! with the median and the spread. Run by `./dev bench sim`.
 //!
-//! Usage: sim-bench [ROUNDS] [SCENARIO_DIR]... (default: 5 rounds over eval/scenarios and
+//! Usage: `sim-bench [ROUNDS] [SCENARIO_DIR]...` (default: 5 rounds over eval/scenarios and
 //! eval/scenarios/suite, each scenario under the proposal's policy with its defaults)
 
 use std::{path::Path, time::Duration};

@@ -7,7 +7,7 @@
 //! the kernel lists) and mean tick time are sampled. At the restart and at the end the
 //! traffic pauses, and the agent's counts of each life must equal nginx's stub_status.
 //!
-//! Usage: soak [MINUTES]   (default 30; run as root; `./dev soak` builds and runs it)
+//! Usage: `soak [MINUTES]`   (default 30; run as root; `./dev soak` builds and runs it)
 
 use std::{
     io::{Read, Write},

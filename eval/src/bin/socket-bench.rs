@@ -9,7 +9,7 @@
 //! The socket server runs in-process on a tokio runtime, fed an estimator warmed with
 //! synthetic snapshots; nothing is attached to the kernel. Prints markdown tables.
 //!
-//! Usage: socket-bench [ROUND_TRIPS] [CLIENTS] [SECONDS]   (defaults 20000 4 3)
+//! Usage: `socket-bench [ROUND_TRIPS] [CLIENTS] [SECONDS]`   (defaults 20000 4 3)
 
 use std::{
     hint::black_box,
