@@ -4,10 +4,10 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::{
+use crate::kernel::{SocketOwner, owner_cgroups, socket_owners};
+use retry_after_estimator::{
     config::{AttachCgroups, Config},
     endpoint::Endpoint,
-    kernel::{SocketOwner, owner_cgroups, socket_owners},
 };
 
 /// What an unwatched segment pays when the programs are attached at the root, as measured

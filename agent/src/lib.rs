@@ -1,23 +1,20 @@
 //! retry-after-agent: computes Retry-After for load-shedding proxies from backend load that
 //! eBPF programs observe in the kernel.
 //!
-//! Data flows kernel → [`kernel::Probe`] (BPF maps) → [`snapshot::Snapshot`] each tick → the
-//! estimator → the proxy. See docs/architecture.md.
+//! Data flows kernel → [`kernel::Probe`] (BPF maps) → a snapshot each tick → the estimator
+//! (the `retry-after-estimator` crate) → the socket [`server`] → the proxy. See
+//! docs/architecture.md. What is public here is what the daemon's binary, its tests and its
+//! benchmarks use; the estimate and the configuration are the estimator crate's.
 
 pub mod attach;
-pub mod config;
-pub mod endpoint;
-pub mod estimate;
 pub mod instance;
 pub mod kernel;
-pub mod metrics;
+mod metrics;
 pub mod privileges;
-pub use retry_after_protocol as protocol;
 pub mod run;
 pub mod server;
 pub mod shared;
 pub mod shutdown;
-pub mod snapshot;
 
 /// An error and all its causes on one line (`what: why: deeper why`).
 pub fn error_chain(error: &dyn std::error::Error) -> String {

@@ -15,8 +15,6 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use retry_after_agent::{
     attach,
-    config::{AttachCgroups, Config, ConfigError, DEFAULT_CONFIG},
-    estimate::{RejectedAt, RetryAfterPolicy, ServiceSettings},
     instance::{InstanceError, InstanceLock},
     kernel::{FeatureState, KernelSupport, Probe, ProbeOptions, find_cgroup2_root},
     privileges, run,
@@ -24,6 +22,10 @@ use retry_after_agent::{
     shutdown,
 };
 use retry_after_common::Protocol;
+use retry_after_estimator::{
+    config::{AttachCgroups, Config, ConfigError, DEFAULT_CONFIG},
+    {RejectedAt, RetryAfterPolicy, ServiceSettings},
+};
 use tracing::info;
 
 /// Tells load-shedding proxies when to tell clients to come back: computes Retry-After from

@@ -12,10 +12,7 @@ use tokio::{io::unix::AsyncFd, sync::broadcast};
 use tracing::{debug, info, warn};
 
 use crate::{
-    attach,
-    config::{AgentConfig, AttachCgroups, Config},
-    error_chain,
-    estimate::Estimator,
+    attach, error_chain,
     instance::{InstanceError, InstanceLock},
     kernel::{
         FeatureState, KernelFeature, KernelSupport, Probe, ProbeError, ProbeOptions, WatchOptions,
@@ -24,6 +21,10 @@ use crate::{
     metrics, privileges,
     server::{self, ServerError, ServerOptions},
     shared::Shared,
+};
+use retry_after_estimator::{
+    Estimator,
+    config::{AgentConfig, AttachCgroups, Config},
     snapshot::Snapshot,
 };
 

@@ -12,7 +12,9 @@ use std::{
 
 use tokio::sync::broadcast;
 
-use crate::{estimate::Estimator, metrics::Metrics, protocol::HealthResponse};
+use crate::metrics::Metrics;
+use retry_after_estimator::Estimator;
+use retry_after_protocol::HealthResponse;
 
 /// Ticks a subscriber may fall behind before it misses one (it then pushes on the next).
 const TICKS_BUFFERED: usize = 16;

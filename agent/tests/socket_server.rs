@@ -5,10 +5,10 @@
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use retry_after_agent::{
-    config::Config,
     server::{self, ServerOptions},
     shared::Shared,
 };
+use retry_after_estimator::config::Config;
 use retry_after_protocol::{ErrorCode, Request, Response, policy::Rung};
 use tokio::{
     io::{AsyncBufReadExt, AsyncWriteExt, BufReader},

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use retry_after_agent::estimate::{JudgeStats, RungStats, judge::RATIO_BUCKETS};
+use retry_after_estimator::{JudgeStats, RungStats, judge::RATIO_BUCKETS};
 use retry_after_policy::Rung;
 use retry_after_reference_proxy::Rejection;
 

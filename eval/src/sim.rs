@@ -27,11 +27,11 @@ use std::{
 };
 
 use rand::{RngExt, SeedableRng, rngs::StdRng};
-use retry_after_agent::{
-    config::Config,
-    estimate::{BackendLoad, ServiceEstimator, ServiceLoad, ServiceSettings, SideLoad},
-};
 use retry_after_client::OwnReturns;
+use retry_after_estimator::{
+    config::Config,
+    {BackendLoad, ServiceEstimator, ServiceLoad, ServiceSettings, SideLoad},
+};
 use retry_after_policy::Rung;
 use retry_after_protocol::{EstimatePush, HandedOut, Report};
 use retry_after_reference_proxy::{

@@ -18,12 +18,12 @@ use std::{
 };
 
 pub use retry_after_agent::error_chain;
-use retry_after_agent::{
+use retry_after_agent::kernel::{Probe, ProbeOptions};
+use retry_after_common::Side;
+use retry_after_estimator::{
     endpoint::Endpoint,
-    kernel::{Probe, ProbeOptions},
     snapshot::{EndpointSnapshot, Snapshot},
 };
-use retry_after_common::Side;
 
 /// A cgroup v2 directory of the test's own, under the hierarchy's root; removed when dropped
 /// (after its processes, which the test stops first).

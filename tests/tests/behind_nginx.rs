@@ -7,11 +7,11 @@
 
 use std::{net::SocketAddr, process::Command, thread, time::Duration};
 
-use retry_after_agent::{
-    endpoint::Endpoint,
-    kernel::{KernelFeature, ProbeOptions, ProgramSet, WatchOptions, cgroup_scope},
+use retry_after_agent::kernel::{
+    KernelFeature, ProbeOptions, ProgramSet, WatchOptions, cgroup_scope,
 };
 use retry_after_common::Side;
+use retry_after_estimator::endpoint::Endpoint;
 use retry_after_testkit::{
     AttachedProbe, SETTLE, TestCgroup, free_port,
     http::{HttpClient, HttpServer, ServerOptions},

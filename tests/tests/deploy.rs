@@ -5,7 +5,8 @@
 
 use std::{path::PathBuf, process::Command};
 
-use retry_after_agent::{config::Config, privileges::REQUIRED};
+use retry_after_agent::privileges::REQUIRED;
+use retry_after_estimator::config::Config;
 use retry_after_testkit::run_ok;
 
 fn deploy() -> PathBuf {

@@ -21,11 +21,9 @@ use std::{
     time::Duration,
 };
 
-use retry_after_agent::{
-    endpoint::Endpoint,
-    kernel::{KernelFeature, ProbeOptions, ProgramSet, WatchOptions},
-};
+use retry_after_agent::kernel::{KernelFeature, ProbeOptions, ProgramSet, WatchOptions};
 use retry_after_common::{Protocol, Side};
+use retry_after_estimator::endpoint::Endpoint;
 use retry_after_protocol::{Response, policy::Rung};
 use retry_after_testkit::{
     AgentProcess, AttachedProbe, SETTLE, free_port,

@@ -3,8 +3,8 @@
 
 use std::{net::TcpListener, sync::Arc, time::Duration};
 
-use retry_after_agent::endpoint::Endpoint;
 use retry_after_common::Side;
+use retry_after_estimator::endpoint::Endpoint;
 use retry_after_testkit::{
     AttachedProbe, SETTLE,
     http::{Gate, HttpClient, HttpServer, ServerOptions},

@@ -3,8 +3,8 @@
 
 use std::thread;
 
-use retry_after_agent::endpoint::Endpoint;
 use retry_after_common::Side;
+use retry_after_estimator::endpoint::Endpoint;
 use retry_after_testkit::{
     AttachedProbe, SETTLE,
     http::{HttpClient, HttpServer, ServerOptions, exchange_once},

@@ -1,7 +1,7 @@
 //! The watch set: only watched endpoints count, and it can change while the agent runs.
 
-use retry_after_agent::endpoint::Endpoint;
 use retry_after_common::{EndpointCounters, Side};
+use retry_after_estimator::endpoint::Endpoint;
 use retry_after_testkit::{
     AttachedProbe, SETTLE,
     http::{HttpClient, HttpServer, ServerOptions, exchange_once},

@@ -42,7 +42,7 @@ pub fn bench(root: &Path, env: &Env, args: &BenchArgs) -> Result<()> {
         command.args([
             "bench",
             "--package",
-            "retry-after-agent",
+            "retry-after-estimator",
             "--bench",
             "estimate",
         ]);

@@ -13,7 +13,7 @@ use std::{
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
 };
 
-use crate::endpoint::Endpoint;
+use retry_after_estimator::endpoint::Endpoint;
 
 /// One listening socket and its accept queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -32,7 +32,7 @@ use retry_after_common::{
     WATCHED_ENDPOINTS_MAP, WATCHED_PORTS_MAP, WatchValue, counter_index,
 };
 
-use crate::{
+use retry_after_estimator::{
     endpoint::Endpoint,
     snapshot::{EndpointSnapshot, ProbeStats, Snapshot},
 };

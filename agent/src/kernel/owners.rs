@@ -12,7 +12,7 @@ use std::{
 };
 
 use super::listeners::listener_serves;
-use crate::endpoint::Endpoint;
+use retry_after_estimator::endpoint::Endpoint;
 
 /// One process owning a watched socket.
 #[derive(Clone, Debug, PartialEq, Eq)]

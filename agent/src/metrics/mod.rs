@@ -19,14 +19,14 @@ use retry_after_common::EndpointCounters;
 use tokio::net::TcpListener;
 
 pub use self::weighted::WeightedHistogramVec;
-use crate::{
-    estimate::{
+use retry_after_estimator::{
+    snapshot::Snapshot,
+    {
         Answer, Estimator, FallbackReason, JudgeStats, QueueDepthSource, RATIO_BUCKETS, Rung,
         ServiceEstimator, Signals,
     },
-    protocol::{ErrorCode, Report},
-    snapshot::Snapshot,
 };
+use retry_after_protocol::{ErrorCode, Report};
 
 /// Every metric of the agent.
 pub struct Metrics {

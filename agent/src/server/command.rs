@@ -6,10 +6,10 @@ use std::time::Instant;
 
 use rand::{Rng, RngExt};
 
-use crate::{
-    estimate::Query,
-    protocol::{ErrorCode, EstimatePush, ProtocolError, QueryResponse, Report, Response},
-    shared::Shared,
+use crate::shared::Shared;
+use retry_after_estimator::Query;
+use retry_after_protocol::{
+    ErrorCode, EstimatePush, ProtocolError, QueryResponse, Report, Response,
 };
 
 /// `QUERY`: one answer, drawn with its own jitter and recorded for the judge.

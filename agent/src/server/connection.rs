@@ -15,11 +15,9 @@ use super::{
     ServerOptions, command,
     registry::{Registry, Slot},
 };
-use crate::{
-    estimate::Query,
-    protocol::{ErrorCode, MAX_LINE_LEN, ProtocolError, Report, Request, Response},
-    shared::Shared,
-};
+use crate::shared::Shared;
+use retry_after_estimator::Query;
+use retry_after_protocol::{ErrorCode, MAX_LINE_LEN, ProtocolError, Report, Request, Response};
 
 /// Serve one connection until it ends. Errors end only this connection.
 pub async fn serve(

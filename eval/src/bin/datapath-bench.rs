@@ -14,11 +14,9 @@
 
 use std::{process::Command, time::Duration};
 
-use retry_after_agent::{
-    endpoint::Endpoint,
-    kernel::{Floor, ProbeOptions, ProgramRunStats, find_cgroup2_root},
-};
+use retry_after_agent::kernel::{Floor, ProbeOptions, ProgramRunStats, find_cgroup2_root};
 use retry_after_common::Side;
+use retry_after_estimator::endpoint::Endpoint;
 use retry_after_testkit::{
     AttachedProbe, TestCgroup, free_port,
     http::{HttpServer, ServerOptions},

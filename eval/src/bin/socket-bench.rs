@@ -22,14 +22,16 @@ use std::{
 
 use rand::RngExt;
 use retry_after_agent::{
-    config::Config,
-    endpoint::Endpoint,
-    estimate::Estimator,
     server::{self, ServerOptions},
     shared::Shared,
-    snapshot::{EndpointSnapshot, ProbeStats, Snapshot},
 };
 use retry_after_common::{EndpointCounters, Side};
+use retry_after_estimator::{
+    Estimator,
+    config::Config,
+    endpoint::Endpoint,
+    snapshot::{EndpointSnapshot, ProbeStats, Snapshot},
+};
 use tokio::{
     io::{AsyncBufReadExt, AsyncWriteExt},
     net::UnixListener,

@@ -1,6 +1,10 @@
-//! The estimate: from kernel snapshots to a Retry-After value per service.
+//! The estimate: from kernel snapshots to a Retry-After value per service, and the
+//! configuration it runs with ([`config`]).
 //!
-//! Pure and deterministic: no I/O, no clock and no randomness of its own. Time arrives as the
+//! Pure and deterministic: no I/O, no clock and no randomness of its own (the one read is
+//! [`config::Config::from_file`]'s of the configuration file). This crate depends on neither aya nor
+//! tokio and has no build script, so the compiler holds that; the daemon (`retry-after-agent`),
+//! the simulator, the fuzzers and the benchmark use it alike. Time arrives as the
 //! `Instant` of each snapshot or query, the jitter as a uniform draw. Nothing here knows of
 //! eBPF or sockets; it reads [`Snapshot`]s, which are plain numbers. The formula, the ladder
 //! and the rounding are the `retry-after-policy` crate's, shared with the client library.
@@ -11,10 +15,13 @@
 //! earlier answers forward ([`judge`]). Per rejection: the signals are gathered and the
 //! policy's ladder answers.
 
+pub mod config;
 pub mod drain_rate;
+pub mod endpoint;
 pub mod judge;
 pub mod load;
 pub mod returns;
+pub mod snapshot;
 
 use std::{
     collections::BTreeMap,

@@ -6,9 +6,9 @@
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
-use retry_after_agent::{
+use retry_after_estimator::{
     config::{Config, ConfigError},
-    estimate::{BackendLoad, Query, ServiceLoad, SideLoad},
+    {BackendLoad, Query, ServiceLoad, SideLoad},
 };
 
 /// Values a key might be given, well-formed or not.

@@ -9,9 +9,9 @@ mod strategies;
 
 use proptest::prelude::*;
 use rand::{RngExt, SeedableRng, rngs::SmallRng};
-use retry_after_agent::{
+use retry_after_estimator::{
     endpoint::Endpoint,
-    estimate::{
+    {
         BackendLoad, DrainRate, DrainRateConstants, PolicyConstants, Query, RejectedAt,
         RetryAfterPolicy, ServiceEstimator, ServiceLoad, ServiceSettings, SideLoad,
     },

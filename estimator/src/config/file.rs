@@ -110,7 +110,7 @@ pub struct BackpressureFile {
 impl Default for BackpressureFile {
     fn default() -> Self {
         let c = retry_after_policy::PolicyConstants::default();
-        let d = crate::estimate::DrainRateConstants::default();
+        let d = crate::DrainRateConstants::default();
         Self {
             status_code: 429,
             retry_after_policy: retry_after_policy::RetryAfterPolicy::default().to_string(),

@@ -4,9 +4,9 @@
 
 use std::time::{Duration, Instant};
 
-use retry_after_agent::{
+use retry_after_estimator::{
     endpoint::Endpoint,
-    estimate::{
+    {
         BackendLoad, DrainRateConstants, PolicyConstants, Query, RejectedAt, RetryAfterPolicy,
         Rung, ServiceEstimator, ServiceLoad, ServiceSettings, SideLoad,
     },
@@ -182,7 +182,7 @@ fn a_queue_invisible_to_every_source_gets_the_static_rung_with_its_reason() {
     assert_eq!((a.seconds, a.rung), (Some(5), Rung::Static));
     assert_eq!(
         a.reason,
-        Some(retry_after_agent::estimate::FallbackReason::QueueInvisible)
+        Some(retry_after_estimator::FallbackReason::QueueInvisible)
     );
     // With the proxy's own depth it computes: 30 / 10 = 3 s.
     let a = api.answer_and_record(

@@ -4,7 +4,7 @@
 //! the baseline, which is the formula alone, `ceil(depth / drain × factor)` clamped, on the same
 //! inputs. Target: one estimate call under 1 µs.
 //!
-//! Run with `cargo bench -p retry-after-agent --bench estimate`.
+//! Run with `cargo bench -p retry-after-estimator --bench estimate`.
 
 use std::{
     hint::black_box,
@@ -12,9 +12,9 @@ use std::{
 };
 
 use rand::{RngExt, SeedableRng, rngs::SmallRng};
-use retry_after_agent::{
+use retry_after_estimator::{
     endpoint::Endpoint,
-    estimate::{
+    {
         BackendLoad, DrainRateConstants, PolicyConstants, Query, RejectedAt, RetryAfterPolicy,
         ServiceEstimator, ServiceLoad, ServiceSettings, SideLoad,
     },

@@ -24,10 +24,8 @@ use retry_after_protocol::MAX_SERVICE_NAME_LEN;
 use self::file::{
     AgentFile, AttachCgroupsFile, BackendFile, BackpressureFile, ConfigFile, ServiceFile,
 };
-use crate::{
-    endpoint::Endpoint,
-    estimate::{DrainRateConstants, Estimator, RejectedAt, ServiceSettings},
-};
+use crate::endpoint::Endpoint;
+use crate::{DrainRateConstants, Estimator, RejectedAt, ServiceSettings};
 
 /// The configuration the agent runs with when no file is given. It watches port 8080 on every
 /// address, computes Retry-After with the proposal's policy and falls back to 5 s until warm.
