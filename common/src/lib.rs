@@ -7,6 +7,8 @@
 
 #![no_std]
 
+#[macro_use]
+mod vocabulary;
 pub mod h2;
 pub mod tls;
 pub mod turn;
@@ -308,6 +310,29 @@ impl Side {
     }
 }
 
+vocabulary! {
+/// The counters of [`EndpointCounters`], one entry a field; each is exported as the metric
+/// `retry_after_endpoint_<name>_total`.
+pub enum EndpointCounter {
+    /// [`EndpointCounters::connections_opened`].
+    ConnectionsOpened => "connections_opened",
+    /// [`EndpointCounters::connections_closed`].
+    ConnectionsClosed => "connections_closed",
+    /// [`EndpointCounters::requests_started`].
+    RequestsStarted => "requests_started",
+    /// [`EndpointCounters::responses_completed`].
+    ResponsesCompleted => "responses_completed",
+    /// [`EndpointCounters::responses_rejected`].
+    ResponsesRejected => "responses_rejected",
+    /// [`EndpointCounters::requests_abandoned`].
+    RequestsAbandoned => "requests_abandoned",
+    /// [`EndpointCounters::request_bytes`].
+    RequestBytes => "request_bytes",
+    /// [`EndpointCounters::response_bytes`].
+    ResponseBytes => "response_bytes",
+}
+}
+
 /// Exact, monotonically increasing counters of one endpoint from one side (one copy per CPU in
 /// the map; the agent sums them).
 #[repr(C)]
@@ -332,6 +357,20 @@ pub struct EndpointCounters {
 }
 
 impl EndpointCounters {
+    /// The value of one counter.
+    pub const fn get(&self, counter: EndpointCounter) -> u64 {
+        match counter {
+            EndpointCounter::ConnectionsOpened => self.connections_opened,
+            EndpointCounter::ConnectionsClosed => self.connections_closed,
+            EndpointCounter::RequestsStarted => self.requests_started,
+            EndpointCounter::ResponsesCompleted => self.responses_completed,
+            EndpointCounter::ResponsesRejected => self.responses_rejected,
+            EndpointCounter::RequestsAbandoned => self.requests_abandoned,
+            EndpointCounter::RequestBytes => self.request_bytes,
+            EndpointCounter::ResponseBytes => self.response_bytes,
+        }
+    }
+
     /// Responses completed that were not rejections: the work drained.
     pub const fn responses_served(&self) -> u64 {
         self.responses_completed
@@ -454,47 +493,48 @@ impl ConnState {
     }
 }
 
-/// Probe-wide counters, one slot each in [`PROBE_STATS_MAP`].
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+vocabulary! {
+/// Probe-wide counters, one slot each in [`PROBE_STATS_MAP`]; each name is a `kind` of the
+/// `retry_after_probe_problems` metric.
 pub enum ProbeStat {
     /// A watched connection could not be tracked (the kernel could not allocate its state).
-    ConnectionsUntracked = 0,
+    ConnectionsUntracked => "connections_untracked",
     /// A watched connection did not accept the state callback flag; its close is then seen
     /// by the `tcp_destroy_sock` tracepoint only.
-    StateCallbackRefused = 1,
+    StateCallbackRefused => "state_callback_refused",
     /// Packets of tracked connections whose headers could not be read.
-    PacketsUnparsed = 2,
+    PacketsUnparsed => "packets_unparsed",
     /// Packets of tracked connections whose headers were not in the linear buffer and had to
     /// be copied out (the slow path).
-    HeadersCopied = 3,
+    HeadersCopied => "headers_copied",
     /// Client-side connections to a scoped endpoint opened by a socket outside the scope's
     /// cgroup: not counted, by design.
-    ConnectionsOutOfScope = 4,
+    ConnectionsOutOfScope => "connections_out_of_scope",
     /// Connections established before they were watched, tracked from their next request.
-    ConnectionsAdopted = 5,
+    ConnectionsAdopted => "connections_adopted",
     /// Requests on untracked established connections that could not be adopted because the
     /// kernel could not allocate their state (counted per attempt: once per such request).
-    AdoptionsRefused = 6,
+    AdoptionsRefused => "adoptions_refused",
     /// Segments of TLS connections whose record framing was lost (a gap in the sequence, or
     /// more records in one segment than are read): their requests or responses are not seen
     /// until a segment starts with a record header again.
-    TlsSegmentsUnframed = 7,
+    TlsSegmentsUnframed => "tls_segments_unframed",
     /// Segments of HTTP/2 connections whose frame walk was lost (a segment that overtook
     /// bytes and begins inside a frame, a hole that could not be walked into place, or more
     /// frames in one segment than are read): their streams' starts and ends are not seen
     /// until a segment starts with a frame header again.
-    Http2SegmentsUnframed = 8,
+    Http2SegmentsUnframed => "http2_segments_unframed",
     /// HTTP/2 streams given up beyond their connection's window of [`h2::STREAM_WINDOW`]
     /// streams (see [`h2::Streams::beyond`]): counted abandoned then, their end not counted.
-    Http2StreamsForgotten = 9,
+    Http2StreamsForgotten => "http2_streams_forgotten",
     /// HTTP/2 connections left out: the kernel cannot run the programs that count streams
     /// (no `bpf_loop` or no atomic fetch operations), so their requests are not counted.
-    Http2ConnectionsLeftOut = 10,
+    Http2ConnectionsLeftOut => "http2_connections_left_out",
+}
 }
 
 /// Number of slots in [`PROBE_STATS_MAP`].
-pub const PROBE_STATS_LEN: u32 = 11;
+pub const PROBE_STATS_LEN: u32 = ProbeStat::ALL.len() as u32;
 
 /// The payload of a segment in the host tests: a byte slice.
 #[cfg(test)]
@@ -535,4 +575,47 @@ mod pod {
     unsafe impl aya::Pod for WatchValue {}
     unsafe impl aya::Pod for EndpointCounters {}
     unsafe impl aya::Pod for ConnState {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_vocabulary_lists_every_entry_once_in_index_order_with_a_name_of_its_own() {
+        for (i, stat) in ProbeStat::ALL.iter().enumerate() {
+            assert_eq!(*stat as usize, i);
+            assert!(
+                ProbeStat::ALL[..i]
+                    .iter()
+                    .all(|s| s.as_str() != stat.as_str())
+            );
+        }
+        assert_eq!(PROBE_STATS_LEN as usize, ProbeStat::ALL.len());
+        for (i, counter) in EndpointCounter::ALL.iter().enumerate() {
+            assert_eq!(*counter as usize, i);
+            assert!(
+                EndpointCounter::ALL[..i]
+                    .iter()
+                    .all(|c| c.as_str() != counter.as_str())
+            );
+        }
+        // One entry a field of EndpointCounters, each read by its own entry.
+        let fields = core::mem::size_of::<EndpointCounters>() / core::mem::size_of::<u64>();
+        assert_eq!(EndpointCounter::ALL.len(), fields);
+        let mut counters = [0u64; 8];
+        for (i, value) in counters.iter_mut().enumerate() {
+            *value = i as u64 + 1;
+        }
+        // SAFETY: EndpointCounters is #[repr(C)] of eight u64 fields, the array's layout.
+        let read: EndpointCounters = unsafe { core::mem::transmute(counters) };
+        for counter in EndpointCounter::ALL {
+            assert_eq!(
+                read.get(*counter),
+                *counter as u64 + 1,
+                "{}",
+                counter.as_str()
+            );
+        }
+    }
 }

@@ -19,49 +19,17 @@
 //! rung with the reason `queue_invisible`. A computed value from a depth of zero would say
 //! "1 s" in exactly the overload the proposal was written for.
 
-use std::{fmt, str::FromStr};
+use retry_after_policy::{QueueDepth, QueueDepthSource};
 
-use retry_after_policy::{QueueDepth, QueueDepthSource, UnknownName};
-
-/// Where a service's requests are queued and rejected.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum RejectedAt {
-    /// The proxy on this node (client-side completions drain its queue).
-    #[default]
-    Proxy,
-    /// The replicas on this node (server-side completions drain their queues).
-    Replica,
-}
-
-impl RejectedAt {
-    /// The configuration name.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            RejectedAt::Proxy => "proxy",
-            RejectedAt::Replica => "replica",
-        }
-    }
-}
-
-impl fmt::Display for RejectedAt {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for RejectedAt {
-    type Err = UnknownName;
-
-    fn from_str(name: &str) -> Result<Self, UnknownName> {
-        match name {
-            "proxy" => Ok(RejectedAt::Proxy),
-            "replica" => Ok(RejectedAt::Replica),
-            _ => Err(UnknownName {
-                what: "rejection site",
-                name: name.to_owned(),
-                expected: "\"proxy\" \"replica\"",
-            }),
-        }
+retry_after_policy::names! {
+    /// Where a service's requests are queued and rejected (`rejected_at` in the configuration).
+    #[derive(Default)]
+    RejectedAt, "rejection site" {
+        /// The proxy on this node (client-side completions drain its queue).
+        #[default]
+        Proxy = "proxy",
+        /// The replicas on this node (server-side completions drain their queues).
+        Replica = "replica",
     }
 }
 

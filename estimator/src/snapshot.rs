@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use retry_after_common::{EndpointCounters, Side};
+use retry_after_common::{EndpointCounters, PROBE_STATS_LEN, ProbeStat, Side};
 
 use crate::endpoint::Endpoint;
 
@@ -29,55 +29,32 @@ impl EndpointSnapshot {
     }
 }
 
-/// Probe-wide counters of data the programs could not handle.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ProbeStats {
-    /// Watched connections that could not be tracked (the kernel could not allocate their
-    /// state).
-    pub connections_untracked: u64,
-    /// Watched connections whose close is not reported (state callback refused).
-    pub state_callback_refused: u64,
-    /// Segments of tracked connections whose headers could not be read.
-    pub packets_unparsed: u64,
-    /// Segments of tracked connections whose headers had to be copied out (slow path).
-    pub headers_copied: u64,
-    /// Client-side connections to scoped endpoints opened outside the scope (not counted).
-    pub connections_out_of_scope: u64,
-    /// Connections established before they were watched, tracked from their next request.
-    pub connections_adopted: u64,
-    /// Requests on untracked connections that could not be adopted (no memory for their
-    /// state).
-    pub adoptions_refused: u64,
-    /// Segments of TLS connections whose record framing was lost (their turns are not seen).
-    pub tls_segments_unframed: u64,
-    /// Segments of HTTP/2 connections whose frame walk was lost (their streams are not seen).
-    pub http2_segments_unframed: u64,
-    /// HTTP/2 streams given up beyond their connection's stream window (counted abandoned,
-    /// their end not counted).
-    pub http2_streams_forgotten: u64,
-    /// HTTP/2 connections left out: the kernel cannot run the programs that count streams.
-    pub http2_connections_left_out: u64,
-}
+/// Probe-wide counters of data the programs could not handle, one per [`ProbeStat`].
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProbeStats([u64; PROBE_STATS_LEN as usize]);
 
 impl ProbeStats {
-    /// Every counter with its name (the `kind` label of `retry_after_probe_problems`).
-    pub fn named(&self) -> [(&'static str, u64); 11] {
-        [
-            ("connections_untracked", self.connections_untracked),
-            ("state_callback_refused", self.state_callback_refused),
-            ("packets_unparsed", self.packets_unparsed),
-            ("headers_copied", self.headers_copied),
-            ("connections_out_of_scope", self.connections_out_of_scope),
-            ("connections_adopted", self.connections_adopted),
-            ("adoptions_refused", self.adoptions_refused),
-            ("tls_segments_unframed", self.tls_segments_unframed),
-            ("http2_segments_unframed", self.http2_segments_unframed),
-            ("http2_streams_forgotten", self.http2_streams_forgotten),
-            (
-                "http2_connections_left_out",
-                self.http2_connections_left_out,
-            ),
-        ]
+    /// The counts, one per [`ProbeStat`] in its order.
+    pub const fn new(counts: [u64; PROBE_STATS_LEN as usize]) -> Self {
+        Self(counts)
+    }
+
+    /// The count of one statistic.
+    pub const fn get(&self, stat: ProbeStat) -> u64 {
+        self.0[stat as usize]
+    }
+
+    /// Every statistic with its count, in order.
+    pub fn iter(&self) -> impl Iterator<Item = (ProbeStat, u64)> + '_ {
+        ProbeStat::ALL.iter().map(|stat| (*stat, self.get(*stat)))
+    }
+}
+
+impl std::fmt::Debug for ProbeStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map()
+            .entries(self.iter().map(|(stat, count)| (stat.as_str(), count)))
+            .finish()
     }
 }
 

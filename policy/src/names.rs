@@ -2,8 +2,6 @@
 //! and where a queue depth came from. One spelling each, used by the protocol, the metrics and
 //! the logs.
 
-use std::{fmt, str::FromStr};
-
 /// A word that is not one of a vocabulary's names.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("unknown {what} {name:?}: expected one of {expected}")]
@@ -17,7 +15,9 @@ pub struct UnknownName {
 }
 
 /// Declares a fieldless enum with one wire name per variant, `ALL`, `as_str`, `Display` and
-/// `FromStr`.
+/// `FromStr` (whose error, [`UnknownName`], lists the names). The one way every crate declares
+/// a vocabulary that is printed and parsed.
+#[macro_export]
 macro_rules! names {
     ($(#[$meta:meta])* $name:ident, $what:literal { $($(#[$vmeta:meta])* $variant:ident = $text:literal,)+ }) => {
         $(#[$meta])*
@@ -38,19 +38,19 @@ macro_rules! names {
             }
         }
 
-        impl fmt::Display for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        impl ::core::fmt::Display for $name {
+            fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
                 f.write_str(self.as_str())
             }
         }
 
-        impl FromStr for $name {
-            type Err = UnknownName;
+        impl ::core::str::FromStr for $name {
+            type Err = $crate::UnknownName;
 
-            fn from_str(name: &str) -> Result<Self, UnknownName> {
+            fn from_str(name: &str) -> Result<Self, $crate::UnknownName> {
                 match name {
                     $($text => Ok($name::$variant),)+
-                    _ => Err(UnknownName {
+                    _ => Err($crate::UnknownName {
                         what: $what,
                         name: name.to_owned(),
                         expected: concat!($("\"", $text, "\" "),+),

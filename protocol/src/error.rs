@@ -11,62 +11,25 @@ pub struct ProtocolError {
     pub reason: String,
 }
 
-/// The `ERR` codes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ErrorCode {
-    /// Empty, not ASCII text, or malformed.
-    BadRequest,
-    /// Longer than [`crate::MAX_LINE_LEN`].
-    LineTooLong,
-    /// Not a command of this protocol.
-    UnknownCommand,
-    /// An option or its value is not valid.
-    BadArgument,
-    /// No such service is configured.
-    UnknownService,
-    /// The peer's uid is not allowed.
-    Denied,
-    /// Too many connections; this one is closed.
-    Overloaded,
-    /// No request for too long; this connection is closed.
-    Idle,
-}
-
-impl ErrorCode {
-    /// Every code.
-    pub const ALL: [ErrorCode; 8] = [
-        Self::BadRequest,
-        Self::LineTooLong,
-        Self::UnknownCommand,
-        Self::BadArgument,
-        Self::UnknownService,
-        Self::Denied,
-        Self::Overloaded,
-        Self::Idle,
-    ];
-
-    /// The code as written on the wire.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::BadRequest => "bad_request",
-            Self::LineTooLong => "line_too_long",
-            Self::UnknownCommand => "unknown_command",
-            Self::BadArgument => "bad_argument",
-            Self::UnknownService => "unknown_service",
-            Self::Denied => "denied",
-            Self::Overloaded => "overloaded",
-            Self::Idle => "idle",
-        }
-    }
-
-    /// The code written `name` on the wire.
-    pub fn from_name(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|code| code.as_str() == name)
-    }
-
-    /// True if the agent closes the connection after this error.
-    pub const fn closes(self) -> bool {
-        matches!(self, Self::Denied | Self::Overloaded | Self::Idle)
+retry_after_policy::names! {
+    /// The `ERR` codes, as written on the wire.
+    ErrorCode, "error code" {
+        /// Empty, not ASCII text, or malformed.
+        BadRequest = "bad_request",
+        /// Longer than [`crate::MAX_LINE_LEN`].
+        LineTooLong = "line_too_long",
+        /// Not a command of this protocol.
+        UnknownCommand = "unknown_command",
+        /// An option or its value is not valid.
+        BadArgument = "bad_argument",
+        /// No such service is configured.
+        UnknownService = "unknown_service",
+        /// The peer's uid is not allowed.
+        Denied = "denied",
+        /// Too many connections; this one is closed.
+        Overloaded = "overloaded",
+        /// No request for too long; this connection is closed.
+        Idle = "idle",
     }
 }
 

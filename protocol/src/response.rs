@@ -43,7 +43,7 @@ impl Response {
                 let mut parts = line.splitn(3, ' ').skip(1);
                 let code = parts
                     .next()
-                    .and_then(ErrorCode::from_name)
+                    .and_then(|name| name.parse::<ErrorCode>().ok())
                     .ok_or_else(|| ProtocolError::malformed("ERR", line))?;
                 Ok(Self::Err(ProtocolError::new(
                     code,

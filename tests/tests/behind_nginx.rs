@@ -10,7 +10,7 @@ use std::{net::SocketAddr, process::Command, thread, time::Duration};
 use retry_after_agent::kernel::{
     KernelFeature, ProbeOptions, ProgramSet, WatchOptions, cgroup_scope,
 };
-use retry_after_common::Side;
+use retry_after_common::{ProbeStat, Side};
 use retry_after_estimator::endpoint::Endpoint;
 use retry_after_testkit::{
     AttachedProbe, SETTLE, TestCgroup, free_port,
@@ -127,7 +127,7 @@ fn check_with(listen: &str, tls: Option<Tls>, options: &ProbeOptions) {
         );
         assert_eq!(seen.in_flight(), 0, "{side:?}");
     }
-    assert_eq!(probe.read().probe.tls_segments_unframed, 0);
+    assert_eq!(probe.read().probe.get(ProbeStat::TlsSegmentsUnframed), 0);
 }
 
 #[test]
@@ -204,7 +204,7 @@ fn without_tracing_socket_storage_a_pool_opened_before_the_probe_is_left_out() {
                 && s.counters.connections_closed == truth.accepts
         });
     }
-    assert_eq!(probe.read().probe.connections_adopted, 0);
+    assert_eq!(probe.read().probe.get(ProbeStat::ConnectionsAdopted), 0);
 }
 
 /// nginx keeping connections alive, and a client pool of ten connections to it, each used
@@ -504,7 +504,7 @@ fn tls_keepalive_connections_opened_before_the_probe_are_counted_from_their_next
     }
     drop(client.stdin.take());
     let _ = client.wait();
-    assert_eq!(probe.read().probe.tls_segments_unframed, 0);
+    assert_eq!(probe.read().probe.get(ProbeStat::TlsSegmentsUnframed), 0);
 }
 
 /// nginx answering some requests 200 and turning others away (429, 503), on new connections

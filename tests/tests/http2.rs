@@ -22,7 +22,7 @@ use std::{
 };
 
 use retry_after_agent::kernel::{KernelFeature, ProbeOptions, ProgramSet, WatchOptions};
-use retry_after_common::{Protocol, Side};
+use retry_after_common::{ProbeStat, Protocol, Side};
 use retry_after_estimator::endpoint::Endpoint;
 use retry_after_protocol::{Response, policy::Rung};
 use retry_after_testkit::{
@@ -106,7 +106,7 @@ fn h2load_streams_against_nginx_are_counted_exactly_on_both_sides() {
         .counters;
     let problems = probe.read().probe;
     eprintln!("client side: {client:?}\n{problems:?}");
-    if problems.http2_segments_unframed == 0 {
+    if problems.get(ProbeStat::Http2SegmentsUnframed) == 0 {
         assert_eq!(client, server, "both vantage points");
     } else {
         assert_eq!(
@@ -140,7 +140,7 @@ fn without_bpf_loop_http2_connections_are_left_out_and_said_so() {
     // Both vantage points of each of the 10 connections.
     let mut left_out = 0;
     for _ in 0..50 {
-        left_out = probe.read().probe.http2_connections_left_out;
+        left_out = probe.read().probe.get(ProbeStat::Http2ConnectionsLeftOut);
         if left_out == 20 {
             break;
         }
@@ -220,7 +220,9 @@ fn haproxy_speaking_h2_to_nginx_is_counted_at_both_hops() {
                 c.responses_rejected,
                 c.requests_abandoned,
             );
-            if problems.http2_segments_unframed == 0 && problems.http2_streams_forgotten == 0 {
+            if problems.get(ProbeStat::Http2SegmentsUnframed) == 0
+                && problems.get(ProbeStat::Http2StreamsForgotten) == 0
+            {
                 assert_eq!(seen, (total, rejected, 0), "{endpoint} {side:?}: {c:?}");
                 continue;
             }
@@ -422,7 +424,7 @@ fn grpc_calls_are_streams_and_resource_exhausted_is_a_rejection() {
     // Exact, unless a segment of the calls reached a socket out of order and began inside a
     // frame (the ingress hook sees arrival order): the kernel says so, and the streams of that
     // segment are not seen. Then within 1%.
-    let unframed = || probe.read().probe.http2_segments_unframed;
+    let unframed = || probe.read().probe.get(ProbeStat::Http2SegmentsUnframed);
     for side in [Side::Server, Side::Client] {
         let c = probe
             .wait_for(endpoint, side, SETTLE, "the server's own counts", |s| {
@@ -440,8 +442,15 @@ fn grpc_calls_are_streams_and_resource_exhausted_is_a_rejection() {
         assert_eq!(c.requests_abandoned, 0, "{side:?}: {c:?}");
     }
     let problems = probe.read().probe;
-    assert!(problems.connections_adopted >= 1, "{problems:?}");
-    assert_eq!(problems.http2_streams_forgotten, 0, "{problems:?}");
+    assert!(
+        problems.get(ProbeStat::ConnectionsAdopted) >= 1,
+        "{problems:?}"
+    );
+    assert_eq!(
+        problems.get(ProbeStat::Http2StreamsForgotten),
+        0,
+        "{problems:?}"
+    );
     drop(server);
 }
 

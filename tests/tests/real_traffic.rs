@@ -10,7 +10,7 @@ use std::{
     thread,
 };
 
-use retry_after_common::Side;
+use retry_after_common::{ProbeStat, Side};
 use retry_after_estimator::endpoint::Endpoint;
 use retry_after_testkit::{
     AttachedProbe, SETTLE,
@@ -181,7 +181,7 @@ fn every_connection_is_tracked_with_no_table_to_fill() {
         assert_eq!(seen.counters.requests_started, CONNECTIONS, "{side:?}");
         assert_eq!(seen.counters.responses_completed, CONNECTIONS, "{side:?}");
     }
-    assert_eq!(probe.read().probe.connections_untracked, 0);
+    assert_eq!(probe.read().probe.get(ProbeStat::ConnectionsUntracked), 0);
 }
 
 #[test]
@@ -213,7 +213,7 @@ fn a_pool_opened_before_the_agent_is_counted_exactly_from_its_next_request() {
         assert_eq!(seen.in_flight(), 0, "{side:?}");
     }
     assert_eq!(
-        probe.read().probe.connections_adopted,
+        probe.read().probe.get(ProbeStat::ConnectionsAdopted),
         20,
         "both ends of ten"
     );

@@ -28,8 +28,8 @@ use aya::{
 };
 use retry_after_common::{
     CounterWriter, ENDPOINT_COUNTERS_MAP, EndpointCounters, EndpointKey, MAX_WATCHED_ENDPOINTS,
-    PROBE_STATS_MAP, ProbeStat, Protocol, SETTINGS_MAP, SLOT_GENERATIONS_MAP, Setting, Side,
-    WATCHED_ENDPOINTS_MAP, WATCHED_PORTS_MAP, WatchValue, counter_index,
+    PROBE_STATS_LEN, PROBE_STATS_MAP, ProbeStat, Protocol, SETTINGS_MAP, SLOT_GENERATIONS_MAP,
+    Setting, Side, WATCHED_ENDPOINTS_MAP, WATCHED_PORTS_MAP, WatchValue, counter_index,
 };
 
 use retry_after_estimator::{
@@ -519,19 +519,11 @@ impl Probe {
                 .map_err(|source| map_error("read", PROBE_STATS_MAP, source))?;
             Ok(values.iter().sum())
         };
-        Ok(ProbeStats {
-            connections_untracked: read(ProbeStat::ConnectionsUntracked)?,
-            state_callback_refused: read(ProbeStat::StateCallbackRefused)?,
-            packets_unparsed: read(ProbeStat::PacketsUnparsed)?,
-            headers_copied: read(ProbeStat::HeadersCopied)?,
-            connections_out_of_scope: read(ProbeStat::ConnectionsOutOfScope)?,
-            connections_adopted: read(ProbeStat::ConnectionsAdopted)?,
-            adoptions_refused: read(ProbeStat::AdoptionsRefused)?,
-            tls_segments_unframed: read(ProbeStat::TlsSegmentsUnframed)?,
-            http2_segments_unframed: read(ProbeStat::Http2SegmentsUnframed)?,
-            http2_streams_forgotten: read(ProbeStat::Http2StreamsForgotten)?,
-            http2_connections_left_out: read(ProbeStat::Http2ConnectionsLeftOut)?,
-        })
+        let mut counts = [0; PROBE_STATS_LEN as usize];
+        for (count, stat) in counts.iter_mut().zip(ProbeStat::ALL) {
+            *count = read(*stat)?;
+        }
+        Ok(ProbeStats::new(counts))
     }
 
     /// Our map `name`, as the typed map `T`.

@@ -15,7 +15,7 @@ use prometheus::{
     Encoder, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
     Opts, Registry, TextEncoder,
 };
-use retry_after_common::EndpointCounters;
+use retry_after_common::{EndpointCounter, EndpointCounters};
 use tokio::net::TcpListener;
 
 pub use self::weighted::WeightedHistogramVec;
@@ -31,7 +31,8 @@ use retry_after_protocol::{ErrorCode, Report};
 /// Every metric of the agent.
 pub struct Metrics {
     registry: Registry,
-    endpoint_counters: [IntCounterVec; ENDPOINT_COUNTERS.len()],
+    /// One per [`EndpointCounter`], in its order.
+    endpoint_counters: [IntCounterVec; EndpointCounter::ALL.len()],
     endpoint_in_flight: IntGaugeVec,
     endpoint_accept_backlog: IntGaugeVec,
     probe_problems: IntGaugeVec,
@@ -68,52 +69,24 @@ pub struct Metrics {
     last_returns_dropped: std::sync::Mutex<HashMap<String, u64>>,
 }
 
-const ENDPOINT_COUNTERS: [(&str, &str); 8] = [
-    (
-        "retry_after_endpoint_connections_opened_total",
-        "Connections accepted (server side) or opened (client side) to the endpoint.",
-    ),
-    (
-        "retry_after_endpoint_connections_closed_total",
-        "Connections to the endpoint that closed.",
-    ),
-    (
-        "retry_after_endpoint_requests_started_total",
-        "Request turns begun on connections to the endpoint.",
-    ),
-    (
-        "retry_after_endpoint_responses_completed_total",
-        "Request turns whose response completed.",
-    ),
-    (
-        "retry_after_endpoint_responses_rejected_total",
-        "Of the completed responses, rejections (status 429 or 503): not counted as drained work.",
-    ),
-    (
-        "retry_after_endpoint_requests_abandoned_total",
-        "Request turns ended by close before any response byte.",
-    ),
-    (
-        "retry_after_endpoint_request_bytes_total",
-        "Client-to-server payload bytes.",
-    ),
-    (
-        "retry_after_endpoint_response_bytes_total",
-        "Server-to-client payload bytes within response turns.",
-    ),
-];
-
-fn field(c: &EndpointCounters, i: usize) -> u64 {
-    [
-        c.connections_opened,
-        c.connections_closed,
-        c.requests_started,
-        c.responses_completed,
-        c.responses_rejected,
-        c.requests_abandoned,
-        c.request_bytes,
-        c.response_bytes,
-    ][i]
+/// The help text of the metric `retry_after_endpoint_<name>_total` of each endpoint counter.
+const fn endpoint_counter_help(counter: EndpointCounter) -> &'static str {
+    match counter {
+        EndpointCounter::ConnectionsOpened => {
+            "Connections accepted (server side) or opened (client side) to the endpoint."
+        }
+        EndpointCounter::ConnectionsClosed => "Connections to the endpoint that closed.",
+        EndpointCounter::RequestsStarted => "Request turns begun on connections to the endpoint.",
+        EndpointCounter::ResponsesCompleted => "Request turns whose response completed.",
+        EndpointCounter::ResponsesRejected => {
+            "Of the completed responses, rejections (status 429 or 503): not counted as drained work."
+        }
+        EndpointCounter::RequestsAbandoned => {
+            "Request turns ended by close before any response byte."
+        }
+        EndpointCounter::RequestBytes => "Client-to-server payload bytes.",
+        EndpointCounter::ResponseBytes => "Server-to-client payload bytes within response turns.",
+    }
 }
 
 impl Default for Metrics {
@@ -136,8 +109,11 @@ impl Metrics {
         let delay_buckets = vec![1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0, 34.0, 60.0];
         let service_rung = ["service", "rung"];
         Self {
-            endpoint_counters: ENDPOINT_COUNTERS.map(|(name, help)| {
-                reg(&registry, IntCounterVec::new(Opts::new(name, help), &endpoint).unwrap())
+            endpoint_counters: std::array::from_fn(|i| {
+                let counter = EndpointCounter::ALL[i];
+                let name = format!("retry_after_endpoint_{}_total", counter.as_str());
+                let opts = Opts::new(name, endpoint_counter_help(counter));
+                reg(&registry, IntCounterVec::new(opts, &endpoint).unwrap())
             }),
             endpoint_in_flight: reg(&registry, IntGaugeVec::new(Opts::new("retry_after_endpoint_requests_in_flight", "Requests begun and not yet answered or abandoned."), &endpoint).unwrap()),
             endpoint_accept_backlog: reg(&registry, IntGaugeVec::new(Opts::new("retry_after_endpoint_accept_backlog", "Connections waiting in the accept queues of listeners serving the endpoint."), &["endpoint"]).unwrap()),
@@ -191,9 +167,9 @@ impl Metrics {
         self.ticks.inc();
         self.tick_duration.observe(took.as_secs_f64());
         self.record_endpoints(snapshot);
-        for (kind, value) in snapshot.probe.named() {
+        for (stat, value) in snapshot.probe.iter() {
             self.probe_problems
-                .with_label_values(&[kind])
+                .with_label_values(&[stat.as_str()])
                 .set(value as i64);
         }
         for (name, service) in estimator.services() {
@@ -214,10 +190,10 @@ impl Metrics {
             let last = last_counters
                 .insert((endpoint.clone(), side), e.counters)
                 .unwrap_or_default();
-            for (i, counter) in self.endpoint_counters.iter().enumerate() {
-                let (now, before) = (field(&e.counters, i), field(&last, i));
+            for (counter, metric) in EndpointCounter::ALL.iter().zip(&self.endpoint_counters) {
+                let (now, before) = (e.counters.get(*counter), last.get(*counter));
                 // A watch added anew starts from zero: so does its series.
-                counter
+                metric
                     .with_label_values(&[endpoint.as_str(), side])
                     .inc_by(now.saturating_sub(before));
             }
@@ -421,4 +397,59 @@ impl Metrics {
 /// The address cannot be bound.
 pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
+}
+
+#[cfg(test)]
+mod tests {
+    use retry_after_common::ProbeStat;
+
+    use super::*;
+    use crate::kernel::KernelFeature;
+
+    /// docs/metrics.md, as the operators read it.
+    fn metrics_doc() -> String {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/metrics.md");
+        std::fs::read_to_string(path).expect("docs/metrics.md")
+    }
+
+    /// The first column of the table under `heading`, without its backticks.
+    fn first_column(doc: &str, heading: &str) -> Vec<String> {
+        let section = doc
+            .split_once(heading)
+            .unwrap_or_else(|| panic!("docs/metrics.md has no {heading:?}"))
+            .1;
+        section
+            .lines()
+            .skip_while(|line| !line.starts_with('|'))
+            .take_while(|line| line.starts_with('|'))
+            .skip(2)
+            .filter_map(|row| row.split('|').nth(1))
+            .map(|cell| cell.trim().trim_matches('`').to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn the_metrics_doc_names_every_counter_of_each_vocabulary_and_no_other() {
+        let doc = metrics_doc();
+        let kinds: Vec<&str> = ProbeStat::ALL.iter().map(|stat| stat.as_str()).collect();
+        assert_eq!(first_column(&doc, "### Probe problem kinds"), kinds);
+        let per_endpoint = first_column(&doc, "## Per endpoint");
+        let documented: Vec<&String> = per_endpoint
+            .iter()
+            .filter(|series| series.ends_with("_total"))
+            .collect();
+        let counters: Vec<String> = EndpointCounter::ALL
+            .iter()
+            .map(|counter| format!("retry_after_endpoint_{}_total", counter.as_str()))
+            .collect();
+        assert_eq!(documented, counters.iter().collect::<Vec<_>>());
+        let features = doc
+            .lines()
+            .find(|line| line.starts_with("| `retry_after_kernel_feature{feature}`"))
+            .expect("the kernel feature row");
+        for feature in KernelFeature::ALL {
+            let name = feature.name();
+            assert!(features.contains(&format!("`{name}`")), "{name}");
+        }
+    }
 }
