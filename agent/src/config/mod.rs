@@ -474,7 +474,7 @@ fn service(i: usize, s: ServiceFile) -> Result<ServiceConfig, ConfigError> {
         return Err(invalid(
             at("max_queued_requests"),
             format!(
-                "{n}: the agent does not read a queue limit (the queue comes from the kernel or the proxy's depth=); remove the field"
+                "{n}: the agent does not read a queue limit (the queue comes from the kernel or the proxy's queue_depth=); remove the field"
             ),
         ));
     }
