@@ -312,13 +312,13 @@ fn queue_invisible_note(rejected_at: RejectedAt) -> &'static str {
     match rejected_at {
         RejectedAt::Proxy => {
             "no frontend: the kernel cannot see the proxy's queue, so Retry-After is computed \
-            only when the proxy passes depth=; otherwise it is the static value (reason \
+            only when the proxy passes queue_depth=; otherwise it is the static value (reason \
             queue_invisible). Declare `frontend` (the proxy's listener) or pass the depth"
         }
         RejectedAt::Replica => {
             "a backend has no max_ongoing_requests: the queue at the replicas cannot be seen, \
-            so Retry-After is computed only when the replica passes depth=; otherwise it is the \
-            static value (reason queue_invisible)"
+            so Retry-After is computed only when the replica passes queue_depth=; otherwise it is \
+            the static value (reason queue_invisible)"
         }
     }
 }

@@ -249,7 +249,7 @@ async fn bad_lines_get_their_error_and_the_connection_stays_usable() {
     let mut peer = server.connect().await;
     for (line, code) in [
         (&b"FROBNICATE api\n"[..], ErrorCode::UnknownCommand),
-        (b"QUERY api depth=lots\n", ErrorCode::BadArgument),
+        (b"QUERY api queue_depth=lots\n", ErrorCode::BadArgument),
         (b"QUERY nosuch\n", ErrorCode::UnknownService),
         (b"\xff\xfe\n", ErrorCode::BadRequest),
     ] {

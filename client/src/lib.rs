@@ -137,9 +137,10 @@ impl Subscription {
 
     /// The Retry-After for one rejection, computed with the proxy's own queue depth and
     /// backoff streak where given: exactly what the agent would answer to
-    /// `QUERY <service> depth= streak=` with the same jitter draw and schedule. Never blocks:
-    /// one atomic load, one random draw and the formula; with `scheduled_returns`, also a read
-    /// of this proxy's own promises and one atomic add for the new one.
+    /// `QUERY <service> queue_depth= backoff_streak=` with the same jitter draw and schedule.
+    /// Never blocks: one atomic load, one random draw and the formula; with
+    /// `scheduled_returns`, also a read of this proxy's own promises and one atomic add for
+    /// the new one.
     pub fn retry_after_with(
         &self,
         queue_depth: Option<u64>,
@@ -416,7 +417,7 @@ mod tests {
 
     fn push() -> EstimatePush {
         EstimatePush::parse(
-            "ESTIMATE chat seq=1 policy=router_queue_drain_rate status=503 retry_after_s=5 depth=40 source=frontend drain=4 occupancy=none occupancy_weight=0.25 backoff_weight=0.25 backoff_streak_saturation=5 jitter=0.2 min=1 max=60 base_ms=10000 reason=none",
+            "ESTIMATE chat seq=1 retry_after_policy=router_queue_drain_rate status_code=503 retry_after_s=5 queue_depth=40 queue_depth_source=frontend drain_rate=4 occupancy=none occupancy_weight=0.25 backoff_weight=0.25 backoff_streak_saturation=5 jitter=0.2 min_retry_after_s=1 max_retry_after_s=60 base_ms=10000 reason=none",
         )
         .unwrap()
     }

@@ -34,7 +34,7 @@ impl OwnReturns {
         local: (Option<u64>, Option<u32>),
         jitter_draw: f64,
     ) -> Decision {
-        if push.policy != RetryAfterPolicy::ScheduledReturns {
+        if push.retry_after_policy != RetryAfterPolicy::ScheduledReturns {
             return decide(push, local.0, local.1, &push.pushed_schedule(), jitter_draw);
         }
         let own = self.book.ahead(now.as_secs());

@@ -81,7 +81,7 @@ fn an_answer_dripped_a_byte_at_a_time_is_cut_at_the_deadline() {
     serve(&path, |stream| {
         let mut line = String::new();
         let _ = BufReader::new(&stream).read_line(&mut line);
-        for byte in b"RETRY-AFTER 5 ms=5000 rung=static".iter().cycle() {
+        for byte in b"RETRY-AFTER 5 millis=5000 rung=static".iter().cycle() {
             if (&stream).write_all(&[*byte]).is_err() {
                 return;
             }
@@ -115,7 +115,7 @@ async fn a_subscription_leaves_a_silent_agent_and_connects_again() {
     let accepted = serve(&path, |stream| {
         let mut line = String::new();
         let _ = BufReader::new(&stream).read_line(&mut line);
-        let push = "ESTIMATE api seq=1 policy=static status=503 static=9 depth=none source=none drain=none occupancy=none occupancy_weight=0.25 backoff_weight=0.25 backoff_saturation=5 jitter=0.2 min=1 max=60 base_ms=none reason=static_policy\n";
+        let push = "ESTIMATE api seq=1 retry_after_policy=static status_code=503 retry_after_s=9 queue_depth=none queue_depth_source=none drain_rate=none occupancy=none occupancy_weight=0.25 backoff_weight=0.25 backoff_streak_saturation=5 jitter=0.2 min_retry_after_s=1 max_retry_after_s=60 base_ms=none reason=static_policy\n";
         let _ = (&stream).write_all(push.as_bytes());
         // Then silence, as a stopped agent: the connection stays open.
         thread::sleep(Duration::from_secs(60));

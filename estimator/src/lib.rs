@@ -266,7 +266,7 @@ impl ServiceEstimator {
         EstimatePush {
             service: s.name.clone(),
             seq,
-            policy: s.policy,
+            retry_after_policy: s.policy,
             status_code: s.status_code,
             retry_after_s: s.retry_after_s,
             queue_depth: own.signals.queue_depth,

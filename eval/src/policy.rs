@@ -27,14 +27,16 @@ pub enum Policy {
 }
 
 impl Policy {
-    /// The six policies of the evaluation, in table order (the default `--policy` set).
-    pub const ALL: [Policy; 6] = [
+    /// The policies `./dev evaluate` compares, in table order: the default `--policy` set.
+    pub const ALL: [Policy; 8] = [
         Policy::NoHeader,
         Policy::Static(1),
         Policy::Static(5),
         Policy::Static(30),
         Policy::ComputedSimple,
         Policy::ComputedDefaults,
+        Policy::ComputedRetryBacklog,
+        Policy::ScheduledReturns(OverloadRule::LatestWithRoom, None),
     ];
 
     /// The static values an operator could pick, for the suite's summary.
@@ -123,23 +125,28 @@ impl Policy {
 /// The service's name at the agent in every run.
 pub const SERVICE: &str = "eval";
 
-/// The `--policy` names: `none`, `static-N`, `computed-simple`, `computed`,
-/// `computed-retry-backlog`, `scheduled-returns[-latest|-fill][-hN]` (the default overload
-/// rule, or another; with `overload_horizon_factor` N).
+/// Every `--policy` name, for messages.
+const NAMES: &str = "none, static-N (N from 1 to 60), router_queue_drain_rate[-simple|-retry_backlog], scheduled_returns[-latest|-fill_capacity][-hN] (N from 1 to 100)";
+
+/// The `--policy` names, one rule: the configuration's `retry_after_policy` value (`none` for
+/// no header), then each variant after a `-`. A variant is the value of the setting it
+/// changes (`static-5`: `retry_after_s = 5`; `scheduled_returns-latest` and
+/// `-fill_capacity`: the `overload_rule`; `-hN`: `overload_horizon_factor = N`) or names the
+/// change (`router_queue_drain_rate-simple`: both weights 0; `-retry_backlog`: the proxy's
+/// retry backlog in its depth). Words join with `_`, as in the configuration, so `-` only
+/// ever separates variants.
 impl fmt::Display for Policy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Policy::NoHeader => f.write_str("none"),
             Policy::Static(s) => write!(f, "static-{s}"),
-            Policy::ComputedSimple => f.write_str("computed-simple"),
-            Policy::ComputedDefaults => f.write_str("computed"),
-            Policy::ComputedRetryBacklog => f.write_str("computed-retry-backlog"),
+            Policy::ComputedSimple => f.write_str("router_queue_drain_rate-simple"),
+            Policy::ComputedDefaults => f.write_str("router_queue_drain_rate"),
+            Policy::ComputedRetryBacklog => f.write_str("router_queue_drain_rate-retry_backlog"),
             Policy::ScheduledReturns(rule, factor) => {
-                f.write_str("scheduled-returns")?;
-                match rule {
-                    OverloadRule::LatestWithRoom => {}
-                    OverloadRule::Latest => f.write_str("-latest")?,
-                    OverloadRule::FillCapacity => f.write_str("-fill")?,
+                f.write_str("scheduled_returns")?;
+                if *rule != OverloadRule::LatestWithRoom {
+                    write!(f, "-{rule}")?;
                 }
                 match factor {
                     Some(k) => write!(f, "-h{k}"),
@@ -154,45 +161,42 @@ impl FromStr for Policy {
     type Err = String;
 
     fn from_str(name: &str) -> Result<Self, String> {
-        let policy = match name {
-            "none" => Policy::NoHeader,
-            "computed-simple" => Policy::ComputedSimple,
-            "computed" => Policy::ComputedDefaults,
-            "computed-retry-backlog" => Policy::ComputedRetryBacklog,
-            scheduled if scheduled.starts_with("scheduled-returns") => {
-                parse_scheduled(scheduled).ok_or_else(|| {
-                    format!("no policy {name:?}; scheduled returns are scheduled-returns[-latest|-fill][-hN] (N from 1 to 100)")
-                })?
-            }
-            other => match other.strip_prefix("static-").map(str::parse::<u64>) {
-                Some(Ok(s)) if (1..=60).contains(&s) => Policy::Static(s),
-                _ => {
-                    return Err(format!(
-                        "no policy {name:?}; there are none, static-N (N from 1 to 60), computed-simple, computed, computed-retry-backlog, scheduled-returns[-latest|-fill][-hN]"
-                    ));
-                }
-            },
+        let mut parts = name.split('-');
+        let base = parts.next().unwrap_or_default();
+        let variants: Vec<&str> = parts.collect();
+        let policy = match (base, variants.as_slice()) {
+            ("none", []) => Some(Policy::NoHeader),
+            ("static", [s]) => s
+                .parse::<u64>()
+                .ok()
+                .filter(|s| (1..=60).contains(s))
+                .map(Policy::Static),
+            ("router_queue_drain_rate", []) => Some(Policy::ComputedDefaults),
+            ("router_queue_drain_rate", ["simple"]) => Some(Policy::ComputedSimple),
+            ("router_queue_drain_rate", ["retry_backlog"]) => Some(Policy::ComputedRetryBacklog),
+            ("scheduled_returns", variants) => scheduled(variants),
+            _ => None,
         };
-        Ok(policy)
+        policy.ok_or_else(|| format!("no policy {name:?}; there are {NAMES}"))
     }
 }
 
-/// `scheduled-returns[-latest|-fill][-hN]`.
-fn parse_scheduled(name: &str) -> Option<Policy> {
-    let mut rest = name.strip_prefix("scheduled-returns")?;
-    let mut rule = OverloadRule::LatestWithRoom;
-    for (suffix, r) in [
-        ("-latest", OverloadRule::Latest),
-        ("-fill", OverloadRule::FillCapacity),
-    ] {
-        if let Some(after) = rest.strip_prefix(suffix) {
-            (rest, rule) = (after, r);
-        }
-    }
-    let factor = match rest.strip_prefix("-h") {
-        Some(k) => Some(k.parse::<u32>().ok().filter(|k| (1..=100).contains(k))?),
-        None if rest.is_empty() => None,
-        None => return None,
+/// `scheduled_returns`' variants: `[latest|fill_capacity][-hN]`.
+fn scheduled(variants: &[&str]) -> Option<Policy> {
+    let (rule, rest) = match variants {
+        ["latest", rest @ ..] => (OverloadRule::Latest, rest),
+        ["fill_capacity", rest @ ..] => (OverloadRule::FillCapacity, rest),
+        rest => (OverloadRule::LatestWithRoom, rest),
+    };
+    let factor = match rest {
+        [] => None,
+        [h] => Some(
+            h.strip_prefix('h')?
+                .parse::<u32>()
+                .ok()
+                .filter(|k| (1..=100).contains(k))?,
+        ),
+        _ => return None,
     };
     Some(Policy::ScheduledReturns(rule, factor))
 }
@@ -204,21 +208,49 @@ mod tests {
     #[test]
     fn every_name_parses_back() {
         for p in Policy::ALL.into_iter().chain([
-            Policy::ComputedRetryBacklog,
             Policy::Static(60),
             Policy::ScheduledReturns(OverloadRule::Latest, None),
             Policy::ScheduledReturns(OverloadRule::FillCapacity, Some(3)),
-            Policy::ScheduledReturns(OverloadRule::LatestWithRoom, None),
             Policy::ScheduledReturns(OverloadRule::LatestWithRoom, Some(2)),
         ]) {
             assert_eq!(p.to_string().parse::<Policy>(), Ok(p));
         }
-        assert!(
-            "static-0"
-                .parse::<Policy>()
-                .unwrap_err()
-                .contains("static-N")
+        assert_eq!(
+            "scheduled_returns-fill_capacity-h4".parse::<Policy>(),
+            Ok(Policy::ScheduledReturns(
+                OverloadRule::FillCapacity,
+                Some(4)
+            ))
         );
-        assert!("computed, defaults".parse::<Policy>().is_err());
+        for bad in [
+            "static-0",
+            "static",
+            "computed",
+            "computed-simple",
+            "scheduled-returns",
+            "scheduled_returns-fill",
+            "scheduled_returns-latest_with_room",
+            "scheduled_returns-h4-latest",
+            "router_queue_drain_rate-simple-retry_backlog",
+            "computed, defaults",
+        ] {
+            let e = bad.parse::<Policy>().unwrap_err();
+            assert!(e.contains("static-N"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn every_base_name_is_a_configuration_value() {
+        for p in Policy::ALL {
+            let name = p.to_string();
+            let base = name.split('-').next().unwrap();
+            if p != Policy::NoHeader {
+                assert!(
+                    base.parse::<retry_after_policy::RetryAfterPolicy>().is_ok(),
+                    "{name}"
+                );
+                assert!(p.backpressure().contains(&format!("\"{base}\"")), "{name}");
+            }
+        }
     }
 }

@@ -167,7 +167,7 @@ end)
 local function computed_answer(state, depth, now)
   if not (state.push and now - state.received_ms <= stale_ms) then return nil end
   local seen
-  if state.push.policy == "scheduled_returns" then
+  if state.push.retry_after_policy == "scheduled_returns" then
     local elapsed_s = math.max(now - state.received_ms, 0) / 1000
     seen = M.schedule(state.push, elapsed_s, own_ahead(state, now // 1000))
   end
@@ -196,7 +196,7 @@ core.register_action("retry_after", { "http-req" }, function(txn, name)
   local seconds, status, rung = retry_after_s, 429, "static"
   local millis = seconds and seconds * 1000
   if state then
-    if state.push then status = state.push.status end
+    if state.push then status = state.push.status_code end
     local answered, answered_ms, answered_rung = computed_answer(state, txn.f:queue(state.backend), now_ms())
     if answered_rung then seconds, millis, rung = answered, answered_ms, answered_rung end
     count_rejection(state, seconds, rung)

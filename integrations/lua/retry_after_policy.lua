@@ -49,47 +49,47 @@ function M.parse_returns(v)
   return counts
 end
 
--- What to answer with elapsed_s seconds after the push: { returns, overload_age }, the push's
--- returns from then on (shifted by the whole seconds elapsed), bin by bin no less than own
--- (this proxy's own promises from now on), and the overload's age then.
+-- What to answer with elapsed_s seconds after the push: { returns, overload_age_s }, the
+-- push's returns from then on (shifted by the whole seconds elapsed), bin by bin no less than
+-- own (this proxy's own promises from now on), and the overload's age then.
 function M.schedule(push, elapsed_s, own)
   if elapsed_s < 0 then elapsed_s = 0 end
   local returns, skip = {}, math.floor(elapsed_s)
   for i = 1, M.RETURN_BINS do
     returns[i] = math.max(push.returns[i + skip] or 0, own[i] or 0)
   end
-  local age = push.overload_age and (push.overload_age + elapsed_s + 0.0) or nil
-  return { returns = returns, overload_age = age }
+  local age = push.overload_age_s and (push.overload_age_s + elapsed_s + 0.0) or nil
+  return { returns = returns, overload_age_s = age }
 end
 
--- Parses an ESTIMATE line into a table, or nil.
+-- Parses an ESTIMATE line into a table, or nil. Its fields are named as the line's keys.
 function M.parse_estimate(line)
   local words, o = M.parse_fields(line)
   if words[1] ~= "ESTIMATE" or words[2] == nil then return nil end
   if M.parse_returns(o.returns) == nil then return nil end
-  local overload = o.overload or "latest_with_room"
-  if overload ~= "latest_with_room" and overload ~= "latest" and overload ~= "fill_capacity" then
+  local overload_rule = o.overload_rule or "latest_with_room"
+  if overload_rule ~= "latest_with_room" and overload_rule ~= "latest" and overload_rule ~= "fill_capacity" then
     return nil
   end
   return {
     service = words[2],
-    policy = o.policy or "static",
-    status = opt_int(o.status) or 429,
-    retry_after_s = opt_int(o.retry_after_s or o.static),
-    depth = opt_int(o.depth),
-    drain = opt_float(o.drain),
+    retry_after_policy = o.retry_after_policy or "static",
+    status_code = opt_int(o.status_code) or 429,
+    retry_after_s = opt_int(o.retry_after_s),
+    queue_depth = opt_int(o.queue_depth),
+    drain_rate = opt_float(o.drain_rate),
     occupancy = opt_float(o.occupancy),
     occupancy_weight = opt_float(o.occupancy_weight) or 0.25,
     backoff_weight = opt_float(o.backoff_weight) or 0.25,
-    backoff_streak_saturation = opt_int(o.backoff_streak_saturation or o.backoff_saturation) or 5,
+    backoff_streak_saturation = opt_int(o.backoff_streak_saturation) or 5,
     jitter = opt_float(o.jitter) or 0.2,
-    min = opt_int(o.min) or 1,
-    max = opt_int(o.max) or 60,
-    arrivals = opt_float(o.arrivals),
+    min_retry_after_s = opt_int(o.min_retry_after_s) or 1,
+    max_retry_after_s = opt_int(o.max_retry_after_s) or 60,
+    arrival_rate = opt_float(o.arrival_rate),
     returns = M.parse_returns(o.returns),
-    overload = o.overload or "latest_with_room",
-    overload_age = opt_float(o.overload_age),
-    horizon_factor = opt_float(o.horizon_factor),
+    overload_rule = overload_rule,
+    overload_age_s = opt_float(o.overload_age_s),
+    overload_horizon_factor = opt_float(o.overload_horizon_factor),
   }
 end
 
@@ -137,7 +137,7 @@ end
 
 -- The latest second considered in an overload of this age: ceil(factor * age) in the clamp.
 local function overload_horizon(push, age, low, high)
-  local factor = push.horizon_factor
+  local factor = push.overload_horizon_factor
   if factor == nil or age == nil or not finite(factor * age) then return high end
   local h = math.ceil(factor * age)
   if h < 0 then h = 0 end
@@ -150,16 +150,16 @@ end
 -- horizon.
 local function scheduled_returns(push, depth, seen)
   local promised = seen.returns
-  local arrivals = push.arrivals
+  local arrivals = push.arrival_rate
   if arrivals == nil or not finite(arrivals) or arrivals <= 0.0 then arrivals = 0.0 end
-  local high = clamp(push.max, 1, MAX_RETRY_AFTER_S)
-  local low = clamp(push.min, 1, high)
-  local horizon = overload_horizon(push, seen.overload_age, low, high)
-  local s = earliest_second(depth, push.drain - arrivals, promised, low, high)
-  if s == nil and push.overload == "fill_capacity" then
-    s = earliest_second(depth, push.drain, promised, low, horizon)
-  elseif s == nil and push.overload == "latest_with_room" then
-    s = latest_second_with_room(push.drain, promised, math.max(math.floor(horizon / 2), low), horizon)
+  local high = clamp(push.max_retry_after_s, 1, MAX_RETRY_AFTER_S)
+  local low = clamp(push.min_retry_after_s, 1, high)
+  local horizon = overload_horizon(push, seen.overload_age_s, low, high)
+  local s = earliest_second(depth, push.drain_rate - arrivals, promised, low, high)
+  if s == nil and push.overload_rule == "fill_capacity" then
+    s = earliest_second(depth, push.drain_rate, promised, low, horizon)
+  elseif s == nil and push.overload_rule == "latest_with_room" then
+    s = latest_second_with_room(push.drain_rate, promised, math.max(math.floor(horizon / 2), low), horizon)
   end
   return (s or horizon) + 0.0
 end
@@ -167,28 +167,28 @@ end
 -- The ladder for one rejection: seconds (or nil: no header), millis, rung, reason (or nil).
 -- seen: the promised returns and the overload's age (default the push's own; see M.schedule).
 function M.answer(push, depth, streak, jitter_draw, seen)
-  if depth == nil then depth = push.depth end
+  if depth == nil then depth = push.queue_depth end
   streak = streak or 0
   local reason
-  if push.policy == "static" then
+  if push.retry_after_policy == "static" then
     reason = "static_policy"
-  elseif push.drain == nil or not finite(push.drain) or push.drain <= 0.0 then
+  elseif push.drain_rate == nil or not finite(push.drain_rate) or push.drain_rate <= 0.0 then
     reason = "drain_not_warm"
   elseif depth == nil then
     reason = "queue_invisible"
-  elseif push.policy == "scheduled_returns" then
-    local base = scheduled_returns(push, depth, seen or { returns = push.returns, overload_age = push.overload_age })
+  elseif push.retry_after_policy == "scheduled_returns" then
+    local base = scheduled_returns(push, depth, seen or { returns = push.returns, overload_age_s = push.overload_age_s })
     local u = finite(jitter_draw) and clamp(jitter_draw, 0.0, 0.999) or 0.5
-    local seconds, millis = rounded(math.max(base - u, 0.0), push.min, push.max)
+    local seconds, millis = rounded(math.max(base - u, 0.0), push.min_retry_after_s, push.max_retry_after_s)
     return seconds, millis, "computed", nil
   else
     local occupancy = push.occupancy
     if occupancy == nil or not finite(occupancy) then occupancy = 0.0 else occupancy = clamp(occupancy, 0.0, 1.0) end
     local backoff = math.min((streak + 0.0) / (math.max(push.backoff_streak_saturation, 1) + 0.0), 1.0)
     local factor = 1.0 + push.occupancy_weight * occupancy + push.backoff_weight * backoff
-    local base = (depth + 0.0) / push.drain * factor
+    local base = (depth + 0.0) / push.drain_rate * factor
     if finite(base) and base >= 0.0 then
-      local seconds, millis = rounded(base * jitter_factor(push.jitter, jitter_draw), push.min, push.max)
+      local seconds, millis = rounded(base * jitter_factor(push.jitter, jitter_draw), push.min_retry_after_s, push.max_retry_after_s)
       if seconds then return seconds, millis, "computed", nil end
     end
     reason = "estimate_unusable"
@@ -223,12 +223,12 @@ end
 -- The REPORT lines for one report, each with the handed_out entries it carries: handed_out
 -- maps handed_out_value entries ("c5", "s5") to counts; entries that do not fit one line go on in
 -- further lines with admitted=0 rejected=0.
-function M.report_lines(name, admitted, rejected, depth, handed_out)
+function M.report_lines(name, admitted, rejected, queue_depth, handed_out)
   local keys = {}
   for value in pairs(handed_out) do keys[#keys + 1] = value end
   table.sort(keys)
   local head = string.format("REPORT %s admitted=%d rejected=%d", name, admitted, rejected)
-  if depth then head = head .. string.format(" depth=%d", depth) end
+  if queue_depth then head = head .. string.format(" queue_depth=%d", queue_depth) end
   local lines, line, carried = {}, head .. " handed_out=", {}
   local rest = string.format("REPORT %s admitted=0 rejected=0 handed_out=", name)
   for _, value in ipairs(keys) do

@@ -78,7 +78,7 @@ local function answer(service, push, age)
   end
   local seen
   local now = ngx.now()
-  if push.policy == "scheduled_returns" then
+  if push.retry_after_policy == "scheduled_returns" then
     seen = policy.schedule(push, age, own_ahead(service, math.floor(now)))
   end
   local seconds, _millis, rung = policy.answer(push, nil, 0, math.random(), seen)

@@ -81,7 +81,7 @@ class Estimate:
 
     service: str
     seq: int
-    policy: str
+    retry_after_policy: str
     status_code: int
     retry_after_s: Optional[int]
     queue_depth: Optional[int]
@@ -92,8 +92,8 @@ class Estimate:
     backoff_weight: float
     backoff_streak_saturation: int
     jitter: float
-    min_s: int
-    max_s: int
+    min_retry_after_s: int
+    max_retry_after_s: int
     #: Fresh arrivals per second, if proxies report them.
     arrival_rate: Optional[float] = None
     #: Returns promised per second from the push on (bin 0 first).
@@ -102,8 +102,8 @@ class Estimate:
     overload_rule: str = "latest_with_room"
     #: How long fresh arrivals have matched the drain rate, seconds, while they do.
     overload_age_s: Optional[float] = None
-    #: ``overload_horizon_factor``: an overload looks this many times its age ahead at most.
-    horizon_factor: Optional[float] = None
+    #: An overload looks this many times its age ahead at most.
+    overload_horizon_factor: Optional[float] = None
 
 
 #: Bins of a schedule of promised returns: one per second, a minute ahead and some.
@@ -127,7 +127,7 @@ def _overload_rule(value: Optional[str]) -> str:
     if value is None:
         return "latest_with_room"
     if value not in ("latest_with_room", "latest", "fill_capacity"):
-        raise AgentError(f"overload={value[:40]!r} is not an overload rule")
+        raise AgentError(f"overload_rule={value[:40]!r} is not an overload rule")
     return value
 
 
@@ -162,31 +162,32 @@ def _opt(value: Optional[str], kind):
 
 
 def parse_estimate(line: str) -> Estimate:
-    """Parse an ``ESTIMATE`` line (fields this client does not know are skipped)."""
+    """Parse an ``ESTIMATE`` line (fields this client does not know are skipped). The
+    attributes are named as the line's keys."""
     words, o = parse_fields(line)
     if len(words) < 2 or words[0] != "ESTIMATE":
         raise AgentError(f"not an ESTIMATE line: {line[:80]!r}")
     return Estimate(
         service=words[1],
         seq=int(o.get("seq", "0")),
-        policy=o.get("policy", "static"),
-        status_code=int(o.get("status", "429")),
-        retry_after_s=_opt(o.get("retry_after_s", o.get("static")), int),
-        queue_depth=_opt(o.get("depth"), int),
-        queue_depth_source=_opt(o.get("source"), str),
-        drain_rate=_opt(o.get("drain"), float),
+        retry_after_policy=o.get("retry_after_policy", "static"),
+        status_code=int(o.get("status_code", "429")),
+        retry_after_s=_opt(o.get("retry_after_s"), int),
+        queue_depth=_opt(o.get("queue_depth"), int),
+        queue_depth_source=_opt(o.get("queue_depth_source"), str),
+        drain_rate=_opt(o.get("drain_rate"), float),
         occupancy=_opt(o.get("occupancy"), float),
         occupancy_weight=float(o.get("occupancy_weight", "0.25")),
         backoff_weight=float(o.get("backoff_weight", "0.25")),
-        backoff_streak_saturation=int(o.get("backoff_streak_saturation", o.get("backoff_saturation", "5"))),
+        backoff_streak_saturation=int(o.get("backoff_streak_saturation", "5")),
         jitter=float(o.get("jitter", "0.2")),
-        min_s=int(o.get("min", "1")),
-        max_s=int(o.get("max", "60")),
-        arrival_rate=_opt(o.get("arrivals"), float),
+        min_retry_after_s=int(o.get("min_retry_after_s", "1")),
+        max_retry_after_s=int(o.get("max_retry_after_s", "60")),
+        arrival_rate=_opt(o.get("arrival_rate"), float),
         returns=_parse_returns(o.get("returns")),
-        overload_rule=_overload_rule(o.get("overload")),
-        overload_age_s=_opt(o.get("overload_age"), float),
-        horizon_factor=_opt(o.get("horizon_factor"), float),
+        overload_rule=_overload_rule(o.get("overload_rule")),
+        overload_age_s=_opt(o.get("overload_age_s"), float),
+        overload_horizon_factor=_opt(o.get("overload_horizon_factor"), float),
     )
 
 
@@ -224,8 +225,8 @@ def header_value(base_s: float, jitter: float, jitter_draw: float, min_s: int, m
 
 
 def _clamp(push: Estimate) -> Tuple[int, int]:
-    top = min(max(push.max_s, 1), MAX_RETRY_AFTER_S)
-    return min(max(push.min_s, 1), top), top
+    top = min(max(push.max_retry_after_s, 1), MAX_RETRY_AFTER_S)
+    return min(max(push.min_retry_after_s, 1), top), top
 
 
 def _earliest_second(depth: int, room_per_s: float, promised, low: int, high: int) -> Optional[int]:
@@ -250,7 +251,7 @@ def _latest_second_with_room(drain: float, promised, low: int, high: int) -> Opt
 
 def _overload_horizon(push: Estimate, age: Optional[float]) -> int:
     low, high = _clamp(push)
-    factor = push.horizon_factor
+    factor = push.overload_horizon_factor
     if factor is None or age is None or not math.isfinite(factor * age):
         return high
     return min(max(int(max(math.ceil(factor * age), 0)), low), high)
@@ -287,20 +288,22 @@ def answer(
     """The ladder for one rejection: the pushed signals with the proxy's own depth and streak
     where given, ``seen`` as the promised returns and the overload's age (default: the
     push's; see :func:`schedule`), and ``jitter_draw``, a uniform draw from [0, 1) for the jitter. What
-    the agent answers to ``QUERY <service> depth= streak=`` with the same draw."""
+    the agent answers to ``QUERY <service> queue_depth= backoff_streak=`` with the same draw."""
     depth = queue_depth if queue_depth is not None else push.queue_depth
     streak = backoff_streak or 0
     reason = None
-    if push.policy == "static":
+    if push.retry_after_policy == "static":
         reason = "static_policy"
     elif push.drain_rate is None or not math.isfinite(push.drain_rate) or push.drain_rate <= 0.0:
         reason = "drain_not_warm"
     elif depth is None:
         reason = "queue_invisible"
-    elif push.policy == "scheduled_returns":
+    elif push.retry_after_policy == "scheduled_returns":
         returns, age = (push.returns, push.overload_age_s) if seen is None else seen
         base = _scheduled_returns(push, depth, returns, age)
-        value = _rounded(_within_second(base, jitter_draw), push.min_s, push.max_s)
+        value = _rounded(
+            _within_second(base, jitter_draw), push.min_retry_after_s, push.max_retry_after_s
+        )
         return Decision(value[0], value[1], "computed", None, push.status_code)
     else:
         occupancy = push.occupancy
@@ -311,7 +314,9 @@ def answer(
         factor = 1.0 + push.occupancy_weight * occupancy + push.backoff_weight * backoff
         base = float(depth) / push.drain_rate * factor
         if math.isfinite(base) and base >= 0.0:
-            value = _rounded(base * _jitter_factor(push.jitter, jitter_draw), push.min_s, push.max_s)
+            value = _rounded(
+                base * _jitter_factor(push.jitter, jitter_draw), push.min_retry_after_s, push.max_retry_after_s
+            )
             if value is not None:
                 return Decision(value[0], value[1], "computed", None, push.status_code)
         reason = "estimate_unusable"
@@ -388,9 +393,9 @@ def query(
     Raises :class:`AgentError` on any failure; see :func:`query_or_static`."""
     request = f"QUERY {service}"
     if queue_depth is not None:
-        request += f" depth={int(queue_depth)}"
+        request += f" queue_depth={int(queue_depth)}"
     if backoff_streak is not None:
-        request += f" streak={int(backoff_streak)}"
+        request += f" backoff_streak={int(backoff_streak)}"
     line = _request(path, request, timeout)
     words, fields = parse_fields(line)
     if len(words) < 2 or words[0] != "RETRY-AFTER":
@@ -424,7 +429,7 @@ def report_lines(
     in further lines with ``admitted=0 rejected=0``."""
     head = f"REPORT {service} admitted={int(admitted)} rejected={int(rejected)}"
     if queue_depth is not None:
-        head += f" depth={int(queue_depth)}"
+        head += f" queue_depth={int(queue_depth)}"
     if handed_out is None:
         return [head]
     counts: Dict[str, int] = {}
@@ -521,7 +526,7 @@ class Subscription:
 
     def _answer(self, held, queue_depth, backoff_streak, jitter_draw) -> Decision:
         push, received = held
-        if push.policy != "scheduled_returns":
+        if push.retry_after_policy != "scheduled_returns":
             return answer(push, queue_depth, backoff_streak, jitter_draw)
         now = time.monotonic()
         second = int(now)

@@ -59,7 +59,7 @@ class RealAgent(unittest.TestCase):
         answer = client.query(env("RETRY_AFTER_SOCKET"), "api", queue_depth=3, timeout=2.0)
         self.assertEqual(answer["seconds"], 7)
         self.assertEqual(answer["rung"], "static")
-        self.assertEqual(answer["depth"], "3")
+        self.assertEqual(answer["queue_depth"], "3")
         with self.assertRaises(client.AgentError) as error:
             client.query(env("RETRY_AFTER_SOCKET"), "nosuch", timeout=2.0)
         self.assertIn("ERR unknown_service", str(error.exception))

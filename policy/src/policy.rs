@@ -5,64 +5,24 @@
 //! a reason. Adding a policy is one new variant, one arm in [`RetryAfterPolicy::compute`] and
 //! its own function; existing policies, and the configurations that name them, are untouched.
 
-use std::{fmt, str::FromStr};
+use crate::{FallbackReason, OverloadRule, PromisedReturns, QueueDepthSource};
 
-use crate::{FallbackReason, OverloadRule, PromisedReturns, QueueDepthSource, UnknownName};
-
-/// A named Retry-After policy.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum RetryAfterPolicy {
-    /// The operator's static `retry_after_s` (the default, as today).
-    #[default]
-    Static,
-    /// `ceil(queue_depth / drain_rate × saturation_factor)`, from the proposal. Its revision
-    /// calls it `queue_drain_rate` (it runs wherever the rejection happens, router or
-    /// replica); both names select it.
-    RouterQueueDrainRate,
-    /// The earliest second at which the drain rate, less the fresh arrivals forecast, has
-    /// room for the queue ahead, every return already promised by then and this one (not the
-    /// proposal's; see docs/estimator.md).
-    ScheduledReturns,
-}
-
-impl RetryAfterPolicy {
-    /// Every policy.
-    pub const ALL: [RetryAfterPolicy; 3] = [
-        Self::Static,
-        Self::RouterQueueDrainRate,
-        Self::ScheduledReturns,
-    ];
-
-    /// The canonical name.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Static => "static",
-            Self::RouterQueueDrainRate => "router_queue_drain_rate",
-            Self::ScheduledReturns => "scheduled_returns",
-        }
-    }
-}
-
-impl FromStr for RetryAfterPolicy {
-    type Err = UnknownName;
-
-    fn from_str(name: &str) -> Result<Self, Self::Err> {
-        match name {
-            "static" => Ok(Self::Static),
-            "router_queue_drain_rate" | "queue_drain_rate" => Ok(Self::RouterQueueDrainRate),
-            "scheduled_returns" => Ok(Self::ScheduledReturns),
-            other => Err(UnknownName {
-                what: "policy",
-                name: other.to_owned(),
-                expected: "\"static\" \"router_queue_drain_rate\" (alias \"queue_drain_rate\") \"scheduled_returns\"",
-            }),
-        }
-    }
-}
-
-impl fmt::Display for RetryAfterPolicy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+crate::names! {
+    /// A named Retry-After policy: the `retry_after_policy` of the configuration, the push and
+    /// the evaluation, spelled one way everywhere.
+    #[derive(Default)]
+    RetryAfterPolicy, "policy" {
+        /// The operator's static `retry_after_s` (the default, as today).
+        #[default]
+        Static = "static",
+        /// `ceil(queue_depth / drain_rate × saturation_factor)`, from the proposal (its
+        /// revision calls it `queue_drain_rate`: it runs wherever the rejection happens, router
+        /// or replica).
+        RouterQueueDrainRate = "router_queue_drain_rate",
+        /// The earliest second at which the drain rate, less the fresh arrivals forecast, has
+        /// room for the queue ahead, every return already promised by then and this one (not
+        /// the proposal's; see docs/estimator.md).
+        ScheduledReturns = "scheduled_returns",
     }
 }
 
@@ -376,11 +336,11 @@ mod tests {
     const COMPUTED: RetryAfterPolicy = RetryAfterPolicy::RouterQueueDrainRate;
 
     #[test]
-    fn names_parse_and_print_and_the_revision_name_is_an_alias() {
+    fn names_parse_and_print_one_spelling_each() {
         for policy in RetryAfterPolicy::ALL {
-            assert_eq!(policy.to_string().parse::<RetryAfterPolicy>(), Ok(policy));
+            assert_eq!(policy.to_string().parse::<RetryAfterPolicy>(), Ok(*policy));
         }
-        assert_eq!("queue_drain_rate".parse::<RetryAfterPolicy>(), Ok(COMPUTED));
+        assert!("queue_drain_rate".parse::<RetryAfterPolicy>().is_err());
         let e = "auto".parse::<RetryAfterPolicy>().unwrap_err();
         assert_eq!(e.name, "auto");
     }

@@ -65,7 +65,7 @@ fn random_push(rng: &mut impl Rng) -> EstimatePush {
     EstimatePush {
         service: "api".into(),
         seq: rng.random_range(0..1000),
-        policy: pick(
+        retry_after_policy: pick(
             rng,
             &[
                 RetryAfterPolicy::RouterQueueDrainRate,

@@ -11,12 +11,16 @@
 //! Requests (proxy → agent), each answered by exactly one line:
 //!
 //! ```text
-//! QUERY <service> [depth=<n>] [streak=<n>]                       → RETRY-AFTER …
+//! QUERY <service> [queue_depth=<n>] [backoff_streak=<n>]         → RETRY-AFTER …
 //! SUBSCRIBE <service>                                            → ESTIMATE … (then one per tick)
-//! REPORT <service> admitted=<n> rejected=<n> [depth=<n>] [streak=<n>]
-//!        [retry_admitted=<n>] [retry_rejected=<n>]               → OK
+//! REPORT <service> admitted=<n> rejected=<n> [queue_depth=<n>] [backoff_streak=<n>]
+//!        [retry_admitted=<n>] [retry_rejected=<n>] [handed_out=<entries>] → OK
 //! HEALTH                                                         → HEALTH …
 //! ```
+//!
+//! One rule names every `key=value`: the key is the name of the field it carries, a setting's
+//! as the configuration file names it (`status_code`, `min_retry_after_s`), anything else as
+//! the protocol's Rust fields do (`queue_depth`, `drain_rate`, `backoff_streak`).
 //!
 //! Any request may instead be answered `ERR <code> <reason>`; after an error the connection
 //! stays usable unless the code is `denied`, `overloaded` or `idle`.

@@ -102,12 +102,12 @@ impl<'a> Report<'a> {
         let (mut admitted, mut rejected) = (None, None);
         options(
             words,
-            "REPORT takes admitted=<n> rejected=<n> and optionally depth=, streak=, retry_admitted=, retry_rejected=, handed_out=",
+            "REPORT takes admitted=<n> rejected=<n> and optionally queue_depth=, backoff_streak=, retry_admitted=, retry_rejected=, handed_out=",
             |key, v| match key {
                 "admitted" => set(&mut admitted, key, v),
                 "rejected" => set(&mut rejected, key, v),
-                "depth" => set(&mut report.queue_depth, key, v),
-                "streak" => set(&mut report.backoff_streak, key, v),
+                "queue_depth" => set(&mut report.queue_depth, key, v),
+                "backoff_streak" => set(&mut report.backoff_streak, key, v),
                 "retry_admitted" => set(&mut report.retry_admitted, key, v),
                 "retry_rejected" => set(&mut report.retry_rejected, key, v),
                 "handed_out" if report.handed_out.is_none() => {
@@ -189,10 +189,10 @@ impl<'a> Request<'a> {
         let (mut queue_depth, mut backoff_streak) = (None, None);
         options(
             words,
-            "QUERY takes depth=<n> and streak=<n>",
+            "QUERY takes queue_depth=<n> and backoff_streak=<n>",
             |key, v| match key {
-                "depth" => set(&mut queue_depth, key, v),
-                "streak" => set(&mut backoff_streak, key, v),
+                "queue_depth" => set(&mut queue_depth, key, v),
+                "backoff_streak" => set(&mut backoff_streak, key, v),
                 _ => None,
             },
         )?;
@@ -235,10 +235,10 @@ impl fmt::Display for Request<'_> {
             } => {
                 write!(f, "QUERY {service}")?;
                 if let Some(depth) = queue_depth {
-                    write!(f, " depth={depth}")?;
+                    write!(f, " queue_depth={depth}")?;
                 }
                 if let Some(streak) = backoff_streak {
-                    write!(f, " streak={streak}")?;
+                    write!(f, " backoff_streak={streak}")?;
                 }
                 Ok(())
             }
@@ -250,8 +250,8 @@ impl fmt::Display for Request<'_> {
                     r.service, r.admitted, r.rejected
                 )?;
                 for (key, value) in [
-                    ("depth", r.queue_depth),
-                    ("streak", r.backoff_streak.map(u64::from)),
+                    ("queue_depth", r.queue_depth),
+                    ("backoff_streak", r.backoff_streak.map(u64::from)),
                     ("retry_admitted", r.retry_admitted),
                     ("retry_rejected", r.retry_rejected),
                 ] {

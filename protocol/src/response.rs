@@ -70,9 +70,10 @@ impl fmt::Display for Response {
 /// The answer to a `QUERY` (one line):
 ///
 /// ```text
-/// RETRY-AFTER <seconds|none> ms=<n|none> rung=<computed|static|none> reason=<reason|none>
-///   status=<code> depth=<n|none> source=<proxy|frontend|beyond_capacity|none>
-///   drain=<f|none> occupancy=<f|none> saturation=<f|none>
+/// RETRY-AFTER <seconds|none> millis=<n|none> rung=<computed|static|none> reason=<reason|none>
+///   status_code=<code> queue_depth=<n|none>
+///   queue_depth_source=<proxy|frontend|beyond_capacity|none> drain_rate=<f|none>
+///   occupancy=<f|none> saturation_factor=<f|none>
 /// ```
 /// `seconds` is the header value (RFC 9110 delta-seconds), `none` for no header; `reason`
 /// says why the computed rung did not answer.
@@ -140,15 +141,15 @@ impl QueryResponse {
         };
         fields.options(WHAT, |key, v| {
             Some(match key {
-                "ms" => opt(v).map(|x| r.millis = x),
+                "millis" => opt(v).map(|x| r.millis = x),
                 "rung" => req(v).map(|x| r.rung = x),
                 "reason" => opt(v).map(|x| r.reason = x),
-                "status" => req(v).map(|x| r.status_code = x),
-                "depth" => opt(v).map(|x| r.queue_depth = x),
-                "source" => opt(v).map(|x| r.queue_depth_source = x),
-                "drain" => opt_float(v).map(|x| r.drain_rate = x),
+                "status_code" => req(v).map(|x| r.status_code = x),
+                "queue_depth" => opt(v).map(|x| r.queue_depth = x),
+                "queue_depth_source" => opt(v).map(|x| r.queue_depth_source = x),
+                "drain_rate" => opt_float(v).map(|x| r.drain_rate = x),
                 "occupancy" => opt_float(v).map(|x| r.occupancy = x),
-                "saturation" => opt_float(v).map(|x| r.saturation_factor = x),
+                "saturation_factor" => opt_float(v).map(|x| r.saturation_factor = x),
                 _ => return None,
             })
         })?;
@@ -160,7 +161,7 @@ impl fmt::Display for QueryResponse {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "RETRY-AFTER {} ms={} rung={} reason={} status={} depth={} source={} drain={} occupancy={} saturation={}",
+            "RETRY-AFTER {} millis={} rung={} reason={} status_code={} queue_depth={} queue_depth_source={} drain_rate={} occupancy={} saturation_factor={}",
             Opt(&self.seconds),
             Opt(&self.millis),
             self.rung,
@@ -190,18 +191,20 @@ pub struct Schedule {
 /// queue depth, backoff streak and promised returns ([`EstimatePush::answer`]). One line:
 ///
 /// ```text
-/// ESTIMATE <service> seq=<n> policy=<name> status=<code> retry_after_s=<s|none>
-///   depth=<n|none> source=<src|none> drain=<f|none> occupancy=<f|none>
-///   arrivals=<f|none> returns=<n,n,...|none> overload=<rule> overload_age=<f|none>
-///   horizon_factor=<f|none>
-///   occupancy_weight=<f> backoff_weight=<f> backoff_streak_saturation=<n> jitter=<f> min=<s> max=<s>
-///   base_ms=<n|none> reason=<reason|none>
+/// ESTIMATE <service> seq=<n> retry_after_policy=<name> status_code=<code>
+///   retry_after_s=<s|none> queue_depth=<n|none> queue_depth_source=<src|none>
+///   drain_rate=<f|none> occupancy=<f|none> arrival_rate=<f|none> returns=<n,n,...|none>
+///   overload_rule=<rule> overload_age_s=<f|none> overload_horizon_factor=<f|none>
+///   occupancy_weight=<f> backoff_weight=<f> backoff_streak_saturation=<n> jitter=<f>
+///   min_retry_after_s=<s> max_retry_after_s=<s> base_ms=<n|none> reason=<reason|none>
 /// ```
-/// `returns` is the schedule of promised returns per second from the push on (bin 0 first,
-/// trailing zeros left out); `arrivals` the fresh arrival rate; `overload_age` how long fresh
-/// arrivals have matched the drain rate. `base_ms` and `reason`
-/// describe the agent's own answer without jitter or streak (for people and logs); the other
-/// fields are the inputs.
+/// Each key is the name of the field it carries (docs/protocol.md): a setting's as the
+/// configuration file names it, anything else as the fields below do (`queue_depth_source`
+/// for the source of `queue_depth`). `returns` is the schedule of promised returns per second
+/// from the push on (bin 0 first, trailing zeros left out); `arrival_rate` the fresh arrival
+/// rate; `overload_age_s` how long fresh arrivals have matched the drain rate. `base_ms` and
+/// `reason` describe the agent's own answer without jitter or streak (for people and logs);
+/// the other fields are the inputs.
 #[derive(Clone, Debug, PartialEq)]
 pub struct EstimatePush {
     /// The service.
@@ -209,7 +212,7 @@ pub struct EstimatePush {
     /// Increases by one each push on a connection.
     pub seq: u64,
     /// The service's policy.
-    pub policy: RetryAfterPolicy,
+    pub retry_after_policy: RetryAfterPolicy,
     /// Status code to reject with.
     pub status_code: u16,
     /// The static fallback, seconds.
@@ -261,7 +264,7 @@ impl EstimatePush {
             overload_age_s: schedule.overload_age_s,
         };
         retry_after_policy::answer(
-            self.policy,
+            self.retry_after_policy,
             &self.constants,
             self.retry_after_s,
             signals,
@@ -301,7 +304,7 @@ impl EstimatePush {
         let mut p = EstimatePush {
             service: fields.word(WHAT)?.to_owned(),
             seq: 0,
-            policy: RetryAfterPolicy::Static,
+            retry_after_policy: RetryAfterPolicy::Static,
             status_code: 429,
             retry_after_s: None,
             queue_depth: None,
@@ -319,28 +322,24 @@ impl EstimatePush {
         fields.options(WHAT, |key, v| {
             Some(match key {
                 "seq" => req(v).map(|x| p.seq = x),
-                "policy" => req(v).map(|x| p.policy = x),
-                "status" => req(v).map(|x| p.status_code = x),
-                // `static`: its name before 2026-12-01, from older agents.
-                "retry_after_s" | "static" => opt(v).map(|x| p.retry_after_s = x),
-                "depth" => opt(v).map(|x| depth = x),
-                "source" => opt(v).map(|x| source = x),
-                "drain" => opt_float(v).map(|x| p.drain_rate = x),
+                "retry_after_policy" => req(v).map(|x| p.retry_after_policy = x),
+                "status_code" => req(v).map(|x| p.status_code = x),
+                "retry_after_s" => opt(v).map(|x| p.retry_after_s = x),
+                "queue_depth" => opt(v).map(|x| depth = x),
+                "queue_depth_source" => opt(v).map(|x| source = x),
+                "drain_rate" => opt_float(v).map(|x| p.drain_rate = x),
                 "occupancy" => opt_float(v).map(|x| p.occupancy = x),
-                "arrivals" => opt_float(v).map(|x| p.arrival_rate = x),
+                "arrival_rate" => opt_float(v).map(|x| p.arrival_rate = x),
                 "returns" => returns(v).map(|x| p.returns = x),
-                "overload" => req(v).map(|x| c.overload_rule = x),
-                "overload_age" => opt_float(v).map(|x| p.overload_age_s = x),
-                "horizon_factor" => opt_float(v).map(|x| c.overload_horizon_factor = x),
+                "overload_rule" => req(v).map(|x| c.overload_rule = x),
+                "overload_age_s" => opt_float(v).map(|x| p.overload_age_s = x),
+                "overload_horizon_factor" => opt_float(v).map(|x| c.overload_horizon_factor = x),
                 "occupancy_weight" => float(v).map(|x| c.occupancy_weight = x),
                 "backoff_weight" => float(v).map(|x| c.backoff_weight = x),
-                // `backoff_saturation`: its name before 2026-12-01, from older agents.
-                "backoff_streak_saturation" | "backoff_saturation" => {
-                    req(v).map(|x| c.backoff_streak_saturation = x)
-                }
+                "backoff_streak_saturation" => req(v).map(|x| c.backoff_streak_saturation = x),
                 "jitter" => float(v).map(|x| c.jitter = x),
-                "min" => req(v).map(|x| c.min_retry_after_s = x),
-                "max" => req(v).map(|x| c.max_retry_after_s = x),
+                "min_retry_after_s" => req(v).map(|x| c.min_retry_after_s = x),
+                "max_retry_after_s" => req(v).map(|x| c.max_retry_after_s = x),
                 "base_ms" => opt(v).map(|x| p.base_ms = x),
                 "reason" => opt(v).map(|x| p.reason = x),
                 _ => return None,
@@ -352,7 +351,7 @@ impl EstimatePush {
             (None, None) => None,
             _ => {
                 return Err(ProtocolError::malformed(
-                    "ESTIMATE: depth and source go together",
+                    "ESTIMATE: queue_depth and queue_depth_source go together",
                     line,
                 ));
             }
@@ -366,10 +365,10 @@ impl fmt::Display for EstimatePush {
         let c = &self.constants;
         write!(
             f,
-            "ESTIMATE {} seq={} policy={} status={} retry_after_s={} depth={} source={} drain={} occupancy={} arrivals={} returns={} overload={} overload_age={} horizon_factor={} occupancy_weight={} backoff_weight={} backoff_streak_saturation={} jitter={} min={} max={} base_ms={} reason={}",
+            "ESTIMATE {} seq={} retry_after_policy={} status_code={} retry_after_s={} queue_depth={} queue_depth_source={} drain_rate={} occupancy={} arrival_rate={} returns={} overload_rule={} overload_age_s={} overload_horizon_factor={} occupancy_weight={} backoff_weight={} backoff_streak_saturation={} jitter={} min_retry_after_s={} max_retry_after_s={} base_ms={} reason={}",
             self.service,
             self.seq,
-            self.policy,
+            self.retry_after_policy,
             self.status_code,
             Opt(&self.retry_after_s),
             Opt(&self.queue_depth.map(|q| q.depth)),

@@ -13,7 +13,7 @@ use retry_after_protocol::{
 #[test]
 fn parses_every_request() {
     assert_eq!(
-        Request::parse(b"QUERY chat depth=12 streak=3"),
+        Request::parse(b"QUERY chat queue_depth=12 backoff_streak=3"),
         Ok(Request::Query {
             service: "chat",
             queue_depth: Some(12),
@@ -33,7 +33,7 @@ fn parses_every_request() {
         Ok(Request::Subscribe { service: "chat" })
     );
     assert_eq!(
-        Request::parse(b"REPORT chat admitted=40 rejected=7 depth=12"),
+        Request::parse(b"REPORT chat admitted=40 rejected=7 queue_depth=12"),
         Ok(Request::Report(Report {
             service: "chat",
             admitted: 40,
@@ -80,16 +80,19 @@ fn every_bad_line_gets_its_code() {
     assert_eq!(code("QUERY caf\u{e9}".as_bytes()), ErrorCode::BadRequest);
     assert_eq!(code(b"query chat"), ErrorCode::UnknownCommand);
     assert_eq!(code(b"DELETE everything"), ErrorCode::UnknownCommand);
-    assert_eq!(code(b"QUERY chat depth=-1"), ErrorCode::BadArgument);
-    assert_eq!(code(b"QUERY chat depth=1 depth=2"), ErrorCode::BadArgument);
+    assert_eq!(code(b"QUERY chat queue_depth=-1"), ErrorCode::BadArgument);
     assert_eq!(
-        code(b"QUERY chat streak=99999999999"),
+        code(b"QUERY chat queue_depth=1 queue_depth=2"),
+        ErrorCode::BadArgument
+    );
+    assert_eq!(
+        code(b"QUERY chat backoff_streak=99999999999"),
         ErrorCode::BadArgument
     );
     assert_eq!(code(b"QUERY chat color=red"), ErrorCode::BadArgument);
     assert_eq!(code(b"REPORT chat admitted=1"), ErrorCode::BadArgument);
     assert_eq!(
-        code(b"REPORT chat admitted=1 rejected=2 depth"),
+        code(b"REPORT chat admitted=1 rejected=2 queue_depth"),
         ErrorCode::BadArgument
     );
     assert_eq!(code(b"HEALTH now"), ErrorCode::BadArgument);
@@ -145,12 +148,12 @@ fn responses_print_as_documented() {
     };
     assert_eq!(
         r.to_string(),
-        "RETRY-AFTER 4 ms=3500 rung=computed reason=none status=429 depth=14 source=proxy drain=4 occupancy=none saturation=1"
+        "RETRY-AFTER 4 millis=3500 rung=computed reason=none status_code=429 queue_depth=14 queue_depth_source=proxy drain_rate=4 occupancy=none saturation_factor=1"
     );
     let push = EstimatePush {
         service: "chat".into(),
         seq: 7,
-        policy: RetryAfterPolicy::RouterQueueDrainRate,
+        retry_after_policy: RetryAfterPolicy::RouterQueueDrainRate,
         status_code: 503,
         retry_after_s: Some(5),
         queue_depth: Some(QueueDepth {
@@ -168,14 +171,8 @@ fn responses_print_as_documented() {
     };
     assert_eq!(
         push.to_string(),
-        "ESTIMATE chat seq=7 policy=router_queue_drain_rate status=503 retry_after_s=5 depth=10 source=frontend drain=16.666666666666668 occupancy=1 arrivals=2.5 returns=0,3,0,12 overload=latest_with_room overload_age=4.5 horizon_factor=none occupancy_weight=0.25 backoff_weight=0.25 backoff_streak_saturation=5 jitter=0.2 min=1 max=60 base_ms=750 reason=none"
+        "ESTIMATE chat seq=7 retry_after_policy=router_queue_drain_rate status_code=503 retry_after_s=5 queue_depth=10 queue_depth_source=frontend drain_rate=16.666666666666668 occupancy=1 arrival_rate=2.5 returns=0,3,0,12 overload_rule=latest_with_room overload_age_s=4.5 overload_horizon_factor=none occupancy_weight=0.25 backoff_weight=0.25 backoff_streak_saturation=5 jitter=0.2 min_retry_after_s=1 max_retry_after_s=60 base_ms=750 reason=none"
     );
-    // An older agent's names for the static value and the streak saturation still parse.
-    let older = push
-        .to_string()
-        .replace(" retry_after_s=", " static=")
-        .replace(" backoff_streak_saturation=", " backoff_saturation=");
-    assert_eq!(EstimatePush::parse(&older), Ok(push.clone()));
     // The longest schedule fits a response line.
     let full = EstimatePush {
         service: "s".repeat(retry_after_protocol::MAX_SERVICE_NAME_LEN),
@@ -189,7 +186,7 @@ fn responses_print_as_documented() {
         let line = format!("{push} {bad}");
         assert!(EstimatePush::parse(&line).is_err(), "{bad}");
     }
-    // An older or newer agent's extra fields are skipped.
+    // A newer agent's extra fields are skipped.
     let extra = format!("{push} future_field=3");
     assert_eq!(EstimatePush::parse(&extra), Ok(push));
 }
@@ -274,7 +271,7 @@ fn push() -> impl Strategy<Value = EstimatePush> {
     )
         .prop_map(
             |(
-                (service, seq, policy, status_code, retry_after_s),
+                (service, seq, retry_after_policy, status_code, retry_after_s),
                 queue,
                 (drain_rate, occupancy, arrival_rate, returns, (overload_age_s, horizon)),
                 (overload_rule, w1, w2, b, jitter, min, max),
@@ -282,7 +279,7 @@ fn push() -> impl Strategy<Value = EstimatePush> {
             )| EstimatePush {
                 service,
                 seq,
-                policy,
+                retry_after_policy,
                 status_code,
                 retry_after_s,
                 queue_depth: queue.map(|(depth, source)| QueueDepth { depth, source }),

@@ -220,7 +220,7 @@ impl<T> Router<T> {
 }
 
 /// The clients a proxy has told to come back whose time has not come yet (the retry backlog
-/// of the `computed-retry-backlog` variant), earliest first.
+/// of the `router_queue_drain_rate-retry_backlog` variant), earliest first.
 #[derive(Clone, Debug, Default)]
 pub struct RetryBacklog {
     due: BinaryHeap<Reverse<Instant>>,

@@ -248,7 +248,10 @@ fn bad_lines_get_one_error_line_and_the_connection_stays_usable() {
         (b"QUERY\n".to_vec(), ErrorCode::BadRequest),
         (binary, ErrorCode::BadRequest),
         (b"FROBNICATE api\n".to_vec(), ErrorCode::UnknownCommand),
-        (b"QUERY api depth=lots\n".to_vec(), ErrorCode::BadArgument),
+        (
+            b"QUERY api queue_depth=lots\n".to_vec(),
+            ErrorCode::BadArgument,
+        ),
         (b"REPORT api admitted=3\n".to_vec(), ErrorCode::BadArgument),
         (b"QUERY nosuch\n".to_vec(), ErrorCode::UnknownService),
         (b"SUBSCRIBE nosuch\n".to_vec(), ErrorCode::UnknownService),
@@ -274,10 +277,10 @@ fn bad_lines_get_one_error_line_and_the_connection_stays_usable() {
     // A line split across writes is one request.
     raw.send(b"QUE");
     thread::sleep(Duration::from_millis(200));
-    raw.send(b"RY api depth=3\n");
+    raw.send(b"RY api queue_depth=3\n");
     answer(&raw.line());
     // A report is acknowledged.
-    raw.send(b"REPORT api admitted=3 rejected=1 depth=2\n");
+    raw.send(b"REPORT api admitted=3 rejected=1 queue_depth=2\n");
     assert_eq!(Response::parse(&raw.line()), Ok(Response::Ok));
     // The agent survived it all, and counted the errors.
     let metrics = agent.metrics();
@@ -443,7 +446,7 @@ fn an_agent_restart_loses_the_schedule_and_the_proxies_next_reports_rebuild_it()
     // What a proxy handed out, and what the agent answers itself, are both promised returns.
     report(&agent);
     assert_eq!(promised_in_push(&agent, "api"), 40);
-    let answer = answer(&agent.request("QUERY api depth=3").unwrap());
+    let answer = answer(&agent.request("QUERY api queue_depth=3").unwrap());
     assert_eq!(
         (answer.seconds, answer.rung),
         (Some(5), Rung::Static),
@@ -484,7 +487,7 @@ fn metrics_parse_and_carry_every_series() {
         &computed_service("api", &backend.addr().to_string(), "retry_after_s = 2"),
     );
     for _ in 0..3 {
-        agent.request("QUERY api depth=4").unwrap();
+        agent.request("QUERY api queue_depth=4").unwrap();
     }
     // A proxy reports 5 rejections (and 7 admissions): answers too, counted by rung.
     assert_eq!(

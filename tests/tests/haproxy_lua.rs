@@ -99,7 +99,7 @@ fn haproxy_rejections_carry_the_computed_value_then_the_static_one_then_the_comp
     // What the agent itself answers for HAProxy's queue on a service (10 short, 50 long).
     let agent_says = |agent: &AgentProcess, service: &str, depth: u64| {
         let line = agent
-            .request(&format!("QUERY {service} depth={depth}"))
+            .request(&format!("QUERY {service} queue_depth={depth}"))
             .unwrap();
         match Response::parse(&line) {
             Ok(Response::RetryAfter(a)) if a.rung == Rung::Computed => a.seconds.unwrap(),

@@ -533,7 +533,7 @@ fn haproxy_answers_grpc_rejections_with_the_agent_pushback() {
     RetryingClients::run(frontend.port());
     let turned_away = || haproxy.stat("fe_calls", "FRONTEND", "intercepted");
     // The agent's answers for the queue HAProxy turns calls away at.
-    let answers = AgentAnswers::ask(&agent, "calls depth=8");
+    let answers = AgentAnswers::ask(&agent, "calls queue_depth=8");
     let before = turned_away();
     let with = RetryingClients::run(frontend.port());
     let with_turned_away = turned_away() - before;

@@ -313,7 +313,7 @@ fn serve_rejections_carry_the_agents_retry_after_in_both_places_serve_rejects() 
     let ingress = kill_and_restart(&mut agent, serve.addr, "/ingress/", |agent| {
         computed(
             agent,
-            "QUERY serve-ingress depth=8",
+            "QUERY serve-ingress queue_depth=8",
             QueueDepthSource::Proxy,
         )
         .0

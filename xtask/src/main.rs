@@ -148,28 +148,9 @@ fn main() -> Result<()> {
     }
 }
 
-/// What `./dev evaluate` runs without arguments.
-const DEFAULT_EVALUATION: [&str; 19] = [
-    "agreement",
-    "--policy",
-    "none",
-    "--policy",
-    "static-1",
-    "--policy",
-    "static-5",
-    "--policy",
-    "static-30",
-    "--policy",
-    "computed-simple",
-    "--policy",
-    "computed",
-    "--policy",
-    "computed-retry-backlog",
-    "--policy",
-    "scheduled-returns",
-    "--out",
-    "docs/evaluation-run",
-];
+/// What `./dev evaluate` runs without arguments: every scenario of `eval/scenarios/` under
+/// the evaluation's default policies (`Policy::ALL`), results in docs/evaluation-run.
+const DEFAULT_EVALUATION: [&str; 1] = ["agreement"];
 
 /// The lane without root: formatting, lints, rustdoc, the crates' own tests and the ports'
 /// vector checks.

@@ -472,7 +472,7 @@ fn service(i: usize, s: ServiceFile) -> Result<ServiceConfig, ConfigError> {
         return Err(invalid(
             at("max_queued_requests"),
             format!(
-                "{n}: the agent does not read a queue limit (the queue comes from the kernel or the proxy's depth=); remove the field"
+                "{n}: the agent does not read a queue limit (the queue comes from the kernel or the proxy's queue_depth=); remove the field"
             ),
         ));
     }
@@ -804,15 +804,22 @@ mod tests {
     }
 
     #[test]
-    fn the_revision_name_and_the_rejection_site_parse() {
+    fn the_policy_has_one_spelling_and_the_rejection_site_parses() {
         let config = Config::parse(
-            "[[service]]\nname = \"a\"\nrejected_at = \"replica\"\nbackends = [{ address = \"*:1\" }]\n[service.backpressure]\nretry_after_policy = \"queue_drain_rate\"\n",
+            "[[service]]\nname = \"a\"\nrejected_at = \"replica\"\nbackends = [{ address = \"*:1\" }]\n[service.backpressure]\nretry_after_policy = \"router_queue_drain_rate\"\n",
         )
         .unwrap();
         assert_eq!(config.services[0].rejected_at, RejectedAt::Replica);
         assert_eq!(
             config.services[0].backpressure.policy,
             RetryAfterPolicy::RouterQueueDrainRate
+        );
+        let e = error_of(
+            "[[service]]\nname = \"a\"\nbackends = [{ address = \"*:1\" }]\n[service.backpressure]\nretry_after_policy = \"queue_drain_rate\"\n",
+        );
+        assert!(
+            e.contains("retry_after_policy") && e.contains("\"queue_drain_rate\""),
+            "{e}"
         );
         let e = error_of(
             "[[service]]\nname = \"a\"\nrejected_at = \"client\"\nbackends = [{ address = \"*:1\" }]\n",

@@ -3,8 +3,8 @@
 //!
 //! ```text
 //! retry-after-eval simulate --scenario-dir eval/scenarios/suite --out docs/evaluation-run/suite
-//! retry-after-eval real --policy computed --policy static-5      (as root)
-//! retry-after-eval agreement                                      (both, side by side; as root)
+//! retry-after-eval real --policy router_queue_drain_rate --policy static-5    (as root)
+//! retry-after-eval agreement           (both side by side, every default policy; as root)
 //! ```
 
 use std::{
@@ -71,8 +71,8 @@ struct Common {
     /// scenarios in eval/scenarios/.
     #[arg(long = "scenario-dir")]
     scenario_dirs: Vec<PathBuf>,
-    /// A policy (repeatable): none, static-N, computed-simple, computed,
-    /// computed-retry-backlog. Default: the six of the evaluation.
+    /// A policy (repeatable): none, static-N, router_queue_drain_rate[-simple|-retry_backlog],
+    /// scheduled_returns[-latest|-fill_capacity][-hN]. Default: the eight of the evaluation.
     #[arg(long = "policy")]
     policies: Vec<Policy>,
     /// Where results.md, results.json and the charts go.

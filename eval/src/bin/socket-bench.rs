@@ -103,7 +103,7 @@ fn socket_table(
     clients: u64,
     seconds: u64,
 ) {
-    let request = b"QUERY api depth=12\n";
+    let request = b"QUERY api queue_depth=12\n";
     println!("| measurement | bare echo | agent QUERY | ratio |");
     println!("|---|---|---|---|");
     let echo_rtt = round_trip_ns(echo_socket, request, round_trips);
