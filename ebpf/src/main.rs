@@ -1,7 +1,7 @@
 //! The eBPF programs of retry-after-agent.
 //!
-//! Four programs. Three attach to the root of the cgroup v2 hierarchy (or to the cgroups of
-//! `agent.attach_cgroups`), so they see every TCP socket there without touching any
+//! Six programs. Four count: three attach to the root of the cgroup v2 hierarchy (or to the
+//! cgroups of `agent.attach_cgroups`), so they see every TCP socket there without touching any
 //! application; the fourth is a tracepoint:
 //!
 //! * `ra_sockops` (sock_ops): a connection to or from a watched endpoint is established →
@@ -13,8 +13,14 @@
 //!   sends → feed the turn state machine of `retry_after_common::turn`, through the TLS record
 //!   framing of `retry_after_common::tls` on an encrypted connection; on an HTTP/2
 //!   connection, walk its frames and count its streams instead (`retry_after_common::h2`).
-//!   Segments are seen as they arrive, before the application reads them, so a request waiting unread in a socket
-//!   buffer is already counted.
+//!   Segments are seen as they arrive, before the application reads them, so a request
+//!   waiting unread in a socket buffer is already counted.
+//!
+//! Each of the four has a `_noh2` twin without HTTP/2 streams (an HTTP/2 connection is left
+//! out), which the agent loads instead on a kernel without `bpf_loop` or atomic fetch
+//! operations. The other two, `ra_floor_in` / `ra_floor_out` (cgroup_skb), let every segment
+//! pass at once: the data path's floor, which the bench measures; the agent never attaches
+//! them. The feature probes (`features.rs`) are loaded at start and never attached.
 //!
 //! The programs only observe: every path returns "allow", whatever happens.
 
