@@ -10,7 +10,10 @@ use aya_ebpf::{
 };
 use retry_after_common::{ProbeStat, h2::FrameOps};
 
-use crate::{PROBE_STATS, counters::KernelFrameOps, tracked};
+use crate::{
+    counters::KernelFrameOps,
+    maps::{PROBE_STATS, tracked},
+};
 
 /// Atomic fetch operations (fetch-and, fetch-or, exchange; 5.12): the HTTP/2 stream bits.
 /// A fetch-and that keeps every bit of a probe-wide counter changes nothing.

@@ -156,7 +156,7 @@ fn read_tcp(ctx: &SkBuffContext) -> Option<Segment> {
         _ => return None,
     };
     parse_in_place(ctx, is_ipv6).or_else(|| {
-        counters::probe_stat(&crate::PROBE_STATS, ProbeStat::HeadersCopied);
+        counters::probe_stat(&crate::maps::PROBE_STATS, ProbeStat::HeadersCopied);
         parse_copied(ctx, is_ipv6)
     })
 }

@@ -51,12 +51,10 @@ fn main() {
 
     throughput_table(&load(&url, seconds, connections), endpoint, rounds);
     println!();
-    println!(
-        "{}",
-        in_kernel_cost(&load(&url, seconds, connections), endpoint, kernel_rounds)
-    );
+    let kernel = measure_in_kernel_cost(&load(&url, seconds, connections), endpoint, kernel_rounds);
+    report_in_kernel_cost(&kernel);
     println!();
-    println!("{}", protocol_cost(kernel_rounds, seconds, connections));
+    report_protocol_cost(&measure_protocol_cost(kernel_rounds, seconds, connections));
 }
 
 /// The load of one measurement at `url`.
@@ -139,10 +137,8 @@ fn throughput_table(load: &Wrk<'_>, endpoint: Endpoint, rounds: u64) {
 /// machine and counters, free of the statistics' own overhead. Two more setups attach the
 /// programs to an empty cgroup and watch the port: the traffic, outside that cgroup, runs none
 /// of the socket programs; with a new connection per request it still runs the close
-/// tracepoint, which sees every TCP state change of the node. Prints each round, then the
-/// median and the spread (lowest to highest) of each figure.
-fn in_kernel_cost(load: &Wrk<'_>, endpoint: Endpoint, rounds: u64) -> String {
-    let seconds = load.seconds;
+/// tracepoint, which sees every TCP state change of the node. See [`report_in_kernel_cost`].
+fn measure_in_kernel_cost(load: &Wrk<'_>, endpoint: Endpoint, rounds: u64) -> InKernelCost {
     let _stats =
         aya::sys::enable_stats(aya::sys::Stats::RunTime).expect("enable BPF run-time stats");
     let elsewhere = TestCgroup::create("retry-after-bench-elsewhere");
@@ -156,6 +152,29 @@ fn in_kernel_cost(load: &Wrk<'_>, endpoint: Endpoint, rounds: u64) -> String {
         }
         measured.push(setups);
     }
+    InKernelCost {
+        rounds,
+        seconds: load.seconds,
+        measured,
+    }
+}
+
+/// What [`measure_in_kernel_cost`] measured: each round's setups.
+struct InKernelCost {
+    rounds: u64,
+    seconds: u64,
+    /// One entry per round, indexed by setup (`NOT_WATCHING` ...).
+    measured: Vec<[Measured; SETUPS]>,
+}
+
+/// Print the in-kernel cost: each round, then the median and the spread (lowest to highest)
+/// of each figure.
+fn report_in_kernel_cost(cost: &InKernelCost) {
+    let InKernelCost {
+        rounds,
+        seconds,
+        measured,
+    } = cost;
     let lines: Vec<String> = measured.iter().enumerate().map(round_row).collect();
     let figure = |setup: usize, of: fn(&Measured) -> f64| -> Vec<f64> {
         measured.iter().map(|m| of(&m[setup])).collect()
@@ -224,14 +243,14 @@ fn in_kernel_cost(load: &Wrk<'_>, endpoint: Endpoint, rounds: u64) -> String {
                 .collect::<Vec<_>>(),
         ),
     ];
-    format!(
+    println!(
         "In-kernel cost (BPF run-time statistics on), {rounds} rounds of {seconds} s:\n\n\
          | round | req/s, not watching | req/s, watching | req/s, attached elsewhere | ns per run, not watching | ns per run, watching | program ns per request, not watching | program ns per request, watching | marginal ns per request | runs per request, watching | runs per request, attached elsewhere | program ns per request, attached elsewhere | req/s, attached elsewhere, new connections | runs per request, attached elsewhere, new connections | program ns per request, attached elsewhere, new connections | ns per run, floor | watched run / floor run | watched request / four floor runs |\n\
          |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n{}\n\n\
          | figure | median | spread |\n|---|---|---|\n{}",
         lines.join("\n"),
         rows.join("\n"),
-    )
+    );
 }
 
 /// The setups of a round: attached and not watching, watching, attached to an empty cgroup
@@ -324,8 +343,8 @@ fn measured(stats: &[ProgramRunStats], rps: f64, requests: f64) -> Measured {
 /// cleartext HTTP/2 on another, driven by h2load (`connections` connections, 8 streams at once
 /// on each); each with the floor attached, then the programs with the port not watched, then
 /// watched (both ends, as above), in rotating order, `rounds` rounds of `seconds` s. A request
-/// of HTTP/2 is a stream. Prints each round, then the median and spread of each figure.
-fn protocol_cost(rounds: u64, seconds: u64, connections: u64) -> String {
+/// of HTTP/2 is a stream. See [`report_protocol_cost`].
+fn measure_protocol_cost(rounds: u64, seconds: u64, connections: u64) -> ProtocolCost {
     let _stats =
         aya::sys::enable_stats(aya::sys::Stats::RunTime).expect("enable BPF run-time stats");
     let (h1, h2) = (free_port(), free_port());
@@ -335,18 +354,14 @@ fn protocol_cost(rounds: u64, seconds: u64, connections: u64) -> String {
          location / {{ return 200 \"ok\\n\"; }} }}"
     ));
     let (h1_url, h2_url) = (format!("http://{h1}/"), format!("http://{h2}/"));
-    let protocols = [
-        ("HTTP/1.1", Endpoint::from(h1)),
-        ("HTTP/2", Endpoint::from(h2)),
-    ];
-    let modes = ["floor", "not watching", "watching"];
-    let mut measured_rounds: Vec<[Measured; 6]> = Vec::new();
+    let endpoints = [Endpoint::from(h1), Endpoint::from(h2)];
+    let mut measured: Vec<[Measured; PROTOCOL_SETUPS]> = Vec::new();
     for round in 0..rounds as usize {
-        let mut row = [Measured::default(); 6];
-        for step in 0..6 {
-            let setup = (step + round) % 6;
-            let (protocol, mode) = (setup / 3, setup % 3);
-            let endpoint = protocols[protocol].1;
+        let mut row = [Measured::default(); PROTOCOL_SETUPS];
+        for step in 0..PROTOCOL_SETUPS {
+            let setup = (step + round) % PROTOCOL_SETUPS;
+            let (protocol, mode) = (setup / MODES.len(), setup % MODES.len());
+            let endpoint = endpoints[protocol];
             let programs = match mode {
                 0 => Programs::floor(),
                 1 => Programs::Probe(Box::new(AttachedProbe::attach())),
@@ -360,13 +375,46 @@ fn protocol_cost(rounds: u64, seconds: u64, connections: u64) -> String {
             };
             row[setup] = programs.measured(rps, requests);
         }
-        measured_rounds.push(row);
+        measured.push(row);
     }
-    let names: Vec<String> = protocols
+    ProtocolCost {
+        rounds,
+        seconds,
+        connections,
+        measured,
+    }
+}
+
+/// The protocols [`measure_protocol_cost`] loads, in the order of its setups.
+const PROTOCOLS: [&str; 2] = ["HTTP/1.1", "HTTP/2"];
+/// What each protocol's setups attach, in order: the floor, the programs with the port not
+/// watched, the programs watching it.
+const MODES: [&str; 3] = ["floor", "not watching", "watching"];
+/// Setups per round of the protocol cost: each protocol in each mode.
+const PROTOCOL_SETUPS: usize = PROTOCOLS.len() * MODES.len();
+
+/// What [`measure_protocol_cost`] measured: each round's setups.
+struct ProtocolCost {
+    rounds: u64,
+    seconds: u64,
+    connections: u64,
+    /// One entry per round, indexed by setup (protocol × 3 + mode).
+    measured: Vec<[Measured; PROTOCOL_SETUPS]>,
+}
+
+/// Print the protocol cost: each round, then the median and spread of each figure.
+fn report_protocol_cost(cost: &ProtocolCost) {
+    let ProtocolCost {
+        rounds,
+        seconds,
+        connections,
+        measured,
+    } = cost;
+    let names: Vec<String> = PROTOCOLS
         .iter()
-        .flat_map(|(protocol, _)| modes.iter().map(move |mode| format!("{protocol}, {mode}")))
+        .flat_map(|protocol| MODES.iter().map(move |mode| format!("{protocol}, {mode}")))
         .collect();
-    let lines: Vec<String> = measured_rounds
+    let lines: Vec<String> = measured
         .iter()
         .enumerate()
         .map(|(round, m)| {
@@ -382,8 +430,8 @@ fn protocol_cost(rounds: u64, seconds: u64, connections: u64) -> String {
             format!("| {} | {} |", round + 1, cells.join(" | "))
         })
         .collect();
-    let figure = |of: &dyn Fn(&[Measured; 6]) -> f64| -> Vec<f64> {
-        measured_rounds.iter().map(of).collect()
+    let figure = |of: &dyn Fn(&[Measured; PROTOCOL_SETUPS]) -> f64| -> Vec<f64> {
+        measured.iter().map(of).collect()
     };
     let mut rows = Vec::new();
     for (setup, name) in names.iter().enumerate() {
@@ -403,7 +451,7 @@ fn protocol_cost(rounds: u64, seconds: u64, connections: u64) -> String {
             &figure(&|m| m[setup].runs_per_request),
         ));
     }
-    for (protocol, (name, _)) in protocols.iter().enumerate() {
+    for (protocol, name) in PROTOCOLS.iter().enumerate() {
         let [floor, idle, watch] = [3 * protocol, 3 * protocol + 1, 3 * protocol + 2];
         rows.push(summary(
             0,
@@ -427,7 +475,7 @@ fn protocol_cost(rounds: u64, seconds: u64, connections: u64) -> String {
             format!("req/s, {name} | ns per run, {name} | program ns per request, {name} | runs per request, {name}")
         })
         .collect();
-    format!(
+    println!(
         "HTTP/1.1 (wrk) and HTTP/2 (h2load, 8 streams at once per connection) through nginx, \
          {rounds} rounds of {seconds} s, {connections} connections:\n\n\
          | round | {} |\n|---|{}\n{}\n\n| figure | median | spread |\n|---|---|---|\n{}",
@@ -435,7 +483,7 @@ fn protocol_cost(rounds: u64, seconds: u64, connections: u64) -> String {
         "---|".repeat(24),
         lines.join("\n"),
         rows.join("\n"),
-    )
+    );
 }
 
 /// One round's row of the table.

@@ -1,0 +1,383 @@
+//! The segment path: the cgroup_skb programs, which feed every segment of a tracked connection
+//! to its turn (through the TLS record walk) or to its HTTP/2 frame walk, and the floor.
+
+use aya_ebpf::{
+    EbpfContext,
+    bindings::{__sk_buff, bpf_sock},
+    helpers::{bpf_skb_ancestor_cgroup_id, bpf_skb_cgroup_id},
+    macros::cgroup_skb,
+    programs::SkBuffContext,
+};
+use retry_after_common::{
+    ConnState, EndpointCounters, Payload, ProbeStat, Protocol, Side,
+    h2::{Detected, FrameSegment},
+    tls::{Sender, Walked},
+    turn::{PHASE_REQUEST, ResponseStart, STATUS_LINE_PREFIX, TurnDelta},
+};
+
+use crate::{
+    adoption::adopt,
+    counters,
+    lifecycle::count_opened,
+    maps::{PROBE_STATS, forget, live_counters, port_watched, tracked},
+    packet,
+};
+
+/// A segment arrives at a local socket.
+#[cgroup_skb(ingress)]
+fn ra_ingress(ctx: SkBuffContext) -> i32 {
+    if ports_watched(&ctx) {
+        on_segment::<true, true>(&ctx);
+    }
+    1
+}
+
+/// `ra_ingress` without HTTP/2 streams, for kernels without `bpf_loop` or atomic fetch
+/// operations: an HTTP/2 connection is left out, and counted as such.
+#[cgroup_skb(ingress)]
+fn ra_ingress_noh2(ctx: SkBuffContext) -> i32 {
+    if ports_watched(&ctx) {
+        on_segment::<true, false>(&ctx);
+    }
+    1
+}
+
+/// A local socket sends a segment.
+#[cgroup_skb(egress)]
+fn ra_egress(ctx: SkBuffContext) -> i32 {
+    if ports_watched(&ctx) {
+        on_segment::<false, true>(&ctx);
+    }
+    1
+}
+
+/// `ra_egress` without HTTP/2 streams (see `ra_ingress_noh2`).
+#[cgroup_skb(egress)]
+fn ra_egress_noh2(ctx: SkBuffContext) -> i32 {
+    if ports_watched(&ctx) {
+        on_segment::<false, false>(&ctx);
+    }
+    1
+}
+
+/// The data path's floor, for the bench: the ingress hook with a program that lets the
+/// segment pass at once. Never attached by the agent.
+#[cgroup_skb(ingress)]
+fn ra_floor_in(_ctx: SkBuffContext) -> i32 {
+    1
+}
+
+/// The floor's egress half (see `ra_floor_in`).
+#[cgroup_skb(egress)]
+fn ra_floor_out(_ctx: SkBuffContext) -> i32 {
+    1
+}
+
+/// True if either port of the segment's socket is the port of a watched endpoint: a tracked
+/// connection always has a watched port on one end. Checked in the program itself, so every
+/// other socket's segment leaves without a call.
+#[inline(always)]
+fn ports_watched(ctx: &SkBuffContext) -> bool {
+    // Local in host byte order, remote in network byte order in the upper 16 bits.
+    let local_port = ctx.skb.local_port() as u16;
+    let remote_port = u32::from_be(ctx.skb.remote_port()) as u16;
+    port_watched(local_port) || port_watched(remote_port)
+}
+
+/// A segment of any socket, seen on ingress (`INGRESS`) or egress: a constant, so each
+/// program's copy carries only its own direction's paths, and its own way of counting.
+/// HTTP/2 connections are counted by streams if `HTTP2`, left out if not.
+fn on_segment<const INGRESS: bool, const HTTP2: bool>(ctx: &SkBuffContext) {
+    let ingress = INGRESS;
+    let skb = ctx.as_ptr().cast::<__sk_buff>();
+    // SAFETY: the context's socket field, a plain load.
+    let sk = unsafe { (*skb).__bindgen_anon_2.sk };
+    if sk.is_null() {
+        return;
+    }
+    let state = tracked(sk);
+    let segment = packet::parse_tcp(ctx);
+    if !segment.parsed {
+        if state.is_some() {
+            counters::probe_stat(&PROBE_STATS, ProbeStat::PacketsUnparsed);
+        }
+        return;
+    }
+    let Some((conn, c)) = connection::<INGRESS>(ctx, ingress, sk, state, &segment) else {
+        return;
+    };
+    // SAFETY: `conn` points at the socket's live state.
+    let conn = unsafe { &mut *conn };
+    if conn.scope_cgroup != 0 && !enter_scope(skb, sk, conn) {
+        return;
+    }
+    // Which way the segment travels between client and server. On a TLS connection only the
+    // segments that carry request or response records take part in turns (`tls`); on an
+    // HTTP/2 connection, its frames count streams instead (`h2`).
+    let sender = if (conn.side == Side::Server as u16) == ingress {
+        Sender::Client
+    } else {
+        Sender::Server
+    };
+    let payload = packet::SegmentPayload::new(ctx, segment.payload_offset);
+    match streams_or_turns::<INGRESS, HTTP2>(conn, c, &segment, &payload, sender) {
+        // Nothing runs after it: the verifier checks the rest of this path once, not once for
+        // each way out of the frame walk.
+        Counted::ByStreams => {
+            if HTTP2 {
+                http2_segment(conn, c.values(), &segment, &payload, sender);
+            }
+        }
+        Counted::NotAtAll => {}
+        Counted::ByTurns => {
+            let delta = match sender {
+                Sender::Client => {
+                    let walked = walk_records(conn, &segment, &payload, Sender::Client);
+                    client_segment(conn, c, &segment, &walked)
+                }
+                Sender::Server => {
+                    let walked = walk_records(conn, &segment, &payload, Sender::Server);
+                    server_segment(ctx, conn, &segment, &walked)
+                }
+            };
+            // SAFETY: `c` is this CPU's copy of a live map value.
+            unsafe { c.apply(&delta) };
+        }
+    }
+}
+
+/// The connection's state and the counters it feeds: its tracked state, or the state of a
+/// connection adopted at this segment. State from an earlier watch of the endpoint (removed,
+/// or removed and added again) is dropped: the connection is then as untracked, and may be
+/// adopted by this very segment.
+#[inline(always)]
+fn connection<const INGRESS: bool>(
+    ctx: &SkBuffContext,
+    ingress: bool,
+    sk: *mut bpf_sock,
+    state: Option<*mut ConnState>,
+    segment: &packet::Segment,
+) -> Option<(*mut ConnState, counters::Counters<INGRESS>)> {
+    if let Some(conn) = state
+        && let Some(found) = with_counters::<INGRESS>(sk, conn)
+    {
+        return Some(found);
+    }
+    adopt(ctx, ingress, segment).and_then(|conn| with_counters::<INGRESS>(sk, conn))
+}
+
+/// A tracked connection `conn` of socket `sk` with the counters it feeds, or `None` (and the
+/// state dropped) if its watch is gone.
+#[inline(always)]
+fn with_counters<const INGRESS: bool>(
+    sk: *mut bpf_sock,
+    conn: *mut ConnState,
+) -> Option<(*mut ConnState, counters::Counters<INGRESS>)> {
+    // SAFETY: `conn` points at the socket's live state.
+    let c = live_counters::<INGRESS>(unsafe { &*conn });
+    if c.is_none() {
+        forget(sk);
+    }
+    c.map(|c| (conn, c))
+}
+
+/// Decide a scoped connection's scope on its first segment with a full socket: true if its
+/// client is inside the proxy's cgroup (the scope is then settled and any request that came
+/// with the handshake counted), false if not yet known or outside (then forgotten).
+#[inline(always)]
+fn enter_scope(skb: *mut __sk_buff, sk: *mut bpf_sock, conn: &mut ConnState) -> bool {
+    // SAFETY: the helpers only read the packet's socket.
+    let ancestor = unsafe { bpf_skb_ancestor_cgroup_id(skb, conn.scope_level as i32) };
+    // 0 from both: no full socket on this segment, decide on the next one. 0 only from
+    // the ancestor: the socket's cgroup is shallower than the scope, so outside it.
+    if ancestor == 0 && unsafe { bpf_skb_cgroup_id(skb) } == 0 {
+        return false;
+    }
+    if ancestor != conn.scope_cgroup {
+        counters::probe_stat(&PROBE_STATS, ProbeStat::ConnectionsOutOfScope);
+        forget(sk);
+        return false;
+    }
+    conn.scope_cgroup = 0;
+    // No segment was fed to the turn before this one, so an open request is one that came
+    // with the handshake (TCP Fast Open), started but not counted while the scope was open.
+    let early = TurnDelta {
+        started: u16::from(conn.turn.phase() == PHASE_REQUEST),
+        ..TurnDelta::default()
+    };
+    count_opened(conn, &early);
+    true
+}
+
+/// A segment from the client, its records walked (`walked`): a ClientHello found withdraws
+/// what the turn counted as plaintext, then the turn is moved by the request bytes it carries.
+#[inline(always)]
+fn client_segment<const INGRESS: bool>(
+    conn: &mut ConnState,
+    c: counters::Counters<INGRESS>,
+    segment: &packet::Segment,
+    walked: &Walked,
+) -> TurnDelta {
+    if walked.found_tls {
+        let withdrawn = conn.turn.on_early_bytes_not_a_request();
+        // SAFETY: `c` is this CPU's copy of a live map value.
+        unsafe { c.apply(&withdrawn) };
+    }
+    let len = if walked.plaintext || walked.message {
+        segment.payload_len
+    } else {
+        0
+    };
+    let ack = segment.has_ack.then_some(segment.ack);
+    conn.turn.on_client_segment(segment.seq, len, ack)
+}
+
+/// A segment from the server, its records walked (`walked`): the turn moved by the response
+/// bytes it carries.
+#[inline(always)]
+fn server_segment(
+    ctx: &SkBuffContext,
+    conn: &mut ConnState,
+    segment: &packet::Segment,
+    walked: &Walked,
+) -> TurnDelta {
+    if !(walked.plaintext || walked.message) {
+        return TurnDelta::default();
+    }
+    // Only a plaintext segment that could begin this request's response is looked into for
+    // its status line: interim (1xx), or a rejection (429, 503).
+    let start = if walked.plaintext
+        && conn.turn.phase() == PHASE_REQUEST
+        && segment.payload_len >= STATUS_LINE_PREFIX as u32
+    {
+        packet::response_start(ctx, segment.payload_offset)
+    } else {
+        ResponseStart::Other
+    };
+    conn.turn
+        .on_server_segment(segment.seq, segment.payload_len, segment.push, start)
+}
+
+/// How a connection's requests are counted.
+enum Counted {
+    /// By turns, through the TLS record walk.
+    ByTurns,
+    /// By HTTP/2 streams, from the frames.
+    ByStreams,
+    /// Not at all: HTTP/2 (the endpoint says so) inside TLS, whose frames are encrypted; or
+    /// HTTP/2 where the programs cannot count streams.
+    NotAtAll,
+}
+
+/// How this connection's requests are counted: decided at its client's first payload (the
+/// HTTP/2 preface, a TLS record or anything else), on an endpoint that may speak HTTP/2. A
+/// request that came with the handshake and was the preface is withdrawn. Without `HTTP2`,
+/// an HTTP/2 connection is not counted at all (and counted as left out, once).
+#[inline(always)]
+fn streams_or_turns<const INGRESS: bool, const HTTP2: bool>(
+    conn: &mut ConnState,
+    c: counters::Counters<INGRESS>,
+    segment: &packet::Segment,
+    payload: &packet::SegmentPayload,
+    sender: Sender,
+) -> Counted {
+    let protocol = Protocol::from_u32(u32::from(conn.protocol));
+    if !protocol.may_be_http2() {
+        return Counted::ByTurns;
+    }
+    if sender == Sender::Client
+        && segment.payload_len > 0
+        && !conn.client_frames.is_detected()
+        && conn.client_frames.detect(segment.seq, payload, protocol) == Detected::Http2
+    {
+        let withdrawn = conn.turn.on_early_bytes_not_a_request();
+        // SAFETY: `c` is this CPU's copy of a live map value.
+        unsafe { c.apply(&withdrawn) };
+        if !HTTP2 {
+            counters::probe_stat(&PROBE_STATS, ProbeStat::Http2ConnectionsLeftOut);
+        }
+    }
+    if conn.client_frames.is_http2() {
+        if HTTP2 {
+            Counted::ByStreams
+        } else {
+            Counted::NotAtAll
+        }
+    } else if conn.client_frames.is_encrypted()
+        && matches!(protocol, Protocol::Http2 | Protocol::Grpc)
+    {
+        Counted::NotAtAll
+    } else {
+        Counted::ByTurns
+    }
+}
+
+/// Count what a segment of an HTTP/2 connection, sent by `sender`, did to its streams. A
+/// function of its own (so five arguments at most), so that its stack is not added to the
+/// adoption path's.
+#[inline(never)]
+fn http2_segment(
+    conn: &mut ConnState,
+    c: *mut EndpointCounters,
+    segment: &packet::Segment,
+    payload: &packet::SegmentPayload,
+    sender: Sender,
+) {
+    let protocol = Protocol::from_u32(u32::from(conn.protocol));
+    let frames = match sender {
+        Sender::Client => &mut conn.client_frames,
+        Sender::Server => &mut conn.server_frames,
+    };
+    let walk = frames.walk::<_, counters::KernelFrameOps>(
+        &mut conn.hole,
+        &mut conn.streams,
+        FrameSegment {
+            seq: segment.seq,
+            len: segment.payload_len,
+            payload,
+            sender,
+            protocol,
+        },
+    );
+    if walk.unframed {
+        counters::probe_stat(&PROBE_STATS, ProbeStat::Http2SegmentsUnframed);
+    }
+    counters::probe_stats_unconditionally(
+        &PROBE_STATS,
+        ProbeStat::Http2StreamsForgotten,
+        u64::from(walk.forgotten),
+    );
+    // SAFETY: `c` points into this CPU's copy of a live map value.
+    unsafe { counters::apply_streams(c, &walk.delta) };
+}
+
+/// Walk the TLS records of one segment sent by `sender` (the other direction's framing flags
+/// tell the TLS 1.3 handshake apart), counting a segment whose framing is lost.
+///
+/// Generic over the payload, as the walk it calls is: the compiler inlines functions in the
+/// order of their symbol names, and a generic function's name keeps this one ahead of the TLS
+/// walk's own methods, as it was when it stood at the crate root. Not generic, it sorts after
+/// them, and the segment programs come out a few instructions different.
+#[inline(always)]
+fn walk_records<P: Payload>(
+    conn: &mut ConnState,
+    segment: &packet::Segment,
+    payload: &P,
+    sender: Sender,
+) -> Walked {
+    let (records, peer_flags) = match sender {
+        Sender::Client => (&mut conn.client_records, conn.server_records.flags.get()),
+        Sender::Server => (&mut conn.server_records, conn.client_records.flags.get()),
+    };
+    let walked = records.walk(
+        segment.seq,
+        segment.payload_len,
+        payload,
+        sender,
+        peer_flags,
+    );
+    if walked.unframed {
+        counters::probe_stat(&PROBE_STATS, ProbeStat::TlsSegmentsUnframed);
+    }
+    walked
+}
