@@ -134,23 +134,25 @@ fn send_dump_request(socket: &OwnedFd, family: u8) -> io::Result<()> {
 
 /// The netlink messages of one read: listeners into `out`; true at the dump's end.
 fn read_messages(mut rest: &[u8], out: &mut Vec<ListenerBacklog>) -> io::Result<bool> {
+    let truncated = || io::Error::new(io::ErrorKind::InvalidData, "truncated netlink message");
     while rest.len() >= NLMSG_HEADER_LEN {
-        let msg_len = u32::from_ne_bytes(rest[0..4].try_into().unwrap()) as usize;
-        let msg_type = u16::from_ne_bytes(rest[4..6].try_into().unwrap());
+        let msg_len = u32::from_ne_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
         if msg_len < NLMSG_HEADER_LEN || msg_len > rest.len() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "truncated netlink message",
-            ));
+            return Err(truncated());
         }
+        let msg_type = u16::from_ne_bytes([rest[4], rest[5]]);
+        let body = &rest[NLMSG_HEADER_LEN..msg_len];
         match msg_type {
             NLMSG_DONE => return Ok(true),
             NLMSG_ERROR => {
-                let errno = i32::from_ne_bytes(rest[16..20].try_into().unwrap());
+                // A `struct nlmsgerr`: the negated errno first.
+                let errno = word_at(body, 0)
+                    .map(i32::from_ne_bytes)
+                    .ok_or_else(truncated)?;
                 return Err(io::Error::from_raw_os_error(-errno));
             }
             SOCK_DIAG_BY_FAMILY => {
-                if let Some(listener) = parse_diag_msg(&rest[NLMSG_HEADER_LEN..msg_len]) {
+                if let Some(listener) = parse_diag_msg(body) {
                     out.push(listener);
                 }
             }
@@ -161,6 +163,11 @@ fn read_messages(mut rest: &[u8], out: &mut Vec<ListenerBacklog>) -> io::Result<
         rest = &rest[advance.min(rest.len())..];
     }
     Ok(false)
+}
+
+/// The four bytes at `at`, if `bytes` holds them.
+fn word_at(bytes: &[u8], at: usize) -> Option<[u8; 4]> {
+    bytes.get(at..at.checked_add(4)?)?.try_into().ok()
 }
 
 /// A `struct inet_diag_msg`: family, state, timer, retrans, socket id (ports big-endian,
@@ -176,17 +183,41 @@ fn parse_diag_msg(msg: &[u8]) -> Option<ListenerBacklog> {
         libc::AF_INET6 => IpAddr::V6(Ipv6Addr::from(src)),
         _ => return None,
     };
-    let word = |at: usize| u32::from_ne_bytes(msg[at..at + 4].try_into().unwrap());
     Some(ListenerBacklog {
         local: SocketAddr::new(ip, port),
-        queued: word(56),
-        limit: word(60),
+        queued: u32::from_ne_bytes(word_at(msg, 56)?),
+        limit: u32::from_ne_bytes(word_at(msg, 60)?),
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A netlink message: header (length, type, flags, sequence, port id), then `body`.
+    fn message(msg_type: u16, body: &[u8]) -> Vec<u8> {
+        let len = (NLMSG_HEADER_LEN + body.len()) as u32;
+        let mut bytes = len.to_ne_bytes().to_vec();
+        bytes.extend(msg_type.to_ne_bytes());
+        bytes.extend([0; 10]);
+        bytes.extend(body);
+        bytes
+    }
+
+    #[test]
+    fn an_error_message_gives_its_errno_and_a_truncated_one_is_refused_without_panic() {
+        let mut out = Vec::new();
+        let error = message(NLMSG_ERROR, &(-libc::EPERM).to_ne_bytes());
+        let e = read_messages(&error, &mut out).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EPERM));
+        for body in [&[][..], &[1, 2, 3]] {
+            let e = read_messages(&message(NLMSG_ERROR, body), &mut out).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+        }
+        assert!(read_messages(&message(NLMSG_DONE, &[]), &mut out).unwrap());
+        assert!(!read_messages(&[0; 15], &mut out).unwrap());
+        assert!(out.is_empty());
+    }
 
     #[test]
     fn a_wildcard_listener_serves_every_address_of_its_port() {
