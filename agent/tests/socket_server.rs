@@ -34,9 +34,9 @@ impl TestServer {
             rand::random::<u64>()
         ));
         let path = dir.join("agent.sock");
-        let config = Config::parse(SERVICES).unwrap();
+        let config = Config::parse(SERVICES).expect("the test services parse");
         let shared = Arc::new(Shared::new(config.estimator(), 0));
-        let listener = server::bind(&path, 0o600).unwrap();
+        let listener = server::bind(&path, 0o600).expect("the socket binds");
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(server::serve(
             listener,
@@ -60,7 +60,9 @@ impl TestServer {
     }
 
     async fn connect(&self) -> Peer {
-        let stream = UnixStream::connect(&self.path).await.unwrap();
+        let stream = UnixStream::connect(&self.path)
+            .await
+            .expect("the server accepts");
         let (read, write) = stream.into_split();
         Peer {
             lines: BufReader::new(read).lines(),
@@ -74,13 +76,15 @@ impl TestServer {
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
             .unwrap_or_else(|| panic!("no {name}"))
             .parse()
-            .unwrap()
+            .unwrap_or_else(|e| panic!("{name}: {e}"))
     }
 }
 
 impl Drop for TestServer {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(self.path.parent().unwrap());
+        if let Some(dir) = self.path.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 
@@ -94,7 +98,7 @@ impl Peer {
         self.write
             .write_all(format!("{request}\n").as_bytes())
             .await
-            .unwrap();
+            .expect("the request is written");
     }
 
     /// The next line, parsed; `None` at the end of the stream.

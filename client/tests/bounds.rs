@@ -20,13 +20,13 @@ fn socket_path(name: &str) -> PathBuf {
     let dir =
         std::env::temp_dir().join(format!("retry-after-client-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::create_dir_all(&dir).expect("a folder for the socket");
     dir.join("agent.sock")
 }
 
 /// An "agent" that answers every connection with `behaviour` on its own thread.
 fn serve(path: &PathBuf, behaviour: fn(UnixStream)) -> Arc<AtomicUsize> {
-    let listener = UnixListener::bind(path).unwrap();
+    let listener = UnixListener::bind(path).expect("the test agent binds");
     let accepted = Arc::new(AtomicUsize::new(0));
     let count = accepted.clone();
     thread::spawn(move || {

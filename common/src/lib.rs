@@ -569,11 +569,14 @@ pub(crate) mod test_bytes {
 mod pod {
     use super::*;
 
-    // SAFETY: all of these are #[repr(C)], contain only integers and explicit padding fields,
-    // and every bit pattern is a valid value.
+    // SAFETY: #[repr(C)], only integers and explicit padding fields, and
+    // every bit pattern is a valid value.
     unsafe impl aya::Pod for EndpointKey {}
+    // SAFETY: as above.
     unsafe impl aya::Pod for WatchValue {}
+    // SAFETY: as above.
     unsafe impl aya::Pod for EndpointCounters {}
+    // SAFETY: as above.
     unsafe impl aya::Pod for ConnState {}
 }
 

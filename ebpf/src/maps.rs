@@ -162,6 +162,7 @@ pub(crate) fn matching_watch(endpoint: &EndpointKey) -> Option<WatchValue> {
         return Some(*watch);
     }
     let wildcard = EndpointKey::any_address(endpoint.port);
+    // SAFETY: as above.
     unsafe { WATCHED_ENDPOINTS.get(&wildcard) }.copied()
 }
 

@@ -190,6 +190,7 @@ fn enter_scope(skb: *mut __sk_buff, sk: *mut bpf_sock, conn: &mut ConnState) -> 
     let ancestor = unsafe { bpf_skb_ancestor_cgroup_id(skb, conn.scope_level as i32) };
     // 0 from both: no full socket on this segment, decide on the next one. 0 only from
     // the ancestor: the socket's cgroup is shallower than the scope, so outside it.
+    // SAFETY: as above.
     if ancestor == 0 && unsafe { bpf_skb_cgroup_id(skb) } == 0 {
         return false;
     }

@@ -120,7 +120,9 @@ fn exercise(config: &Config) {
     let t0 = Instant::now();
     let names: Vec<String> = config.services.iter().map(|s| s.name.clone()).collect();
     for name in &names {
-        let service = estimator.service_mut(name).unwrap();
+        let service = estimator
+            .service_mut(name)
+            .expect("every configured service has an estimator");
         let backends = service.settings().backends.len();
         for tick in 0..20u64 {
             let side = SideLoad {

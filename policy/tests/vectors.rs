@@ -169,7 +169,7 @@ fn vectors(count: usize) -> String {
             answer.rung,
             answer.reason.map_or("none", |r| r.as_str()),
         )
-        .unwrap();
+        .expect("writing to a String cannot fail");
     }
     file
 }

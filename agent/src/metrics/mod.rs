@@ -99,7 +99,13 @@ impl Metrics {
     /// All series, registered, at zero.
     pub fn new() -> Self {
         let registry = Registry::new();
-        fn reg<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, m: T) -> T {
+        /// A series made and registered: its name and labels are fixed here, valid and unique,
+        /// so neither step can fail at run time.
+        fn reg<T: prometheus::core::Collector + Clone + 'static>(
+            r: &Registry,
+            m: prometheus::Result<T>,
+        ) -> T {
+            let m = m.expect("a valid metric name and labels");
             r.register(Box::new(m.clone()))
                 .expect("unique metric names");
             m
@@ -113,39 +119,303 @@ impl Metrics {
                 let counter = EndpointCounter::ALL[i];
                 let name = format!("retry_after_endpoint_{}_total", counter.as_str());
                 let opts = Opts::new(name, endpoint_counter_help(counter));
-                reg(&registry, IntCounterVec::new(opts, &endpoint).unwrap())
+                reg(&registry, IntCounterVec::new(opts, &endpoint))
             }),
-            endpoint_in_flight: reg(&registry, IntGaugeVec::new(Opts::new("retry_after_endpoint_requests_in_flight", "Requests begun and not yet answered or abandoned."), &endpoint).unwrap()),
-            endpoint_accept_backlog: reg(&registry, IntGaugeVec::new(Opts::new("retry_after_endpoint_accept_backlog", "Connections waiting in the accept queues of listeners serving the endpoint."), &["endpoint"]).unwrap()),
-            probe_problems: reg(&registry, IntGaugeVec::new(Opts::new("retry_after_probe_problems", "Things the kernel programs could not observe, since start."), &["kind"]).unwrap()),
-            kernel_feature: reg(&registry, IntGaugeVec::new(Opts::new("retry_after_kernel_feature", "1 if the running kernel has a feature some programs need, 0 if what needs it is switched off (probed at start)."), &["feature"]).unwrap()),
-            drain_rate: reg(&registry, GaugeVec::new(Opts::new("retry_after_service_drain_rate_per_second", "EWMA of responses completed per second across the service's backends."), &service).unwrap()),
-            drain_rate_warm: reg(&registry, IntGaugeVec::new(Opts::new("retry_after_service_drain_rate_warm", "1 when the drain rate is warm enough to compute with."), &service).unwrap()),
-            queue_depth: reg(&registry, IntGaugeVec::new(Opts::new("retry_after_service_queue_depth", "Queue depth from the best kernel source in the service's scope, at the last tick (absent while no source can see the queue)."), &service).unwrap()),
-            queue_depth_source: reg(&registry, IntGaugeVec::new(Opts::new("retry_after_service_queue_depth_source", "1 for the source the queue depth came from at the last tick (\"none\": the queue is invisible)."), &["service", "source"]).unwrap()),
-            occupancy: reg(&registry, GaugeVec::new(Opts::new("retry_after_service_occupancy_ratio", "Requests in flight in the service's scope over fleet capacity (absent when capacity is unknown)."), &service).unwrap()),
-            saturation_factor: reg(&registry, GaugeVec::new(Opts::new("retry_after_service_saturation_factor", "1 + w1·occupancy (the backoff term depends on each query)."), &service).unwrap()),
-            fallback_reason: reg(&registry, IntGaugeVec::new(Opts::new("retry_after_service_fallback_reason", "1 for the reason the agent's own answer (no proxy depth) is not computed, at the last tick; all 0 when it is."), &["service", "reason"]).unwrap()),
-            suggested_delay: reg(&registry, WeightedHistogramVec::new("retry_after_suggested_delay_seconds", "Retry-After values answered: to queries, and the rejections proxies report (weighted by their count).", &service_rung, delay_buckets)),
-            rung: reg(&registry, IntCounterVec::new(Opts::new("retry_after_ladder_rung_total", "Answers by fallback ladder rung: queries, and reported rejections."), &service_rung).unwrap()),
-            fallbacks: reg(&registry, IntCounterVec::new(Opts::new("retry_after_fallback_total", "Answers that were not computed, by reason: queries, and reported rejections."), &["service", "reason"]).unwrap()),
-            judge_admitted_ratio: reg(&registry, GaugeVec::new(Opts::new("retry_after_judge_admitted_ratio", "Share of judged answers after which a retry at the suggested time was admitted, from what the proxies reported they did then."), &service_rung).unwrap()),
-            judge_observed_over_suggested: reg(&registry, WeightedHistogramVec::new("retry_after_judge_observed_over_suggested_ratio", "Observed time for the queue of an answer to drain (completions after the answer) over the suggested delay.", &service_rung, RATIO_BUCKETS.to_vec())),
-            judge_dropped: reg(&registry, IntCounterVec::new(Opts::new("retry_after_judge_dropped_total", "Answers the judge could not follow (too many waiting)."), &service).unwrap()),
-            arrival_rate: reg(&registry, GaugeVec::new(Opts::new("retry_after_service_arrival_rate_per_second", "Fresh arrivals per second (reported requests less the returns due), absent while no proxy reports."), &service).unwrap()),
-            returns_promised: reg(&registry, IntGaugeVec::new(Opts::new("retry_after_service_returns_promised", "Clients told to come back whose time has not come yet (the scheduled_returns schedule)."), &service).unwrap()),
-            returns_dropped: reg(&registry, IntCounterVec::new(Opts::new("retry_after_service_returns_dropped_total", "Promised returns the schedule could not hold."), &service).unwrap()),
-            proxy_requests: reg(&registry, IntCounterVec::new(Opts::new("retry_after_proxy_requests_total", "Requests the proxies reported admitting or rejecting."), &["service", "outcome"]).unwrap()),
-            proxy_retries: reg(&registry, IntCounterVec::new(Opts::new("retry_after_proxy_retries_total", "Retries after a Retry-After that the proxies reported admitting or rejecting (where they can tell)."), &["service", "outcome"]).unwrap()),
-            socket_connections: reg(&registry, IntGauge::new("retry_after_socket_connections", "Open connections on the proxy socket.").unwrap()),
-            http_refused: reg(&registry, IntCounter::new("retry_after_metrics_connections_refused_total", "Metrics-endpoint connections closed at once because the connection limit was reached.").unwrap()),
-            tick_errors: reg(&registry, IntCounterVec::new(Opts::new("retry_after_tick_errors_total", "Ticks whose kernel read failed in part (listener backlogs) or whole (counters), by kind."), &["kind"]).unwrap()),
-            socket_write_timeouts: reg(&registry, IntCounter::new("retry_after_socket_write_timeouts_total", "Proxy-socket connections ended because the peer did not read an answer within agent.client_write_timeout_ms.").unwrap()),
-            queries: reg(&registry, IntCounterVec::new(Opts::new("retry_after_queries_total", "Requests received on the proxy socket, by command."), &["command"]).unwrap()),
-            query_errors: reg(&registry, IntCounterVec::new(Opts::new("retry_after_query_errors_total", "Error lines sent on the proxy socket, by code."), &["code"]).unwrap()),
-            query_duration: reg(&registry, Histogram::with_opts(HistogramOpts::new("retry_after_query_duration_seconds", "Time to answer a QUERY, from its line read to its answer written.").buckets(vec![1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 1e-2])).unwrap()),
-            tick_duration: reg(&registry, Histogram::with_opts(HistogramOpts::new("retry_after_tick_duration_seconds", "Time to read the kernel counters and update the estimates.").buckets(vec![1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2])).unwrap()),
-            ticks: reg(&registry, IntCounter::new("retry_after_ticks_total", "Counter reads since start.").unwrap()),
+            endpoint_in_flight: reg(
+                &registry,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "retry_after_endpoint_requests_in_flight",
+                        "Requests begun and not yet answered or abandoned.",
+                    ),
+                    &endpoint,
+                ),
+            ),
+            endpoint_accept_backlog: reg(
+                &registry,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "retry_after_endpoint_accept_backlog",
+                        "Connections waiting in the accept queues of listeners serving the endpoint.",
+                    ),
+                    &["endpoint"],
+                ),
+            ),
+            probe_problems: reg(
+                &registry,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "retry_after_probe_problems",
+                        "Things the kernel programs could not observe, since start.",
+                    ),
+                    &["kind"],
+                ),
+            ),
+            kernel_feature: reg(
+                &registry,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "retry_after_kernel_feature",
+                        "1 if the running kernel has a feature some programs need, 0 if what needs it is switched off (probed at start).",
+                    ),
+                    &["feature"],
+                ),
+            ),
+            drain_rate: reg(
+                &registry,
+                GaugeVec::new(
+                    Opts::new(
+                        "retry_after_service_drain_rate_per_second",
+                        "EWMA of responses completed per second across the service's backends.",
+                    ),
+                    &service,
+                ),
+            ),
+            drain_rate_warm: reg(
+                &registry,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "retry_after_service_drain_rate_warm",
+                        "1 when the drain rate is warm enough to compute with.",
+                    ),
+                    &service,
+                ),
+            ),
+            queue_depth: reg(
+                &registry,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "retry_after_service_queue_depth",
+                        "Queue depth from the best kernel source in the service's scope, at the last tick (absent while no source can see the queue).",
+                    ),
+                    &service,
+                ),
+            ),
+            queue_depth_source: reg(
+                &registry,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "retry_after_service_queue_depth_source",
+                        "1 for the source the queue depth came from at the last tick (\"none\": the queue is invisible).",
+                    ),
+                    &["service", "source"],
+                ),
+            ),
+            occupancy: reg(
+                &registry,
+                GaugeVec::new(
+                    Opts::new(
+                        "retry_after_service_occupancy_ratio",
+                        "Requests in flight in the service's scope over fleet capacity (absent when capacity is unknown).",
+                    ),
+                    &service,
+                ),
+            ),
+            saturation_factor: reg(
+                &registry,
+                GaugeVec::new(
+                    Opts::new(
+                        "retry_after_service_saturation_factor",
+                        "1 + w1·occupancy (the backoff term depends on each query).",
+                    ),
+                    &service,
+                ),
+            ),
+            fallback_reason: reg(
+                &registry,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "retry_after_service_fallback_reason",
+                        "1 for the reason the agent's own answer (no proxy depth) is not computed, at the last tick; all 0 when it is.",
+                    ),
+                    &["service", "reason"],
+                ),
+            ),
+            suggested_delay: reg(
+                &registry,
+                Ok(WeightedHistogramVec::new(
+                    "retry_after_suggested_delay_seconds",
+                    "Retry-After values answered: to queries, and the rejections proxies report (weighted by their count).",
+                    &service_rung,
+                    delay_buckets,
+                )),
+            ),
+            rung: reg(
+                &registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "retry_after_ladder_rung_total",
+                        "Answers by fallback ladder rung: queries, and reported rejections.",
+                    ),
+                    &service_rung,
+                ),
+            ),
+            fallbacks: reg(
+                &registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "retry_after_fallback_total",
+                        "Answers that were not computed, by reason: queries, and reported rejections.",
+                    ),
+                    &["service", "reason"],
+                ),
+            ),
+            judge_admitted_ratio: reg(
+                &registry,
+                GaugeVec::new(
+                    Opts::new(
+                        "retry_after_judge_admitted_ratio",
+                        "Share of judged answers after which a retry at the suggested time was admitted, from what the proxies reported they did then.",
+                    ),
+                    &service_rung,
+                ),
+            ),
+            judge_observed_over_suggested: reg(
+                &registry,
+                Ok(WeightedHistogramVec::new(
+                    "retry_after_judge_observed_over_suggested_ratio",
+                    "Observed time for the queue of an answer to drain (completions after the answer) over the suggested delay.",
+                    &service_rung,
+                    RATIO_BUCKETS.to_vec(),
+                )),
+            ),
+            judge_dropped: reg(
+                &registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "retry_after_judge_dropped_total",
+                        "Answers the judge could not follow (too many waiting).",
+                    ),
+                    &service,
+                ),
+            ),
+            arrival_rate: reg(
+                &registry,
+                GaugeVec::new(
+                    Opts::new(
+                        "retry_after_service_arrival_rate_per_second",
+                        "Fresh arrivals per second (reported requests less the returns due), absent while no proxy reports.",
+                    ),
+                    &service,
+                ),
+            ),
+            returns_promised: reg(
+                &registry,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "retry_after_service_returns_promised",
+                        "Clients told to come back whose time has not come yet (the scheduled_returns schedule).",
+                    ),
+                    &service,
+                ),
+            ),
+            returns_dropped: reg(
+                &registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "retry_after_service_returns_dropped_total",
+                        "Promised returns the schedule could not hold.",
+                    ),
+                    &service,
+                ),
+            ),
+            proxy_requests: reg(
+                &registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "retry_after_proxy_requests_total",
+                        "Requests the proxies reported admitting or rejecting.",
+                    ),
+                    &["service", "outcome"],
+                ),
+            ),
+            proxy_retries: reg(
+                &registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "retry_after_proxy_retries_total",
+                        "Retries after a Retry-After that the proxies reported admitting or rejecting (where they can tell).",
+                    ),
+                    &["service", "outcome"],
+                ),
+            ),
+            socket_connections: reg(
+                &registry,
+                IntGauge::new(
+                    "retry_after_socket_connections",
+                    "Open connections on the proxy socket.",
+                ),
+            ),
+            http_refused: reg(
+                &registry,
+                IntCounter::new(
+                    "retry_after_metrics_connections_refused_total",
+                    "Metrics-endpoint connections closed at once because the connection limit was reached.",
+                ),
+            ),
+            tick_errors: reg(
+                &registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "retry_after_tick_errors_total",
+                        "Ticks whose kernel read failed in part (listener backlogs) or whole (counters), by kind.",
+                    ),
+                    &["kind"],
+                ),
+            ),
+            socket_write_timeouts: reg(
+                &registry,
+                IntCounter::new(
+                    "retry_after_socket_write_timeouts_total",
+                    "Proxy-socket connections ended because the peer did not read an answer within agent.client_write_timeout_ms.",
+                ),
+            ),
+            queries: reg(
+                &registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "retry_after_queries_total",
+                        "Requests received on the proxy socket, by command.",
+                    ),
+                    &["command"],
+                ),
+            ),
+            query_errors: reg(
+                &registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "retry_after_query_errors_total",
+                        "Error lines sent on the proxy socket, by code.",
+                    ),
+                    &["code"],
+                ),
+            ),
+            query_duration: reg(
+                &registry,
+                Histogram::with_opts(
+                    HistogramOpts::new(
+                        "retry_after_query_duration_seconds",
+                        "Time to answer a QUERY, from its line read to its answer written.",
+                    )
+                    .buckets(vec![
+                        1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 1e-2,
+                    ]),
+                ),
+            ),
+            tick_duration: reg(
+                &registry,
+                Histogram::with_opts(
+                    HistogramOpts::new(
+                        "retry_after_tick_duration_seconds",
+                        "Time to read the kernel counters and update the estimates.",
+                    )
+                    .buckets(vec![1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2]),
+                ),
+            ),
+            ticks: reg(
+                &registry,
+                IntCounter::new("retry_after_ticks_total", "Counter reads since start."),
+            ),
             registry,
             last_counters: std::sync::Mutex::new(HashMap::new()),
             last_judge_dropped: std::sync::Mutex::new(HashMap::new()),
