@@ -3,7 +3,7 @@ policy/tests/vectors.tsv) run anywhere:
 
     python3 -m unittest test_retry_after_client.SharedVectors
 
-The tests against a real agent are run by the integration tests (tests/tests/integrations.rs),
+The tests against a real agent are run by the integration tests (tests/tests/root_suite/integrations.rs),
 which start one and pass its socket:
 
     RETRY_AFTER_SOCKET=PATH python3 -m unittest test_retry_after_client.RealAgent

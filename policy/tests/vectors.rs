@@ -1,7 +1,7 @@
 //! The shared vectors: answers of the Rust implementation (`EstimatePush::answer`, the
 //! function the agent and the Rust client answer with) for pushes as the agent could send
 //! them, edge values included, kept in `policy/tests/vectors.tsv`. The Lua and Python ports
-//! are checked against that file (`tests/tests/integrations.rs`, and each port's own test);
+//! are checked against that file (`ports.rs` beside this one, and LuaJIT in the root suite);
 //! this test fails when the Rust answers drift from it. After an intended change of the
 //! answers, write the file anew with `UPDATE_VECTORS=1 cargo test -p retry-after-policy --test
 //! vectors` and say why in the commit.

@@ -29,7 +29,7 @@ use serde_json::{Value, json};
 /// The prefix of the guest side's report lines.
 const MARK: &str = "KERNEL-MATRIX ";
 /// The guest side's test, as the host runs it inside a machine.
-const GUEST_TEST: &str = "guest_side_of_the_kernel_matrix";
+const GUEST_TEST: &str = "kernel_matrix::guest_side_of_the_kernel_matrix";
 /// Set in the machines' environment: the guest side runs only where it is set.
 const GUEST_ENV: &str = "RETRY_AFTER_KERNEL_MATRIX_GUEST";
 /// How long one kernel's machine may run.

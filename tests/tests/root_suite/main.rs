@@ -1,0 +1,27 @@
+//! The root suite: every test that loads and attaches the real eBPF programs or drives real
+//! proxies, servers and clients (nginx, HAProxy, Ray Serve, grpcio, wrk, h2load, urllib3) on
+//! loopback, as root. One binary, so it is built and linked once and what tests can share is
+//! started once; each file is a module. `./dev test` runs it one test at a time (the programs
+//! attach to the root cgroup, which holds one attachment of each type), after `./dev check`,
+//! and prints each module's time. Without root, `./dev check` runs everything else.
+
+mod abuse;
+mod agent_service;
+mod behind_haproxy;
+mod behind_nginx;
+mod cli;
+mod deploy;
+mod detach;
+mod evaluation;
+mod haproxy_lua;
+mod http2;
+mod in_flight;
+mod integrations;
+mod kernel_matrix;
+mod least_privilege;
+mod nginx_lua;
+mod ray_serve;
+mod real_traffic;
+mod turns;
+mod vantage_points;
+mod watch_set;
