@@ -156,6 +156,7 @@ const DEFAULT_EVALUATION: [&str; 1] = ["agreement"];
 /// vector checks.
 fn check(root: &Path, env: &setup::Env, timings: &mut Timings) -> Result<()> {
     timings.part("format and lints", || lint(root, env))?;
+    timings.part("estimator purity", || estimator_is_pure(root, env))?;
     // Rustdoc of every host crate, broken links and all.
     let mut doc = env.cargo(root);
     doc.env("RUSTDOCFLAGS", "-D warnings")
@@ -168,6 +169,39 @@ fn check(root: &Path, env: &setup::Env, timings: &mut Timings) -> Result<()> {
     unit.args(["--exclude", "retry-after-integration-tests"]);
     unit.args(["--exclude", "retry-after-ebpf"]);
     timings.part("crate tests", || run(unit))
+}
+
+/// The estimator's dependencies, as it resolves them alone, include neither aya nor tokio.
+fn estimator_is_pure(root: &Path, env: &setup::Env) -> Result<()> {
+    let mut tree = env.cargo(root);
+    tree.args([
+        "tree",
+        "--package",
+        "retry-after-estimator",
+        "--edges",
+        "normal",
+    ])
+    .args(["--prefix", "none", "--format", "{p}"]);
+    let line = command_line(&tree);
+    eprintln!("+ {line}");
+    let out = tree
+        .output()
+        .with_context(|| format!("cannot start `{line}`"))?;
+    if !out.status.success() {
+        bail!("`{line}` failed ({})", out.status);
+    }
+    let listed = String::from_utf8_lossy(&out.stdout);
+    let impure: Vec<&str> = listed
+        .lines()
+        .filter(|package| {
+            let name = package.split_whitespace().next().unwrap_or_default();
+            name == "tokio" || name.starts_with("aya")
+        })
+        .collect();
+    if !impure.is_empty() {
+        bail!("retry-after-estimator must depend on neither aya nor tokio; it reaches {impure:?}");
+    }
+    Ok(())
 }
 
 /// `cargo fmt --check`, then clippy over the host crates and over the eBPF crate.
