@@ -7,11 +7,10 @@
 
 #![no_std]
 
-#[macro_use]
-mod vocabulary;
 pub mod h2;
 pub mod tls;
 pub mod turn;
+mod vocabulary;
 
 use core::ptr::{read_volatile, write_volatile};
 

@@ -27,6 +27,8 @@ mod returns;
 pub use ladder::{Answer, answer, header_value, jitter_factor};
 pub use names::{FallbackReason, OverloadRule, QueueDepthSource, Rung, UnknownName};
 pub use policy::{Computed, PolicyConstants, QueueDepth, RetryAfterPolicy, Signals, Spread};
+#[doc(hidden)]
+pub use retry_after_common::vocabulary;
 pub use returns::{PromisedReturns, RETURN_BINS, ReturnBook, ReturnDropped};
 
 /// The widest clamp of a header value: common client SDKs ignore Retry-After above 60 s.

@@ -15,26 +15,15 @@ pub struct UnknownName {
 }
 
 /// Declares a fieldless enum with one wire name per variant, `ALL`, `as_str`, `Display` and
-/// `FromStr` (whose error, [`UnknownName`], lists the names). The one way every crate declares
-/// a vocabulary that is printed and parsed.
+/// `FromStr` (whose error, [`UnknownName`], lists the names): common's `vocabulary!`, printed
+/// and parsed. The one way every crate declares a vocabulary that is printed and parsed.
 #[macro_export]
 macro_rules! names {
     ($(#[$meta:meta])* $name:ident, $what:literal { $($(#[$vmeta:meta])* $variant:ident = $text:literal,)+ }) => {
-        $(#[$meta])*
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-        pub enum $name {
-            $($(#[$vmeta])* $variant,)+
-        }
-
-        impl $name {
-            /// Every value, in order.
-            pub const ALL: &'static [$name] = &[$($name::$variant,)+];
-
-            /// The name used on the wire, in metrics and in logs.
-            pub const fn as_str(self) -> &'static str {
-                match self {
-                    $($name::$variant => $text,)+
-                }
+        $crate::vocabulary! {
+            $(#[$meta])*
+            pub enum $name {
+                $($(#[$vmeta])* $variant => $text,)+
             }
         }
 
