@@ -30,7 +30,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use cargo_metadata::Message;
 use clap::{Parser, Subcommand};
-use timings::{Timings, run_timing_tests};
+use timings::{Timings, run_timed_tests};
 
 #[derive(Debug, Parser)]
 #[command(about = "retry-after-agent project tasks")]
@@ -242,32 +242,38 @@ fn test(root: &Path, env: &setup::Env, timings: &mut Timings) -> Result<()> {
     // The detach test runs the real binary.
     let mut build = env.cargo(root);
     build.args(["build", "--package", "retry-after-agent", "--bins"]);
-    let suites = timings.part("build the root suite", || {
+    let suite = timings.part("build the root suite", || {
         run(build)?;
-        suite_binaries(root, env)
+        suite_binary(root, env)
     })?;
     // Run as cargo would (from the crate's folder), with libtest's own timing of each test.
-    let started = Instant::now();
-    let mut outcome = Ok(());
-    for suite in suites {
-        let mut command = Command::new(suite);
+    // The kernel matrix runs in virtual machines of its own, so it runs beside the tests on
+    // this kernel: two processes of the one binary, one test at a time in each.
+    let run = |filter: &[&str]| {
+        let mut command = Command::new(&suite);
         command
             .current_dir(root.join("tests"))
             .env("RUSTC_BOOTSTRAP", "1")
+            .args(filter)
             .args([
                 "--test-threads=1",
                 "-Z",
                 "unstable-options",
                 "--report-time",
             ]);
-        outcome = outcome.and(run_timing_tests(command, timings));
-    }
+        command
+    };
+    let started = Instant::now();
+    let outcome = run_timed_tests(vec![run(&["--skip", MATRIX]), run(&[MATRIX])], timings);
     timings.record("root suite, in all", started.elapsed());
     outcome
 }
 
-/// Build the integration tests crate's test binaries; their paths.
-fn suite_binaries(root: &Path, env: &setup::Env) -> Result<Vec<PathBuf>> {
+/// The root suite's module that runs in virtual machines (tests/tests/root_suite/).
+const MATRIX: &str = "kernel_matrix::";
+
+/// Build the root suite (the integration tests crate's one test binary); its path.
+fn suite_binary(root: &Path, env: &setup::Env) -> Result<PathBuf> {
     let mut build = env.cargo(root);
     build.args([
         "test",
@@ -293,10 +299,10 @@ fn suite_binaries(root: &Path, env: &setup::Env) -> Result<Vec<PathBuf>> {
             _ => None,
         })
         .collect();
-    if binaries.is_empty() {
-        bail!("`{line}` built no test binary");
+    match <[PathBuf; 1]>::try_from(binaries) {
+        Ok([binary]) => Ok(binary),
+        Err(binaries) => bail!("`{line}` built {} test binaries, not one", binaries.len()),
     }
-    Ok(binaries)
 }
 
 /// The workspace root (the parent of this crate's directory).

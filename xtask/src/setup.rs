@@ -162,14 +162,28 @@ pub fn setup(root: &Path, needs: Needs) -> Result<Env> {
         path.push(":");
         path.push(existing);
     }
-    ensure_bpf_linker(root, &tools)?;
-    if needs == Needs::Everything {
-        ensure_debian_packages()?;
-        ensure_pip_packages(Path::new("python3"), &PYTHON_PACKAGES)?;
-        ensure_serve_venv(&tools)?;
-        ensure_kernels(&tools)?;
-    }
+    // bpf-linker compiles (CPU) while the packages download and unpack (network, disk).
+    std::thread::scope(|scope| {
+        let linker = scope.spawn(|| ensure_bpf_linker(root, &tools));
+        let packages = if needs == Needs::Everything {
+            ensure_packages(&tools)
+        } else {
+            Ok(())
+        };
+        let linker = linker
+            .join()
+            .unwrap_or_else(|_| bail!("building bpf-linker panicked"));
+        packages.and(linker)
+    })?;
     Ok(Env { path })
+}
+
+/// The Debian packages, the Python packages, Ray Serve's environment and the kernels.
+fn ensure_packages(tools: &Path) -> Result<()> {
+    ensure_debian_packages()?;
+    ensure_pip_packages(Path::new("python3"), &PYTHON_PACKAGES)?;
+    ensure_serve_venv(tools)?;
+    ensure_kernels(tools)
 }
 
 fn ensure_bpf_linker(root: &Path, tools: &Path) -> Result<()> {

@@ -54,31 +54,66 @@ impl Timings {
     }
 }
 
-/// Run a libtest binary through `command` (with `--report-time` among its arguments), passing
-/// its output through, and record each module's time (the first segment of a test's path) as
-/// an indented part of `timings`.
-pub fn run_timing_tests(mut command: Command, timings: &mut Timings) -> Result<()> {
-    let line = crate::command_line(&command);
-    eprintln!("+ {line}");
-    let mut child = command
-        .stdout(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("cannot start `{line}`"))?;
-    let stdout = child.stdout.take().context("the tests' stdout")?;
-    let mut out = std::io::stdout().lock();
-    for text in BufReader::new(stdout).lines() {
-        let text = text.context("reading the tests' output")?;
-        writeln!(out, "{text}")?;
-        out.flush()?;
-        if let Some((module, elapsed)) = test_time(&text) {
+/// Run libtest binaries, one per command, at the same time, passing their output through line
+/// by line, and record each module's time (the first segment of a test's path) as an indented
+/// part of `timings`. Fails if any fails.
+pub fn run_timed_tests(commands: Vec<Command>, timings: &mut Timings) -> Result<()> {
+    let runs: Vec<TestRun> = std::thread::scope(|scope| {
+        let handles: Vec<_> = commands
+            .into_iter()
+            .map(|command| scope.spawn(move || run_one(command)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|handle| match handle.join() {
+                Ok(run) => run,
+                Err(_) => (
+                    Err(anyhow::anyhow!("a test runner thread panicked")),
+                    Vec::new(),
+                ),
+            })
+            .collect()
+    });
+    let mut outcome = Ok(());
+    for (result, modules) in runs {
+        for (module, elapsed) in modules {
             timings.record(&format!("  {module}"), elapsed);
         }
+        outcome = outcome.and(result);
     }
-    let status = child.wait()?;
-    if !status.success() {
-        bail!("`{line}` failed ({status})");
-    }
-    Ok(())
+    outcome
+}
+
+/// A libtest binary's outcome and the time of each of its tests, by module.
+type TestRun = (Result<()>, Vec<(String, Duration)>);
+
+/// One libtest binary to its end.
+fn run_one(mut command: Command) -> TestRun {
+    let mut modules = Vec::new();
+    let outcome = (|| {
+        let line = crate::command_line(&command);
+        eprintln!("+ {line}");
+        let mut child = command
+            .stdout(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("cannot start `{line}`"))?;
+        let stdout = child.stdout.take().context("the tests' stdout")?;
+        for text in BufReader::new(stdout).lines() {
+            let text = text.context("reading the tests' output")?;
+            let mut out = std::io::stdout().lock();
+            writeln!(out, "{text}")?;
+            out.flush()?;
+            if let Some((module, elapsed)) = test_time(&text) {
+                modules.push((module.to_owned(), elapsed));
+            }
+        }
+        let status = child.wait()?;
+        if !status.success() {
+            bail!("`{line}` failed ({status})");
+        }
+        Ok(())
+    })();
+    (outcome, modules)
 }
 
 /// The module and time of a libtest line `test module::name ... ok <1.234s>`.

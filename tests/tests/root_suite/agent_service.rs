@@ -652,7 +652,7 @@ fn check_names_the_bad_field_and_value() {
     // A computing service whose queue no kernel source can see: valid, but warned about.
     std::fs::write(
         &config,
-        "[agent]\nsocket_path = \"/tmp/retry-after-check/agent.sock\"\n[[service]]\nname = \"api\"\nbackends = [{ address = \"*:80\" }]\n[service.backpressure]\nretry_after_policy = \"queue_drain_rate\"\nretry_after_s = 5\n",
+        "[agent]\nsocket_path = \"/tmp/retry-after-check/agent.sock\"\n[[service]]\nname = \"api\"\nbackends = [{ address = \"*:80\" }]\n[service.backpressure]\nretry_after_policy = \"router_queue_drain_rate\"\nretry_after_s = 5\n",
     )
     .unwrap();
     let (ok, text) = check(&config);
