@@ -53,7 +53,14 @@ fn within(
 #[test]
 fn a_full_backlog_does_not_hold_the_caller_past_its_deadline() {
     let path = socket_path("backlog");
-    let _listener = UnixListener::bind(&path).unwrap(); // never accepts
+    // Never accepts. A backlog of its own, small: the system's default (somaxconn) can be
+    // more connections than an unprivileged process may hold open.
+    let listener = socket2::Socket::new(socket2::Domain::UNIX, socket2::Type::STREAM, None)
+        .expect("a Unix socket");
+    listener
+        .bind(&socket2::SockAddr::unix(&path).expect("the socket's address"))
+        .expect("the listener binds");
+    listener.listen(8).expect("the listener listens");
     // Fill the backlog with connections nobody accepts.
     let mut held = Vec::new();
     loop {
