@@ -11,7 +11,10 @@
 //!   the only thing it installs.
 //! * `test`: setup, `check`, then the root suite: the integration tests that attach the real
 //!   programs and drive real proxies (needs root). Ends with the time each part took.
-//! * `bench`: setup, then the data-path benchmark (see docs/evaluation.md).
+//! * `bench [datapath|estimate|socket|sim]`: setup, then the benchmarks, all four by default
+//!   (see docs/evaluation.md).
+//! * `soak [MINUTES]`: setup, then the agent under mixed traffic for MINUTES, restarted once,
+//!   its resources sampled each minute (as root; not part of `test`).
 //! * `evaluate`: setup, then `retry-after-eval` with the arguments given; with none, the
 //!   five scenarios under eight policies on real sockets and in the simulator, side by side
 //!   (writes docs/evaluation-run/, see docs/evaluation.md).
