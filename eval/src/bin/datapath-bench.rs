@@ -176,6 +176,19 @@ fn report_in_kernel_cost(cost: &InKernelCost) {
         measured,
     } = cost;
     let lines: Vec<String> = measured.iter().enumerate().map(round_row).collect();
+    let rows = in_kernel_summary(measured);
+    println!(
+        "In-kernel cost (BPF run-time statistics on), {rounds} rounds of {seconds} s:\n\n\
+         | round | req/s, not watching | req/s, watching | req/s, attached elsewhere | ns per run, not watching | ns per run, watching | program ns per request, not watching | program ns per request, watching | marginal ns per request | runs per request, watching | runs per request, attached elsewhere | program ns per request, attached elsewhere | req/s, attached elsewhere, new connections | runs per request, attached elsewhere, new connections | program ns per request, attached elsewhere, new connections | ns per run, floor | watched run / floor run | watched request / four floor runs |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n{}\n\n\
+         | figure | median | spread |\n|---|---|---|\n{}",
+        lines.join("\n"),
+        rows.join("\n"),
+    );
+}
+
+/// The in-kernel cost's figures over the rounds: one table row each, its median and spread.
+fn in_kernel_summary(measured: &[[Measured; SETUPS]]) -> [String; 12] {
     let figure = |setup: usize, of: fn(&Measured) -> f64| -> Vec<f64> {
         measured.iter().map(|m| of(&m[setup])).collect()
     };
@@ -183,7 +196,7 @@ fn report_in_kernel_cost(cost: &InKernelCost) {
         .iter()
         .map(|m| m[WATCHING].per_request - m[NOT_WATCHING].per_request)
         .collect();
-    let rows = [
+    [
         summary(
             0,
             "ns per run, not watching",
@@ -242,15 +255,7 @@ fn report_in_kernel_cost(cost: &InKernelCost) {
                 .map(|m| watched_request_over_floor(&m[WATCHING], &m[FLOOR]))
                 .collect::<Vec<_>>(),
         ),
-    ];
-    println!(
-        "In-kernel cost (BPF run-time statistics on), {rounds} rounds of {seconds} s:\n\n\
-         | round | req/s, not watching | req/s, watching | req/s, attached elsewhere | ns per run, not watching | ns per run, watching | program ns per request, not watching | program ns per request, watching | marginal ns per request | runs per request, watching | runs per request, attached elsewhere | program ns per request, attached elsewhere | req/s, attached elsewhere, new connections | runs per request, attached elsewhere, new connections | program ns per request, attached elsewhere, new connections | ns per run, floor | watched run / floor run | watched request / four floor runs |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n{}\n\n\
-         | figure | median | spread |\n|---|---|---|\n{}",
-        lines.join("\n"),
-        rows.join("\n"),
-    );
+    ]
 }
 
 /// The setups of a round: attached and not watching, watching, attached to an empty cgroup
@@ -430,6 +435,27 @@ fn report_protocol_cost(cost: &ProtocolCost) {
             format!("| {} | {} |", round + 1, cells.join(" | "))
         })
         .collect();
+    let rows = protocol_summary(measured, &names);
+    let header: Vec<String> = names
+        .iter()
+        .map(|name| {
+            format!("req/s, {name} | ns per run, {name} | program ns per request, {name} | runs per request, {name}")
+        })
+        .collect();
+    println!(
+        "HTTP/1.1 (wrk) and HTTP/2 (h2load, 8 streams at once per connection) through nginx, \
+         {rounds} rounds of {seconds} s, {connections} connections:\n\n\
+         | round | {} |\n|---|{}\n{}\n\n| figure | median | spread |\n|---|---|---|\n{}",
+        header.join(" | "),
+        "---|".repeat(24),
+        lines.join("\n"),
+        rows.join("\n"),
+    );
+}
+
+/// The protocol cost's figures over the rounds, per setup then per protocol: one table row
+/// each, its median and spread.
+fn protocol_summary(measured: &[[Measured; PROTOCOL_SETUPS]], names: &[String]) -> Vec<String> {
     let figure = |of: &dyn Fn(&[Measured; PROTOCOL_SETUPS]) -> f64| -> Vec<f64> {
         measured.iter().map(of).collect()
     };
@@ -469,21 +495,7 @@ fn report_protocol_cost(cost: &ProtocolCost) {
             &figure(&|m| watched_request_over_floor(&m[watch], &m[floor])),
         ));
     }
-    let header: Vec<String> = names
-        .iter()
-        .map(|name| {
-            format!("req/s, {name} | ns per run, {name} | program ns per request, {name} | runs per request, {name}")
-        })
-        .collect();
-    println!(
-        "HTTP/1.1 (wrk) and HTTP/2 (h2load, 8 streams at once per connection) through nginx, \
-         {rounds} rounds of {seconds} s, {connections} connections:\n\n\
-         | round | {} |\n|---|{}\n{}\n\n| figure | median | spread |\n|---|---|---|\n{}",
-        header.join(" | "),
-        "---|".repeat(24),
-        lines.join("\n"),
-        rows.join("\n"),
-    );
+    rows
 }
 
 /// One round's row of the table.
