@@ -185,15 +185,7 @@ fn estimator_is_pure(root: &Path, env: &setup::Env) -> Result<()> {
         "normal",
     ])
     .args(["--prefix", "none", "--format", "{p}"]);
-    let line = command_line(&tree);
-    eprintln!("+ {line}");
-    let out = tree
-        .output()
-        .with_context(|| format!("cannot start `{line}`"))?;
-    if !out.status.success() {
-        bail!("`{line}` failed ({})", out.status);
-    }
-    let listed = String::from_utf8_lossy(&out.stdout);
+    let listed = capture(&mut tree)?;
     let impure: Vec<&str> = listed
         .lines()
         .filter(|package| {
@@ -252,7 +244,7 @@ fn test(root: &Path, env: &setup::Env, timings: &mut Timings) -> Result<()> {
     // Run as cargo would (from the crate's folder), with libtest's own timing of each test.
     // The kernel matrix runs in virtual machines of its own, so it runs beside the tests on
     // this kernel: two processes of the one binary, one test at a time in each.
-    let run = |filter: &[&str]| {
+    let suite_command = |filter: &[&str]| {
         let mut command = Command::new(&suite);
         command
             .current_dir(root.join("tests"))
@@ -267,7 +259,10 @@ fn test(root: &Path, env: &setup::Env, timings: &mut Timings) -> Result<()> {
         command
     };
     let started = Instant::now();
-    let outcome = run_timed_tests(vec![run(&["--skip", MATRIX]), run(&[MATRIX])], timings);
+    let outcome = run_timed_tests(
+        vec![suite_command(&["--skip", MATRIX]), suite_command(&[MATRIX])],
+        timings,
+    );
     timings.record("root suite, in all", started.elapsed());
     outcome
 }
@@ -285,16 +280,10 @@ fn suite_binary(root: &Path, env: &setup::Env) -> Result<PathBuf> {
         "--no-run",
     ]);
     build.args(["--message-format", "json-render-diagnostics"]);
-    let line = command_line(&build);
-    eprintln!("+ {line}");
-    let out = build
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .with_context(|| format!("cannot start `{line}`"))?;
-    if !out.status.success() {
-        bail!("`{line}` failed ({})", out.status);
-    }
-    let binaries: Vec<PathBuf> = Message::parse_stream(out.stdout.as_slice())
+    // Cargo's progress and the compiler's messages to the terminal, the artifacts read here.
+    build.stderr(std::process::Stdio::inherit());
+    let messages = capture(&mut build)?;
+    let binaries: Vec<PathBuf> = Message::parse_stream(messages.as_bytes())
         .filter_map(|message| match message {
             Ok(Message::CompilerArtifact(artifact)) if artifact.profile.test => {
                 artifact.executable.map(PathBuf::from)
@@ -304,7 +293,10 @@ fn suite_binary(root: &Path, env: &setup::Env) -> Result<PathBuf> {
         .collect();
     match <[PathBuf; 1]>::try_from(binaries) {
         Ok([binary]) => Ok(binary),
-        Err(binaries) => bail!("`{line}` built {} test binaries, not one", binaries.len()),
+        Err(binaries) => bail!(
+            "the integration tests crate built {} test binaries, not one",
+            binaries.len()
+        ),
     }
 }
 
@@ -327,6 +319,20 @@ fn run(mut command: Command) -> Result<()> {
         bail!("`{line}` failed ({status})");
     }
     Ok(())
+}
+
+/// Run a command to completion and return its standard output, failing with its command line
+/// if it fails.
+fn capture(command: &mut Command) -> Result<String> {
+    let line = command_line(command);
+    eprintln!("+ {line}");
+    let out = command
+        .output()
+        .with_context(|| format!("cannot start `{line}`"))?;
+    if !out.status.success() {
+        bail!("`{line}` failed ({})", out.status);
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 fn command_line(command: &Command) -> String {

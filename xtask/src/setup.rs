@@ -33,6 +33,8 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
+use crate::capture;
+
 #[path = "../../testkit/src/kernels.rs"]
 mod kernels;
 
@@ -452,15 +454,4 @@ impl KernelApt {
         }
         Ok(deb)
     }
-}
-
-/// Run a command and return its standard output.
-fn capture(command: &mut Command) -> Result<String> {
-    let out = command
-        .output()
-        .with_context(|| format!("cannot run {command:?}"))?;
-    if !out.status.success() {
-        bail!("{command:?} failed ({})", out.status);
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
