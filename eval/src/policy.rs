@@ -181,12 +181,16 @@ impl FromStr for Policy {
     }
 }
 
-/// `scheduled_returns`' variants: `[latest|fill_capacity][-hN]`.
+/// `scheduled_returns`' variants: `[<overload_rule>][-hN]`, the rule by its configuration
+/// name and left out when it is the default.
 fn scheduled(variants: &[&str]) -> Option<Policy> {
-    let (rule, rest) = match variants {
-        ["latest", rest @ ..] => (OverloadRule::Latest, rest),
-        ["fill_capacity", rest @ ..] => (OverloadRule::FillCapacity, rest),
-        rest => (OverloadRule::LatestWithRoom, rest),
+    let named = variants
+        .first()
+        .and_then(|v| v.parse::<OverloadRule>().ok());
+    let (rule, rest) = match named {
+        Some(OverloadRule::LatestWithRoom) => return None,
+        Some(rule) => (rule, &variants[1..]),
+        None => (OverloadRule::LatestWithRoom, variants),
     };
     let factor = match rest {
         [] => None,
