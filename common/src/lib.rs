@@ -583,25 +583,31 @@ mod pod {
 mod tests {
     use super::*;
 
+    /// Each entry's index is its place in `all`, and no two entries share a name.
+    fn assert_indexed_and_named<T: Copy>(
+        all: &[T],
+        index: fn(T) -> usize,
+        name: fn(T) -> &'static str,
+    ) {
+        for (i, entry) in all.iter().enumerate() {
+            assert_eq!(index(*entry), i, "{}", name(*entry));
+            assert!(
+                all[..i].iter().all(|e| name(*e) != name(*entry)),
+                "{}",
+                name(*entry)
+            );
+        }
+    }
+
     #[test]
     fn each_vocabulary_lists_every_entry_once_in_index_order_with_a_name_of_its_own() {
-        for (i, stat) in ProbeStat::ALL.iter().enumerate() {
-            assert_eq!(*stat as usize, i);
-            assert!(
-                ProbeStat::ALL[..i]
-                    .iter()
-                    .all(|s| s.as_str() != stat.as_str())
-            );
-        }
+        assert_indexed_and_named(ProbeStat::ALL, |s| s as usize, ProbeStat::as_str);
         assert_eq!(PROBE_STATS_LEN as usize, ProbeStat::ALL.len());
-        for (i, counter) in EndpointCounter::ALL.iter().enumerate() {
-            assert_eq!(*counter as usize, i);
-            assert!(
-                EndpointCounter::ALL[..i]
-                    .iter()
-                    .all(|c| c.as_str() != counter.as_str())
-            );
-        }
+        assert_indexed_and_named(
+            EndpointCounter::ALL,
+            |c| c as usize,
+            EndpointCounter::as_str,
+        );
         // One entry a field of EndpointCounters, each read by its own entry.
         let fields = core::mem::size_of::<EndpointCounters>() / core::mem::size_of::<u64>();
         assert_eq!(EndpointCounter::ALL.len(), fields);

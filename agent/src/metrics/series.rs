@@ -179,7 +179,7 @@ impl SocketSeries {
             http_refused: s.counter("retry_after_metrics_connections_refused_total", "Metrics-endpoint connections closed at once because the connection limit was reached."),
             queries: s.counters("retry_after_queries_total", "Requests received on the proxy socket, by command.", &["command"]),
             query_errors: s.counters("retry_after_query_errors_total", "Error lines sent on the proxy socket, by code.", &["code"]),
-            query_duration: s.histogram("retry_after_query_duration_seconds", "Time to answer a QUERY, from its line read to its answer written.", vec![ 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 1e-2]),
+            query_duration: s.histogram("retry_after_query_duration_seconds", "Time to answer a QUERY, from its line read to its answer written.", vec![1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 1e-2]),
         }
     }
 }
