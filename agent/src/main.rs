@@ -207,6 +207,11 @@ fn policy_note(settings: &ServiceSettings) -> String {
             "ok      {what}: policy scheduled_returns (overload_rule {})",
             settings.constants.overload_rule
         ),
+        RetryAfterPolicy::KeptReturns => format!(
+            "ok      {what}: policy kept_returns: the proxies in front of it must keep the \
+            places they promise (docs/integrations/), or it answers as scheduled_returns with \
+            the fill_capacity rule"
+        ),
         other => format!(
             "NOTE    {what}: policy {other}; scheduled_returns is recommended: on the \
             evaluation's suite of 24 overload scenarios a retry at its time was admitted 72% of \

@@ -23,6 +23,7 @@ mod ladder;
 mod names;
 mod policy;
 mod returns;
+mod tickets;
 
 pub use ladder::{Answer, answer, header_value, jitter_factor};
 pub use names::{FallbackReason, OverloadRule, QueueDepthSource, Rung, UnknownName};
@@ -30,6 +31,10 @@ pub use policy::{Computed, PolicyConstants, QueueDepth, RetryAfterPolicy, Signal
 #[doc(hidden)]
 pub use retry_after_common::vocabulary;
 pub use returns::{PromisedReturns, RETURN_BINS, ReturnBook, ReturnDropped};
+pub use tickets::{
+    BUCKET, CookieError, Held, KeptReturnsSettings, KeyHasher, ReturnCookie, TicketBook,
+    TicketCounters, TicketKey,
+};
 
 /// The widest clamp of a header value: common client SDKs ignore Retry-After above 60 s.
 pub const MAX_RETRY_AFTER_S: u64 = 60;

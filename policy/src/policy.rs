@@ -23,6 +23,13 @@ crate::names! {
         /// room for the queue ahead, every return already promised by then and this one (not
         /// the proposal's; see docs/estimator.md).
         ScheduledReturns = "scheduled_returns",
+        /// The earliest second at which the drain rate has room for the queue ahead, every
+        /// return already promised by then and this one, the returns not competing with fresh
+        /// arrivals: the proxy keeps the place ([`TicketBook`](crate::TicketBook)), admitting
+        /// a returning client ahead of fresh ones (not the proposal's; see
+        /// docs/estimator.md). Without a book it is `scheduled_returns` with the
+        /// `fill_capacity` rule.
+        KeptReturns = "kept_returns",
     }
 }
 
@@ -199,6 +206,13 @@ impl RetryAfterPolicy {
             Self::Static => Err(FallbackReason::StaticPolicy),
             Self::RouterQueueDrainRate => queue_drain_rate(signals, constants),
             Self::ScheduledReturns => scheduled_returns(signals, constants),
+            Self::KeptReturns => scheduled_returns(
+                signals,
+                &PolicyConstants {
+                    overload_rule: OverloadRule::FillCapacity,
+                    ..*constants
+                },
+            ),
         }
     }
 }
@@ -258,7 +272,7 @@ fn scheduled_returns(
         earliest_second(
             queue.depth,
             drain_rate - arrivals,
-            &signals.promised,
+            |s| f64::from(signals.promised.due(s as usize)),
             min,
             top,
         )
@@ -297,11 +311,12 @@ fn latest_second_with_room(
         .find(|&s| f64::from(promised.due(s as usize)) + 1.0 <= drain_rate)
 }
 
-/// The first second `s` in `min..=max` with `room_per_s · (s + 1) ≥ depth + 1 + Σ promised[..=s]`.
-fn earliest_second(
+/// The first second `s` in `min..=max` with `room_per_s · (s + 1) ≥ depth + 1 + Σ promised[..=s]`,
+/// `promised(s)` the returns due in second `s` from now (also the ticket book's placement).
+pub(crate) fn earliest_second(
     depth: u64,
     room_per_s: f64,
-    promised: &PromisedReturns,
+    promised: impl Fn(u64) -> f64,
     min: u64,
     max: u64,
 ) -> Option<u64> {
@@ -310,7 +325,7 @@ fn earliest_second(
     }
     let mut ahead = depth as f64 + 1.0;
     for s in 0..=max {
-        ahead += f64::from(promised.due(s as usize));
+        ahead += promised(s);
         let capacity = room_per_s * (s + 1) as f64;
         if s >= min && capacity >= ahead {
             return Some(s);

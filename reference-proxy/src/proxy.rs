@@ -219,6 +219,11 @@ impl Proxy {
         self.state.routing().fleet.idle_replicas()
     }
 
+    /// Requests waiting in the queue.
+    pub fn queue_depth(&self) -> usize {
+        self.state.routing().router.queue_depth()
+    }
+
     /// Take replica `index` out of placement, or put it in (an added replica).
     pub fn set_replica_up(&self, index: usize, up: bool) {
         self.state.routing().fleet.set_up(index, up);

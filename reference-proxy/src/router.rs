@@ -26,6 +26,9 @@ use std::{
 };
 
 use rand::{RngExt, SeedableRng, rngs::StdRng};
+use retry_after_policy::{Held, TicketBook};
+
+use crate::kept::{FreshRoom, Returning};
 
 /// First placement backoff after a failed placement.
 pub const BACKOFF_START: Duration = Duration::from_millis(25);
@@ -140,6 +143,29 @@ pub enum Arrival {
     },
 }
 
+/// What became of an arriving request when the proxy keeps returns
+/// ([`Router::arrive_kept`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeptArrival {
+    /// Its place was due: queued, whatever the queue holds.
+    Returned,
+    /// It joined the queue as a fresh arrival (or early, into free room: its place is taken).
+    Queued,
+    /// It came back before its place, with no free room: rejected, told the place's second.
+    Early {
+        /// The second its place is due.
+        due: u64,
+    },
+    /// No room for a fresh arrival: reject it (and give it a place,
+    /// [`crate::kept::promise`]).
+    Rejected {
+        /// Requests queued when it arrived.
+        queue_depth: usize,
+        /// Consecutive failed placements then.
+        backoff_streak: u32,
+    },
+}
+
 /// When to poll the router next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Wake {
@@ -157,6 +183,7 @@ pub struct Router<T> {
     backoff_streak: u32,
     retry_at: Option<Instant>,
     rng: StdRng,
+    fresh: FreshRoom,
 }
 
 impl<T> Router<T> {
@@ -168,6 +195,7 @@ impl<T> Router<T> {
             backoff_streak: 0,
             retry_at: None,
             rng: StdRng::seed_from_u64(seed),
+            fresh: FreshRoom::default(),
         }
     }
 
@@ -181,6 +209,51 @@ impl<T> Router<T> {
         }
         self.queue.push_back(request);
         Arrival::Queued
+    }
+
+    /// A request arrives at second `now_s` and the proxy keeps returns in `book`: a place
+    /// that is due is taken and the request queued whatever the queue holds; a fresh arrival
+    /// is queued only into the room the second's reserved returns leave of `drain_rate` (a
+    /// second's worth; no limit while it is unknown) and the queue's bound; a client early
+    /// for its place is queued if that room is there (taking its place), else told the
+    /// place's second.
+    pub fn arrive_kept(
+        &mut self,
+        request: T,
+        returning: Option<Returning>,
+        book: &mut TicketBook,
+        now_s: u64,
+        drain_rate: Option<f64>,
+    ) -> KeptArrival {
+        let held = returning.map_or(Held::Nothing, |r| book.held(r.key, r.cookie_due, now_s));
+        if held == Held::Due {
+            if let Some(r) = returning {
+                book.take(r.key, r.cookie_due, now_s);
+            }
+            self.queue.push_back(request);
+            return KeptArrival::Returned;
+        }
+        // Free room goes to a client in line first: a newcomer gets it only when no one is.
+        let in_line = matches!(held, Held::Early(_));
+        let room = self.queue.len() < self.max_queued_requests
+            && (self.queue.is_empty()
+                || ((in_line || !book.line_ahead(now_s))
+                    && self.fresh.has_room(now_s, book.expected(now_s), drain_rate)));
+        match (room, held) {
+            (true, _) => {
+                if let (Some(r), Held::Early(_)) = (returning, held) {
+                    book.take(r.key, r.cookie_due, now_s);
+                }
+                self.fresh.admitted(now_s);
+                self.queue.push_back(request);
+                KeptArrival::Queued
+            }
+            (false, Held::Early(due)) => KeptArrival::Early { due },
+            (false, _) => KeptArrival::Rejected {
+                queue_depth: self.queue.len(),
+                backoff_streak: self.backoff_streak,
+            },
+        }
     }
 
     /// Place what can be placed at `now`, head of the queue first, pushing each request with

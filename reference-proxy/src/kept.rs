@@ -1,0 +1,183 @@
+//! Kept returns: the proxy keeps the place each rejection promised.
+//!
+//! A rejected client with a key (a header, its address, a return cookie's nonce) is given a
+//! place in the service's [`TicketBook`] at the earliest second with room for it
+//! ([`promise`]), and told that second. When it comes back then, [`Router::arrive_kept`]
+//! admits it whatever the queue holds; fresh arrivals only get the room the second's places
+//! leave ([`FreshRoom`]). The book is the caller's, so proxies can keep one each or share one.
+//!
+//! [`Router::arrive_kept`]: crate::Router::arrive_kept
+
+use std::time::Duration;
+
+use retry_after_policy::{TicketBook, TicketKey};
+
+/// A request that may be a return: its key, and the due second of the return cookie it
+/// carried, verified, if the key is a cookie's nonce.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Returning {
+    /// The book's key for the client.
+    pub key: TicketKey,
+    /// The verified cookie's due second.
+    pub cookie_due: Option<u64>,
+}
+
+/// The place a rejection promised: the second it is due and the `Retry-After` that says it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Promise {
+    /// The second the place is due, on the book's clock.
+    pub due: u64,
+    /// Seconds from now to it, within the header's clamp (a client told the clamp's top
+    /// comes back early and is told the rest).
+    pub seconds: u64,
+}
+
+/// Give `key` a place at `now` (on the book's clock), behind the `queue_depth` requests
+/// queued and every place already given, at `drain_rate`, no sooner than `clamp.0` seconds;
+/// `None` when the drain rate is not known, no second up to the book's horizon has room, or
+/// the book refuses the key (the rejection is then answered as a hint).
+pub fn promise(
+    book: &mut TicketBook,
+    key: TicketKey,
+    now: Duration,
+    queue_depth: usize,
+    drain_rate: Option<f64>,
+    clamp: (u64, u64),
+) -> Option<Promise> {
+    let now_s = now.as_secs();
+    let elapsed = f64::from(now.subsec_millis()) / 1000.0;
+    let due = book.place(now_s, elapsed, queue_depth as u64, drain_rate?, clamp.0)?;
+    let due = book.issue(key, due, now_s)?;
+    Some(told(due, now_s, clamp))
+}
+
+/// Give `key` a place `seconds` from `now` (a hint's answer, when no place can be computed:
+/// the drain rate is not known yet), without looking for room; `None` when the book refuses
+/// the key.
+pub fn keep(
+    book: &mut TicketBook,
+    key: TicketKey,
+    now: Duration,
+    seconds: u64,
+    clamp: (u64, u64),
+) -> Option<Promise> {
+    let now_s = now.as_secs();
+    let due = book.issue(key, now_s + seconds, now_s)?;
+    Some(told(due, now_s, clamp))
+}
+
+/// What a client whose place is due at `due` is told at `now_s`.
+pub fn told(due: u64, now_s: u64, clamp: (u64, u64)) -> Promise {
+    Promise {
+        due,
+        seconds: due.saturating_sub(now_s).clamp(clamp.0, clamp.1),
+    }
+}
+
+/// The fresh arrivals a router admitted in the current second, against the room the
+/// second's reserved returns leave.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FreshRoom {
+    second: u64,
+    admitted: u64,
+}
+
+impl FreshRoom {
+    /// Whether one more fresh arrival fits second `now_s`: with `returns` expected in it
+    /// ([`TicketBook::expected`]), fewer than `drain_rate` (a second's worth) admitted in
+    /// all; always while the drain rate is unknown.
+    pub fn has_room(&self, now_s: u64, returns: f64, drain_rate: Option<f64>) -> bool {
+        let admitted = if self.second == now_s {
+            self.admitted
+        } else {
+            0
+        };
+        drain_rate.is_none_or(|d| admitted as f64 + returns < d)
+    }
+
+    /// One fresh arrival admitted in second `now_s`.
+    pub fn admitted(&mut self, now_s: u64) {
+        if self.second != now_s {
+            *self = Self {
+                second: now_s,
+                admitted: 0,
+            };
+        }
+        self.admitted += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use retry_after_policy::KeptReturnsSettings;
+
+    use super::*;
+    use crate::{KeptArrival, Router};
+
+    fn key(k: u64) -> Option<Returning> {
+        Some(Returning {
+            key: TicketKey(k),
+            cookie_due: None,
+        })
+    }
+
+    #[test]
+    fn a_return_at_its_place_is_admitted_ahead_of_fresh_arrivals() {
+        let mut book = TicketBook::new(KeptReturnsSettings::default());
+        let mut router = Router::new(1, 1);
+        let d = Some(2.0);
+        assert_eq!(
+            router.arrive_kept(0, key(1), &mut book, 100, d),
+            KeptArrival::Queued
+        );
+        let rejected = router.arrive_kept(1, key(2), &mut book, 100, d);
+        assert!(matches!(
+            rejected,
+            KeptArrival::Rejected { queue_depth: 1, .. }
+        ));
+        let p = promise(
+            &mut book,
+            TicketKey(2),
+            Duration::from_secs(100),
+            1,
+            d,
+            (1, 60),
+        )
+        .unwrap();
+        assert_eq!((p.due, p.seconds), (101, 1));
+        // Early: told the same second, its place kept.
+        assert_eq!(
+            router.arrive_kept(2, key(2), &mut book, 100, d),
+            KeptArrival::Early { due: 101 }
+        );
+        // At its second the queue is still full, and it is admitted all the same; a fresh
+        // arrival is not.
+        assert_eq!(
+            router.arrive_kept(3, key(2), &mut book, 101, d),
+            KeptArrival::Returned
+        );
+        assert!(matches!(
+            router.arrive_kept(4, key(3), &mut book, 101, d),
+            KeptArrival::Rejected { .. }
+        ));
+        assert_eq!(router.queue_depth(), 2);
+    }
+
+    #[test]
+    fn fresh_arrivals_get_the_room_the_places_leave() {
+        let mut room = FreshRoom::default();
+        // 4 a second, 3 of them reserved: one fresh arrival fits.
+        assert!(room.has_room(100, 3.0, Some(4.0)));
+        room.admitted(100);
+        assert!(!room.has_room(100, 3.0, Some(4.0)));
+        assert!(room.has_room(101, 3.0, Some(4.0)), "a new second");
+        assert!(room.has_room(100, 99.0, None), "no drain rate, no limit");
+    }
+
+    #[test]
+    fn a_place_beyond_the_clamp_is_told_in_steps() {
+        assert_eq!(told(190, 100, (1, 60)).seconds, 60);
+        assert_eq!(told(190, 160, (1, 60)).seconds, 30);
+        assert_eq!(told(100, 100, (1, 60)).seconds, 1);
+    }
+}
