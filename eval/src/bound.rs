@@ -73,6 +73,10 @@ pub fn bound(scenario: &Scenario, seed: u64) -> Figures {
             continue;
         }
         let retries = usize::from(rejected);
+        let wait = start.saturating_sub(arrival);
+        f.beyond_clamp += usize::from(
+            rejected && wait > Duration::from_secs(retry_after_policy::MAX_RETRY_AFTER_S),
+        );
         f.sent += 1 + retries;
         f.served += 1;
         f.rejected += retries;

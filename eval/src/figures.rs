@@ -20,6 +20,18 @@ pub struct Figures {
     pub failed: usize,
     /// Retries sent at the delay a rejection suggested (clients that honour the header).
     pub retries_at_suggested: usize,
+    /// Of those, after an answer at the clamp's top (60 s): under kept returns, a client
+    /// whose place is further away comes back then and is told the rest.
+    #[serde(default)]
+    pub retries_at_clamp: usize,
+    /// Of those, admitted.
+    #[serde(default)]
+    pub retries_at_clamp_admitted: usize,
+    /// The bound only: clients it had to send more than the clamp's top away (their place
+    /// lies beyond 60 s), so that no answer within the clamp can admit them at their first
+    /// return.
+    #[serde(default)]
+    pub beyond_clamp: usize,
     /// Of those, admitted by the proxy.
     pub retries_at_suggested_admitted: usize,
     /// All retries (second and later attempts).
@@ -42,6 +54,10 @@ pub struct Figures {
     pub goodput: f64,
     /// Replica-seconds of idle capacity while a client waited to retry.
     pub idle_replica_s: f64,
+    /// Of those, while requests were queued at a proxy: capacity its placement (its own
+    /// backoff) left idle, which no answer can fill.
+    #[serde(default)]
+    pub idle_replica_s_queued: f64,
     /// The agent's judge: share of its answers after which a retry at the suggested time was
     /// admitted (from the proxy's reports), for the rung the policy answers from.
     pub judge_admitted: Option<f64>,
@@ -49,6 +65,10 @@ pub struct Figures {
     pub judge_drained_in_time: Option<f64>,
     /// Requests the agent was told the proxy admitted and rejected (all clients).
     pub reported: Option<(f64, f64)>,
+    /// The same figures over the clients that do not wait as told (the scenario's mix), if
+    /// it has any: whether obeying clients gain at their cost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ignoring: Option<Box<Figures>>,
 }
 
 impl Figures {
@@ -58,6 +78,21 @@ impl Figures {
             self.retries_at_suggested_admitted,
             self.retries_at_suggested,
         )
+    }
+
+    /// Share of retries at the suggested time admitted, of those after an answer below the
+    /// clamp's top (the places within a minute).
+    pub fn admitted_below_clamp(&self) -> Option<f64> {
+        ratio(
+            self.retries_at_suggested_admitted - self.retries_at_clamp_admitted,
+            self.retries_at_suggested - self.retries_at_clamp,
+        )
+    }
+
+    /// The share of retries an answer within the clamp can admit at the first return at best:
+    /// the bound's, less the clients it sends beyond the clamp's top.
+    pub fn first_return_ceiling(&self) -> Option<f64> {
+        ratio(self.retries - self.beyond_clamp, self.retries)
     }
 
     /// Share of all retries that were admitted.
@@ -91,11 +126,24 @@ pub(crate) fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
     Some(sorted[rank - 1])
 }
 
-/// The figures of `run`.
+/// The figures of `run`, with those of the clients that ignore the header beside them.
 pub fn figures(run: &RunResult) -> Figures {
-    let measured = |client: usize| client >= run.warm_up_clients;
+    let ignores = |c: usize| run.ignores_header.get(c).copied().unwrap_or(false);
+    let mut f = figures_of(run, |_| true);
+    if (0..run.clients).any(ignores) {
+        f.ignoring = Some(Box::new(figures_of(run, ignores)));
+    }
+    f
+}
+
+/// The figures of the clients of `run` that `keep` selects (idle capacity, goodput and the
+/// judge are the run's).
+fn figures_of(run: &RunResult, keep: impl Fn(usize) -> bool) -> Figures {
+    let measured = |client: usize| client >= run.warm_up_clients && keep(client);
     let mut f = Figures {
-        clients: run.clients - run.warm_up_clients,
+        clients: (run.warm_up_clients..run.clients)
+            .filter(|&c| keep(c))
+            .count(),
         ..Figures::default()
     };
     let mut first_sent = vec![None; run.clients];
@@ -120,13 +168,18 @@ pub fn figures(run: &RunResult) -> Figures {
         } else {
             f.retries += 1;
             f.retries_admitted += admitted as usize;
-            if a.after_suggested_s.is_some() {
+            if let Some(s) = a.after_suggested_s {
                 f.retries_at_suggested += 1;
                 f.retries_at_suggested_admitted += admitted as usize;
+                if s >= retry_after_policy::MAX_RETRY_AFTER_S {
+                    f.retries_at_clamp += 1;
+                    f.retries_at_clamp_admitted += admitted as usize;
+                }
             }
         }
     }
     let mut times: Vec<f64> = (0..run.clients)
+        .filter(|&c| keep(c))
         .filter_map(|c| Some((success_at[c]? - first_sent[c]?).as_secs_f64()))
         .collect();
     times.sort_by(f64::total_cmp);
@@ -147,6 +200,7 @@ pub fn figures(run: &RunResult) -> Figures {
         .count();
     f.goodput = served_in_window as f64 / run.measured_s;
     f.idle_replica_s = run.idle_replica_s_while_waiting;
+    f.idle_replica_s_queued = run.idle_replica_s_queued;
     f.judge_admitted = run.judge.admitted;
     f.judge_drained_in_time = run.judge.drained_in_time;
     f.reported = run.judge.reported;

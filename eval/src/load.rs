@@ -59,6 +59,11 @@ pub enum Behaviour {
 }
 
 impl Behaviour {
+    /// Whether a client of this behaviour may not wait the `Retry-After` it is told.
+    pub fn ignores_header(self) -> bool {
+        self != Behaviour::HonourRetryAfter
+    }
+
     /// How long to wait after the rejection of attempt `number` that suggested
     /// `suggested_s`, with `u` a uniform draw from [0, 1) for the backoff's jitter; and the
     /// suggested delay if the wait is exactly it (a retry at the suggested time).

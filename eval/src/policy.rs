@@ -24,6 +24,21 @@ pub enum Policy {
     /// `overload_horizon_factor` (the clients' schedule kept by the agent and by the proxy's
     /// client library).
     ScheduledReturns(OverloadRule, Option<u32>),
+    /// The agent's `kept_returns`: each proxy keeps the place it promised, by the client's key
+    /// or by a return cookie (docs/estimator.md, "Kept returns").
+    KeptReturns(KeptBy),
+}
+
+/// How a proxy recognises a returning client under kept returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KeptBy {
+    /// A key the client sends on every attempt (an API-key header), kept in the book of the
+    /// proxy that rejected it: a client coming back through another proxy is a fresh arrival
+    /// there.
+    Key,
+    /// A signed return cookie the rejecting proxy sets and any proxy verifies: the place is
+    /// honoured wherever the client comes back (each proxy remembers the cookies it took).
+    Cookie,
 }
 
 impl Policy {
@@ -50,6 +65,8 @@ impl Policy {
             Policy::ComputedSimple => "computed, w1=w2=0".to_owned(),
             Policy::ComputedDefaults => "computed, defaults".to_owned(),
             Policy::ComputedRetryBacklog => "computed + retry backlog".to_owned(),
+            Policy::KeptReturns(KeptBy::Key) => "kept returns (key)".to_owned(),
+            Policy::KeptReturns(KeptBy::Cookie) => "kept returns (cookie)".to_owned(),
             Policy::ScheduledReturns(rule, factor) => {
                 let mut label = "scheduled returns".to_owned();
                 if *rule != OverloadRule::LatestWithRoom {
@@ -60,6 +77,14 @@ impl Policy {
                 }
                 label
             }
+        }
+    }
+
+    /// How a proxy recognises returning clients, if it keeps their places.
+    pub fn kept(&self) -> Option<KeptBy> {
+        match self {
+            Policy::KeptReturns(by) => Some(*by),
+            _ => None,
         }
     }
 
@@ -102,6 +127,9 @@ impl Policy {
                     "overload_horizon_factor = {k}.0\n"
                 ))
             ),
+            Policy::KeptReturns(_) => {
+                format!("{common}retry_after_policy = \"kept_returns\"\nretry_after_s = 5\n")
+            }
         }
     }
 
@@ -126,14 +154,15 @@ impl Policy {
 pub const SERVICE: &str = "eval";
 
 /// Every `--policy` name, for messages.
-const NAMES: &str = "none, static-N (N from 1 to 60), router_queue_drain_rate[-simple|-retry_backlog], scheduled_returns[-latest|-fill_capacity][-hN] (N from 1 to 100)";
+const NAMES: &str = "none, static-N (N from 1 to 60), router_queue_drain_rate[-simple|-retry_backlog], scheduled_returns[-latest|-fill_capacity][-hN] (N from 1 to 100), kept_returns[-cookie]";
 
 /// The `--policy` names, one rule: the configuration's `retry_after_policy` value (`none` for
 /// no header), then each variant after a `-`. A variant is the value of the setting it
 /// changes (`static-5`: `retry_after_s = 5`; `scheduled_returns-latest` and
 /// `-fill_capacity`: the `overload_rule`; `-hN`: `overload_horizon_factor = N`) or names the
 /// change (`router_queue_drain_rate-simple`: both weights 0; `-retry_backlog`: the proxy's
-/// retry backlog in its depth). Words join with `_`, as in the configuration, so `-` only
+/// retry backlog in its depth; `kept_returns-cookie`: places kept by return cookie, not by
+/// key). Words join with `_`, as in the configuration, so `-` only
 /// ever separates variants.
 impl fmt::Display for Policy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -153,6 +182,8 @@ impl fmt::Display for Policy {
                     None => Ok(()),
                 }
             }
+            Policy::KeptReturns(KeptBy::Key) => f.write_str("kept_returns"),
+            Policy::KeptReturns(KeptBy::Cookie) => f.write_str("kept_returns-cookie"),
         }
     }
 }
@@ -175,6 +206,8 @@ impl FromStr for Policy {
             ("router_queue_drain_rate", ["simple"]) => Some(Policy::ComputedSimple),
             ("router_queue_drain_rate", ["retry_backlog"]) => Some(Policy::ComputedRetryBacklog),
             ("scheduled_returns", variants) => scheduled(variants),
+            ("kept_returns", []) => Some(Policy::KeptReturns(KeptBy::Key)),
+            ("kept_returns", ["cookie"]) => Some(Policy::KeptReturns(KeptBy::Cookie)),
             _ => None,
         };
         policy.ok_or_else(|| format!("no policy {name:?}; there are {NAMES}"))
@@ -216,6 +249,8 @@ mod tests {
             Policy::ScheduledReturns(OverloadRule::Latest, None),
             Policy::ScheduledReturns(OverloadRule::FillCapacity, Some(3)),
             Policy::ScheduledReturns(OverloadRule::LatestWithRoom, Some(2)),
+            Policy::KeptReturns(KeptBy::Key),
+            Policy::KeptReturns(KeptBy::Cookie),
         ]) {
             assert_eq!(p.to_string().parse::<Policy>(), Ok(p));
         }

@@ -31,12 +31,18 @@ pub struct RunResult {
     /// Replica-seconds of idle capacity while at least one client waited to retry (after
     /// the warm-up).
     pub idle_replica_s_while_waiting: f64,
+    /// Of those, the replica-seconds while requests were queued at a proxy: capacity its
+    /// placement left idle, which no answer can fill.
+    pub idle_replica_s_queued: f64,
     /// Clients still unfinished when the run ended.
     pub unfinished: usize,
     /// What the agent's judge made of the answers.
     pub judge: JudgeFigures,
     /// The proxies' access log (one line per rejection), where kept.
     pub access_log: Vec<Rejection>,
+    /// Per client, whether it ignores `Retry-After` (or caps its wait): its behaviour is not
+    /// to honour the header as told.
+    pub ignores_header: Vec<bool>,
 }
 
 /// The agent's judge at the end of a run, for the rung the policy answers from.

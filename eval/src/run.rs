@@ -63,6 +63,7 @@ pub fn run(scenario: &Scenario, policy: Policy, seed: u64, progress: impl FnMut(
         .collect();
     let agent = AgentProcess::start("", &policy.service_config(&backends));
     let clients = clients(scenario, seed);
+    let ignores_header = clients.iter().map(|c| c.1.ignores_header()).collect();
     let warm_up = scenario.warm_up();
     let warm_up_clients = clients.iter().take_while(|c| c.0 < warm_up).count();
     let (load, idle, proxy) = runtime.block_on(async {
@@ -83,6 +84,7 @@ pub fn run(scenario: &Scenario, policy: Policy, seed: u64, progress: impl FnMut(
     // metrics are read.
     std::thread::sleep(Duration::from_millis(600));
     let result = RunResult {
+        ignores_header,
         scenario: scenario.name.clone(),
         policy,
         attempts: load.attempts(),
@@ -91,7 +93,8 @@ pub fn run(scenario: &Scenario, policy: Policy, seed: u64, progress: impl FnMut(
         warm_up,
         measured_s: scenario.measured().as_secs_f64(),
         max_attempts: scenario.attempts,
-        idle_replica_s_while_waiting: idle,
+        idle_replica_s_while_waiting: idle.0,
+        idle_replica_s_queued: idle.1,
         unfinished: load.unfinished(),
         judge: judge_from_metrics(&agent.metrics(), policy),
         access_log: proxy.rejections(),
@@ -138,16 +141,17 @@ fn proxy_config(
 
 /// Follow the run to its end (every client done after the schedule, or the drain limit):
 /// play the scenario's events, sample idle replicas while clients wait, tell `progress`.
-/// Returns the idle replica-seconds while clients waited, after the warm-up.
+/// Returns the idle replica-seconds while clients waited, after the warm-up, and the part of
+/// them while requests were queued at the proxy.
 async fn follow(
     scenario: &Scenario,
     replicas: &[Replica],
     proxy: &Proxy,
     load: &Load,
     mut progress: impl FnMut(f64),
-) -> f64 {
+) -> (f64, f64) {
     let (length, warm_up) = (scenario.length(), scenario.warm_up());
-    let mut idle = 0.0;
+    let (mut idle, mut idle_queued) = (0.0, 0.0);
     let mut ticker = tokio::time::interval(SAMPLE_EVERY);
     let mut events = scenario.events.iter().peekable();
     let mut last_report = Instant::now();
@@ -161,14 +165,18 @@ async fn follow(
             }
         }
         if elapsed >= warm_up && load.waiting.load(Ordering::Relaxed) > 0 {
-            idle += SAMPLE_EVERY.as_secs_f64() * proxy.idle_replicas();
+            let sample = SAMPLE_EVERY.as_secs_f64() * proxy.idle_replicas();
+            idle += sample;
+            if proxy.queue_depth() > 0 {
+                idle_queued += sample;
+            }
         }
         if last_report.elapsed() >= Duration::from_millis(500) {
             last_report = Instant::now();
             progress((elapsed.as_secs_f64() / (length + DRAIN_LIMIT).as_secs_f64()).min(1.0));
         }
         if elapsed >= length && load.finished() || elapsed >= length + DRAIN_LIMIT {
-            return idle;
+            return (idle, idle_queued);
         }
     }
 }

@@ -32,16 +32,20 @@ use retry_after_estimator::{
     config::Config,
     {BackendLoad, ServiceEstimator, ServiceLoad, ServiceSettings, SideLoad},
 };
-use retry_after_policy::Rung;
+use retry_after_policy::{
+    KeptReturnsSettings, KeyHasher, ReturnCookie, Rung, TicketBook, TicketKey,
+};
 use retry_after_protocol::{EstimatePush, HandedOut, Report};
 use retry_after_reference_proxy::{
-    Arrival, Fleet, HeaderPolicy, RetryBacklog, Router, Wake, proxy::jitter_seed,
+    Arrival, Fleet, HeaderPolicy, KeptArrival, RetryBacklog, Returning, Router, Wake,
+    kept::{keep, promise, told},
+    proxy::jitter_seed,
 };
 use retry_after_testkit::AGENT_TICK_MS;
 
 use crate::{
     load::{Attempt, Behaviour, Outcome},
-    policy::{Policy, SERVICE},
+    policy::{KeptBy, Policy, SERVICE},
     record::{JudgeFigures, RunResult},
     run::{DRAIN_LIMIT, clients},
     scenario::{EventKind, Scenario},
@@ -100,6 +104,8 @@ struct Client {
     rng: StdRng,
     attempts: u32,
     after_suggested_s: Option<u64>,
+    /// The return cookie it was last given, kept as a browser or an SDK's cookie jar would.
+    cookie: Option<String>,
 }
 
 /// Admissions and rejections since a proxy's last report.
@@ -151,6 +157,8 @@ struct SimProxy {
     pushed_at: Duration,
     /// The returns this proxy promised, as the client library keeps them.
     own: OwnReturns,
+    /// The places this proxy keeps (kept returns).
+    book: TicketBook,
     /// This proxy's requests in flight and completed, per replica (its agent's client side).
     in_flight: Vec<u64>,
     completed: Vec<u64>,
@@ -181,7 +189,11 @@ struct Sim<'a> {
     waiting: usize,
     done: usize,
     idle: f64,
+    /// The part of `idle` while some proxy had requests queued.
+    idle_queued: f64,
     placed: Vec<(usize, usize)>,
+    /// The proxies' shared secret: clients' keys and return cookies.
+    hasher: KeyHasher,
 }
 
 impl<'a> Sim<'a> {
@@ -204,6 +216,7 @@ impl<'a> Sim<'a> {
                     pushes: 0,
                     pushed_at: Duration::ZERO,
                     own: OwnReturns::default(),
+                    book: TicketBook::new(kept_settings(policy)),
                     in_flight: vec![0; replicas],
                     completed: vec![0; replicas],
                     wake: None,
@@ -221,6 +234,7 @@ impl<'a> Sim<'a> {
                 rng: StdRng::seed_from_u64(seeds::client(seed, client)),
                 attempts: 0,
                 after_suggested_s: None,
+                cookie: None,
             })
             .collect();
         let warm_up = scenario.warm_up();
@@ -247,7 +261,9 @@ impl<'a> Sim<'a> {
             waiting: 0,
             done: 0,
             idle: 0.0,
+            idle_queued: 0.0,
             placed: Vec::new(),
+            hasher: KeyHasher::new(&seed.to_be_bytes()),
         };
         if let Some(first) = sim.clients.first() {
             sim.at(first.arrival, Event::Arrive(0));
@@ -279,7 +295,11 @@ impl<'a> Sim<'a> {
             }
             if self.waiting > 0 && when > warm_up {
                 let from = self.now.max(warm_up);
-                self.idle += (when - from).as_secs_f64() * self.fleet.idle_replicas();
+                let idle = (when - from).as_secs_f64() * self.fleet.idle_replicas();
+                self.idle += idle;
+                if self.proxies.iter().any(|p| p.router.queue_depth() > 0) {
+                    self.idle_queued += idle;
+                }
             }
             self.now = when;
             match event {
@@ -349,6 +369,9 @@ impl<'a> Sim<'a> {
         self.answered.push(false);
         self.seen.push(false);
         let retry = number > 1;
+        if let Some(by) = self.policy.kept() {
+            return self.send_kept(c, index, p, retry, by);
+        }
         let proxy = &mut self.proxies[p];
         match proxy.router.arrive(index) {
             Arrival::Queued => {
@@ -372,6 +395,112 @@ impl<'a> Sim<'a> {
                 self.rejected(c, seconds);
             }
         }
+    }
+
+    /// Client `c`'s attempt `index` at proxy `p` when proxies keep returns: admitted, told the
+    /// time left to its place, or given one (a hint when no place can be given).
+    fn send_kept(&mut self, c: usize, index: usize, p: usize, retry: bool, by: KeptBy) {
+        let now_s = self.now.as_secs();
+        let returning = self.returning(c, by);
+        let proxy = &mut self.proxies[p];
+        let (drain_rate, clamp) = proxy.push.as_ref().map_or((None, (1, 60)), |push| {
+            (push.drain_rate, push.constants.clamp())
+        });
+        let arrival =
+            proxy
+                .router
+                .arrive_kept(index, returning, &mut proxy.book, now_s, drain_rate);
+        let (queue_depth, backoff_streak) = match arrival {
+            KeptArrival::Returned | KeptArrival::Queued => {
+                proxy.counts.admitted += 1;
+                proxy.counts.retry_admitted += u64::from(retry);
+                self.poll(p);
+                return;
+            }
+            KeptArrival::Early { due } => {
+                let seconds = told(due, now_s, clamp).seconds;
+                self.reject_with(c, index, p, retry, Some(seconds));
+                return;
+            }
+            KeptArrival::Rejected {
+                queue_depth,
+                backoff_streak,
+            } => (queue_depth, backoff_streak),
+        };
+        let key = match by {
+            KeptBy::Key => self.client_key(c),
+            KeptBy::Cookie => TicketKey(self.proxies[p].jitter.random()),
+        };
+        let proxy = &mut self.proxies[p];
+        let computed = promise(
+            &mut proxy.book,
+            key,
+            self.now,
+            queue_depth,
+            drain_rate,
+            clamp,
+        );
+        // Without a place computed (no drain rate yet), the hint's second is kept instead.
+        let place = match computed {
+            Some(place) => Some(place),
+            None => self
+                .retry_after(p, queue_depth, backoff_streak)
+                .and_then(|s| keep(&mut self.proxies[p].book, key, self.now, s, clamp)),
+        };
+        let seconds = match place {
+            Some(place) => {
+                if by == KeptBy::Cookie {
+                    let cookie = ReturnCookie {
+                        due: place.due,
+                        nonce: key.0,
+                    };
+                    self.clients[c].cookie = Some(cookie.write(&self.hasher, SERVICE));
+                }
+                Some(place.seconds)
+            }
+            None => self.retry_after(p, queue_depth, backoff_streak),
+        };
+        self.reject_with(c, index, p, retry, seconds);
+    }
+
+    /// Client `c`'s key: what its requests carry (a header's value), as the book keeps it.
+    fn client_key(&self, c: usize) -> TicketKey {
+        self.hasher.key(format!("client-{c}").as_bytes())
+    }
+
+    /// What client `c`'s attempt says of it as a possible return.
+    fn returning(&self, c: usize, by: KeptBy) -> Option<Returning> {
+        match by {
+            KeptBy::Key => Some(Returning {
+                key: self.client_key(c),
+                cookie_due: None,
+            }),
+            KeptBy::Cookie => {
+                let value = self.clients[c].cookie.as_deref()?;
+                let cookie = ReturnCookie::read(value, &self.hasher, SERVICE).ok()?;
+                Some(Returning {
+                    key: TicketKey(cookie.nonce),
+                    cookie_due: Some(cookie.due),
+                })
+            }
+        }
+    }
+
+    /// Proxy `p` rejects attempt `index` of client `c` with `seconds`.
+    fn reject_with(&mut self, c: usize, index: usize, p: usize, retry: bool, seconds: Option<u64>) {
+        let counts = &mut self.proxies[p].counts;
+        counts.rejected += 1;
+        counts.retry_rejected += u64::from(retry);
+        if let Some(s) = seconds {
+            *counts.handed_out.entry((Rung::Computed, s)).or_default() += 1;
+        }
+        self.answer(
+            index,
+            Outcome::Rejected {
+                suggested_s: seconds,
+            },
+        );
+        self.rejected(c, seconds);
     }
 
     /// The `Retry-After` proxy `p` hands out, as the reference proxy computes it.
@@ -608,6 +737,11 @@ impl<'a> Sim<'a> {
             .filter_map(|(a, answered)| answered.then_some(a))
             .collect();
         RunResult {
+            ignores_header: self
+                .clients
+                .iter()
+                .map(|c| c.behaviour.ignores_header())
+                .collect(),
             scenario: self.scenario.name.clone(),
             policy: self.policy,
             attempts,
@@ -617,10 +751,23 @@ impl<'a> Sim<'a> {
             measured_s: self.scenario.measured().as_secs_f64(),
             max_attempts: self.scenario.attempts,
             idle_replica_s_while_waiting: self.idle,
+            idle_replica_s_queued: self.idle_queued,
             unfinished: self.clients.len() - self.done,
             judge,
             access_log: Vec::new(),
         }
+    }
+}
+
+/// The books' settings: the defaults, under every policy (only kept returns fill them).
+fn kept_settings(policy: Policy) -> KeptReturnsSettings {
+    match policy {
+        Policy::KeptReturns(_) => KeptReturnsSettings::default(),
+        _ => KeptReturnsSettings {
+            max_keys: 0,
+            horizon_s: 0,
+            ..KeptReturnsSettings::default()
+        },
     }
 }
 
