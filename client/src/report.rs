@@ -22,7 +22,7 @@ use std::{
 
 use retry_after_protocol::{
     HandedOut, MAX_LINE_LEN, MAX_REPORT_COUNT, MAX_RESPONSE_LEN, Report, Request, Response,
-    policy::{MAX_RETRY_AFTER_S, Rung},
+    policy::{MAX_RETRY_AFTER_S, Rung, TicketCounters, TicketOutcome},
 };
 use tokio::{
     io::{AsyncWriteExt, BufReader},
@@ -39,6 +39,8 @@ use crate::{ClientError, read_line, within};
 const SECONDS: usize = MAX_RETRY_AFTER_S as usize + 1;
 /// The rungs that carry a value, in table order.
 const RUNGS: [Rung; 2] = [Rung::Computed, Rung::Static];
+/// Ticket outcomes, counted in the vocabulary's order.
+const OUTCOMES: usize = TicketOutcome::ALL.len();
 
 /// Counts since the last report; `queue_depth` is `u64::MAX` while unknown.
 struct Counts {
@@ -53,6 +55,8 @@ struct Counts {
     /// Set once the proxy says what it hands out: from then on every report says it, `none`
     /// included.
     tracks_handed_out: AtomicBool,
+    /// What became of the places the proxy keeps, per outcome.
+    tickets: [AtomicU64; OUTCOMES],
 }
 
 /// A proxy's admissions and rejections for one service, reported to the agent in the
@@ -75,6 +79,7 @@ impl Reporter {
             backoff_streak: AtomicU32::new(0),
             handed_out: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
             tracks_handed_out: AtomicBool::new(false),
+            tickets: std::array::from_fn(|_| AtomicU64::new(0)),
         });
         let task = tokio::spawn(report_loop(
             socket.as_ref().to_path_buf(),
@@ -114,6 +119,14 @@ impl Reporter {
         self.counts.handed_out[row][second].fetch_add(1, Ordering::Relaxed);
     }
 
+    /// What became of the places the proxy keeps since it last said (kept returns): sent as
+    /// `tickets=` with the next report.
+    pub fn tickets(&self, since_last: &TicketCounters) {
+        for (outcome, n) in since_last.iter() {
+            self.counts.tickets[outcome as usize].fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
     /// The proxy's queue depth and placement backoff streak now, sent with the next report.
     pub fn set_queue(&self, queue_depth: u64, backoff_streak: u32) {
         self.counts
@@ -139,6 +152,7 @@ struct Pending {
     retry_admitted: u64,
     retry_rejected: u64,
     handed_out: [[u64; SECONDS]; 2],
+    tickets: [u64; OUTCOMES],
 }
 
 impl Default for Pending {
@@ -149,6 +163,7 @@ impl Default for Pending {
             retry_admitted: 0,
             retry_rejected: 0,
             handed_out: [[0; SECONDS]; 2],
+            tickets: [0; OUTCOMES],
         }
     }
 }
@@ -169,6 +184,20 @@ impl Pending {
                 take(count, into);
             }
         }
+        for (count, into) in counts.tickets.iter().zip(&mut self.tickets) {
+            take(count, into);
+        }
+    }
+
+    /// The `tickets=` value: every outcome with a count, or nothing.
+    fn tickets_value(&self) -> Option<String> {
+        let entries: Vec<String> = TicketOutcome::ALL
+            .iter()
+            .zip(self.tickets)
+            .filter(|(_, n)| *n > 0)
+            .map(|(outcome, n)| format!("{outcome}:{n}"))
+            .collect();
+        (!entries.is_empty()).then(|| entries.join(","))
     }
 
     /// The `handed_out=` values, each at most as long as fits on a `REPORT` line beside the
@@ -248,7 +277,11 @@ async fn report_on_one_connection(
     loop {
         ticker.tick().await;
         pending.take(counts);
-        let first = first_report(service, counts, pending);
+        let tickets = pending.tickets_value();
+        let first = Report {
+            tickets: tickets.as_deref(),
+            ..first_report(service, counts, pending)
+        };
         // Room for `handed_out=` on a line: what the longest first line takes besides it (a
         // name too long for the protocol leaves little, and the agent refuses it anyway).
         let room = MAX_LINE_LEN
@@ -285,16 +318,18 @@ fn first_report<'a>(service: &'a str, counts: &Counts, pending: &Pending) -> Rep
         retry_admitted: Some(pending.retry_admitted),
         retry_rejected: Some(pending.retry_rejected),
         handed_out: None,
+        tickets: None,
     }
 }
 
-/// A line after the first: the same queue, no admissions or rejections of its own.
+/// A line after the first: the same queue, no admissions, rejections or tickets of its own.
 fn continuation(first: Report<'_>) -> Report<'_> {
     Report {
         admitted: 0,
         rejected: 0,
         retry_admitted: Some(0),
         retry_rejected: Some(0),
+        tickets: None,
         ..first
     }
 }

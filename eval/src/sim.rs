@@ -710,6 +710,7 @@ impl<'a> Sim<'a> {
                 backoff_streak: Some(proxy.router.backoff_streak()),
                 retry_admitted: Some(counts.retry_admitted),
                 retry_rejected: Some(counts.retry_rejected),
+                tickets: None,
             };
             proxy.agent.report(base + counts.since, now, &report);
             proxy.reported.0 += counts.admitted;

@@ -26,7 +26,7 @@ mod returns;
 mod tickets;
 
 pub use ladder::{Answer, answer, header_value, jitter_factor};
-pub use names::{FallbackReason, OverloadRule, QueueDepthSource, Rung, UnknownName};
+pub use names::{FallbackReason, OverloadRule, QueueDepthSource, Rung, TicketOutcome, UnknownName};
 pub use policy::{Computed, PolicyConstants, QueueDepth, RetryAfterPolicy, Signals, Spread};
 #[doc(hidden)]
 pub use retry_after_common::vocabulary;

@@ -112,6 +112,26 @@ names! {
     }
 }
 
+names! {
+    /// What became of places in a [`TicketBook`](crate::TicketBook): the counters a proxy
+    /// reports (`tickets=`) and the agent exports (`retry_after_tickets_total{outcome}`).
+    TicketOutcome, "ticket outcome" {
+        /// A place given to a rejected client.
+        Issued = "issued",
+        /// A place taken by its client, at or after its second.
+        Honoured = "honoured",
+        /// A client came back before its place (told the time left, or admitted into free
+        /// room).
+        Early = "early",
+        /// A place unused past its grace.
+        Expired = "expired",
+        /// A key refused a place: its bucket was full of live places.
+        Refused = "refused",
+        /// A return cookie presented again after its place was taken (treated as fresh).
+        Replayed = "replayed",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

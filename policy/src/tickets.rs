@@ -15,6 +15,8 @@
 use std::fmt;
 
 use hmac::{Hmac, Mac};
+
+use crate::TicketOutcome;
 use sha1::Sha1;
 
 /// Slots per bucket: a key hashes to one bucket and takes any free slot in it.
@@ -168,21 +170,36 @@ pub enum Held {
     Spent,
 }
 
-/// What the book has done since it was made: the series an operator watches.
+/// What the book has done since it was made, per [`TicketOutcome`]: the series an operator
+/// watches.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TicketCounters {
-    /// Places given.
-    pub issued: u64,
-    /// Places taken by their client at or after their due second.
-    pub honoured: u64,
-    /// Arrivals before their place was due (told the time left, or admitted into free room).
-    pub early: u64,
-    /// Places unused past their grace.
-    pub expired: u64,
-    /// Keys refused a place because their bucket was full of live tickets.
-    pub refused: u64,
-    /// Cookies presented again after their place was taken (treated as fresh).
-    pub replayed: u64,
+    counts: [u64; TicketOutcome::ALL.len()],
+}
+
+impl TicketCounters {
+    /// The count of `outcome`.
+    pub fn get(&self, outcome: TicketOutcome) -> u64 {
+        self.counts[outcome as usize]
+    }
+
+    /// Count `n` more of `outcome`.
+    pub fn add(&mut self, outcome: TicketOutcome, n: u64) {
+        let count = &mut self.counts[outcome as usize];
+        *count = count.saturating_add(n);
+    }
+
+    /// What happened since `earlier` (a report's counts).
+    pub fn since(&self, earlier: &Self) -> Self {
+        Self {
+            counts: std::array::from_fn(|i| self.counts[i].saturating_sub(earlier.counts[i])),
+        }
+    }
+
+    /// Every outcome with its count, in the vocabulary's order.
+    pub fn iter(&self) -> impl Iterator<Item = (TicketOutcome, u64)> + '_ {
+        TicketOutcome::ALL.iter().map(|&o| (o, self.get(o)))
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -344,7 +361,7 @@ impl TicketBook {
             let slot = self.slots[i];
             if slot.spent {
                 return if cookie_due.is_some() {
-                    self.counters.replayed += 1;
+                    self.counters.add(TicketOutcome::Replayed, 1);
                     Held::Spent
                 } else {
                     Held::Nothing
@@ -352,7 +369,8 @@ impl TicketBook {
             }
             let held = window(slot.due);
             if held == Held::Nothing {
-                self.counters.expired += u64::from(slot.count);
+                self.counters
+                    .add(TicketOutcome::Expired, u64::from(slot.count));
                 self.slots[i] = Slot::default();
             }
             return self.count_early(held);
@@ -363,7 +381,7 @@ impl TicketBook {
 
     fn count_early(&mut self, held: Held) -> Held {
         if matches!(held, Held::Early(_)) {
-            self.counters.early += 1;
+            self.counters.add(TicketOutcome::Early, 1);
         }
         held
     }
@@ -393,7 +411,7 @@ impl TicketBook {
             }
         };
         if due <= now {
-            self.counters.honoured += 1;
+            self.counters.add(TicketOutcome::Honoured, 1);
         }
         if let Some(bin) = self.bin_mut(due) {
             bin.taken = bin.taken.saturating_add(1);
@@ -453,7 +471,7 @@ impl TicketBook {
             }
             found => {
                 let Some(i) = found.or_else(|| self.free_slot(key, now)) else {
-                    self.counters.refused += 1;
+                    self.counters.add(TicketOutcome::Refused, 1);
                     return None;
                 };
                 self.slots[i] = Slot {
@@ -468,7 +486,7 @@ impl TicketBook {
         let due = self.slots[i].due;
         self.reserve(due);
         self.last_due = self.last_due.max(due);
-        self.counters.issued += 1;
+        self.counters.add(TicketOutcome::Issued, 1);
         Some(due)
     }
 
@@ -519,7 +537,8 @@ impl TicketBook {
             .find(|&i| self.slots[i].is_free(now, grace))?;
         let slot = self.slots[i];
         if !slot.spent {
-            self.counters.expired += u64::from(slot.count);
+            self.counters
+                .add(TicketOutcome::Expired, u64::from(slot.count));
         }
         Some(i)
     }
@@ -547,7 +566,13 @@ mod tests {
         assert_eq!((b.outstanding(110), b.reserved(110)), (0, 1));
         assert_eq!(b.held(K, None, 113), Held::Nothing);
         let c = b.counters();
-        assert_eq!((c.issued, c.honoured, c.early), (1, 1, 1));
+        let got = [
+            TicketOutcome::Issued,
+            TicketOutcome::Honoured,
+            TicketOutcome::Early,
+        ]
+        .map(|o| c.get(o));
+        assert_eq!(got, [1, 1, 1]);
     }
 
     #[test]
@@ -556,9 +581,9 @@ mod tests {
         b.issue(K, 110, 100);
         assert_eq!(b.held(K, None, 140), Held::Due);
         assert_eq!(b.held(K, None, 141), Held::Nothing);
-        assert_eq!(b.counters().expired, 1);
+        assert_eq!(b.counters().get(TicketOutcome::Expired), 1);
         assert_eq!(b.held(K, None, 142), Held::Nothing);
-        assert_eq!(b.counters().expired, 1, "counted once");
+        assert_eq!(b.counters().get(TicketOutcome::Expired), 1, "counted once");
     }
 
     #[test]
@@ -590,7 +615,7 @@ mod tests {
             assert!(b.issue(TicketKey(k << 32), 120, 100).is_some());
         }
         assert_eq!(b.issue(TicketKey(99 << 32), 120, 100), None);
-        assert_eq!(b.counters().refused, 1);
+        assert_eq!(b.counters().get(TicketOutcome::Refused), 1);
         assert!((0..8).all(|k| b.held(TicketKey(k << 32), None, 120) == Held::Due));
         // Once they expire, their slots serve new keys.
         assert_eq!(b.issue(TicketKey(99 << 32), 200, 160), Some(200));
@@ -623,7 +648,7 @@ mod tests {
         assert_eq!(b.held(K, Some(110), 110), Held::Due);
         b.take(K, Some(110), 110);
         assert_eq!(b.held(K, Some(110), 111), Held::Spent);
-        assert_eq!(b.counters().replayed, 1);
+        assert_eq!(b.counters().get(TicketOutcome::Replayed), 1);
         // The proxy that gave it: the same.
         let mut own = book();
         own.issue(K, 110, 100);

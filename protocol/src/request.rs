@@ -4,7 +4,7 @@ use std::fmt;
 
 use crate::{
     ErrorCode, MAX_LINE_LEN, MAX_REPORT_COUNT, MAX_SERVICE_NAME_LEN, ProtocolError,
-    policy::{MAX_RETRY_AFTER_S, Rung},
+    policy::{MAX_RETRY_AFTER_S, Rung, TicketOutcome},
     wire::Opt,
 };
 
@@ -51,6 +51,9 @@ pub struct Report<'a> {
     /// What it handed out: `handed_out=` as sent, checked (`none`: no rejection carried a
     /// value); read it with [`Report::handed_out`].
     pub handed_out: Option<&'a str>,
+    /// What became of the places it keeps (kept returns) since its last report: `tickets=`
+    /// as sent, checked, entries `<outcome>:<count>`; read it with [`Report::tickets`].
+    pub tickets: Option<&'a str>,
 }
 
 /// Rejections that carried one `Retry-After` value from one rung, as a proxy reports them.
@@ -102,7 +105,7 @@ impl<'a> Report<'a> {
         let (mut admitted, mut rejected) = (None, None);
         options(
             words,
-            "REPORT takes admitted=<n> rejected=<n> and optionally queue_depth=, backoff_streak=, retry_admitted=, retry_rejected=, handed_out=",
+            "REPORT takes admitted=<n> rejected=<n> and optionally queue_depth=, backoff_streak=, retry_admitted=, retry_rejected=, handed_out=, tickets=",
             |key, v| match key {
                 "admitted" => set(&mut admitted, key, v),
                 "rejected" => set(&mut rejected, key, v),
@@ -112,6 +115,9 @@ impl<'a> Report<'a> {
                 "retry_rejected" => set(&mut report.retry_rejected, key, v),
                 "handed_out" if report.handed_out.is_none() => {
                     Some(checked_handed_out(v).map(|v| report.handed_out = Some(v)))
+                }
+                "tickets" if report.tickets.is_none() => {
+                    Some(checked_tickets(v).map(|v| report.tickets = Some(v)))
                 }
                 _ => None,
             },
@@ -144,6 +150,15 @@ impl<'a> Report<'a> {
             ));
         }
         Ok(())
+    }
+
+    /// The ticket outcomes with their counts, as reported (nothing if the proxy keeps no
+    /// places).
+    pub fn tickets(&self) -> impl Iterator<Item = (TicketOutcome, u64)> + '_ {
+        self.tickets
+            .into_iter()
+            .flat_map(|v| v.split(','))
+            .filter_map(ticket_entry)
     }
 
     /// The values handed out, as reported (nothing if the proxy did not say).
@@ -262,6 +277,9 @@ impl fmt::Display for Request<'_> {
                 if let Some(handed_out) = r.handed_out {
                     write!(f, " handed_out={handed_out}")?;
                 }
+                if let Some(tickets) = r.tickets {
+                    write!(f, " tickets={tickets}")?;
+                }
                 Ok(())
             }
             Request::Health => f.write_str("HEALTH"),
@@ -300,6 +318,30 @@ fn checked_handed_out(value: &str) -> Result<&str, ProtocolError> {
         ErrorCode::BadArgument,
         format!(
             "handed_out={value:?} is not entries like c3:12 or s5:40 (rung c or s, seconds, count), comma-separated"
+        ),
+    ))
+}
+
+/// One `tickets=` entry: `<outcome>:<count>`, the count at most `MAX_REPORT_COUNT`.
+fn ticket_entry(entry: &str) -> Option<(TicketOutcome, u64)> {
+    let (outcome, count) = entry.split_once(':')?;
+    let count: u64 = count.parse().ok().filter(|&n| n <= MAX_REPORT_COUNT)?;
+    Some((outcome.parse().ok()?, count))
+}
+
+fn checked_tickets(value: &str) -> Result<&str, ProtocolError> {
+    if value.split(',').all(|e| ticket_entry(e).is_some()) {
+        return Ok(value);
+    }
+    Err(ProtocolError::new(
+        ErrorCode::BadArgument,
+        format!(
+            "tickets={value:?} is not entries like issued:3 or honoured:2 (an outcome of {}, a count up to {MAX_REPORT_COUNT}), comma-separated",
+            TicketOutcome::ALL
+                .iter()
+                .map(|o| o.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
     ))
 }

@@ -6,7 +6,7 @@ use retry_after_protocol::{
     ProtocolError, QueryResponse, Report, Request, Response,
     policy::{
         FallbackReason, OverloadRule, PolicyConstants, PromisedReturns, QueueDepth,
-        QueueDepthSource, RetryAfterPolicy, Rung,
+        QueueDepthSource, RetryAfterPolicy, Rung, TicketOutcome,
     },
 };
 
@@ -43,6 +43,30 @@ fn parses_every_request() {
         }))
     );
     assert_eq!(Request::parse(b"HEALTH"), Ok(Request::Health));
+    let Ok(Request::Report(kept)) =
+        Request::parse(b"REPORT chat admitted=3 rejected=1 tickets=issued:4,early:2,expired:1")
+    else {
+        panic!("a report with tickets");
+    };
+    let tickets: Vec<(TicketOutcome, u64)> = kept.tickets().collect();
+    assert_eq!(
+        tickets,
+        vec![
+            (TicketOutcome::Issued, 4),
+            (TicketOutcome::Early, 2),
+            (TicketOutcome::Expired, 1)
+        ]
+    );
+    for bad in [
+        "tickets=issued",
+        "tickets=lost:3",
+        "tickets=issued:x",
+        "tickets=issued:1,",
+    ] {
+        let line = format!("REPORT chat admitted=1 rejected=1 {bad}");
+        let e = Request::parse(line.as_bytes()).unwrap_err();
+        assert!(e.to_string().contains("issued:3"), "{bad}: {e}");
+    }
     let Ok(Request::Report(none)) =
         Request::parse(b"REPORT chat admitted=3 rejected=1 handed_out=none")
     else {
@@ -370,6 +394,7 @@ proptest! {
                 retry_admitted: counts.2,
                 retry_rejected: counts.3,
                 handed_out: (!handed.is_empty()).then_some(handed_out.as_str()),
+                tickets: (counts.0 % 2 == 1).then_some("issued:3,honoured:2,replayed:1"),
             }),
             _ => Request::Health,
         };

@@ -301,6 +301,12 @@ impl Metrics {
                 .with_label_values(&[service, outcome])
                 .inc_by(retries.unwrap_or(0));
         }
+        for (outcome, count) in report.tickets() {
+            self.answers
+                .tickets
+                .with_label_values(&[service, outcome.as_str()])
+                .inc_by(count);
+        }
     }
 
     /// Count a request by command.

@@ -144,6 +144,7 @@ pub(super) struct AnswerSeries {
     pub(super) judge_dropped: IntCounterVec,
     pub(super) proxy_requests: IntCounterVec,
     pub(super) proxy_retries: IntCounterVec,
+    pub(super) tickets: IntCounterVec,
 }
 
 impl AnswerSeries {
@@ -157,6 +158,7 @@ impl AnswerSeries {
             judge_dropped: s.counters("retry_after_judge_dropped_total", "Answers the judge could not follow (too many waiting).", &SERVICE),
             proxy_requests: s.counters("retry_after_proxy_requests_total", "Requests the proxies reported admitting or rejecting.", &["service", "outcome"]),
             proxy_retries: s.counters("retry_after_proxy_retries_total", "Retries after a Retry-After that the proxies reported admitting or rejecting (where they can tell).", &["service", "outcome"]),
+            tickets: s.counters("retry_after_tickets_total", "What became of the places the proxies keep (kept returns), as they reported it: issued, honoured, early, expired, refused, replayed.", &["service", "outcome"]),
         }
     }
 }
