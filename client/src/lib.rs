@@ -166,6 +166,17 @@ impl Subscription {
         )
     }
 
+    /// What a proxy keeping returns places them with: the held estimate's drain rate (if it
+    /// is warm) and its clamp, or `None` without a fresh estimate. Never blocks.
+    pub fn drain_and_clamp(&self) -> Option<(Option<f64>, (u64, u64))> {
+        let guard = self.held.load();
+        let held = guard.as_ref()?;
+        if held.received.elapsed() > self.options.stale_after {
+            return None;
+        }
+        Some((held.push.drain_rate, held.push.constants.clamp()))
+    }
+
     /// Returns promised by this subscriber that its schedule could not hold (none in
     /// practice: a bin holds 4 billion).
     pub fn returns_dropped(&self) -> u64 {

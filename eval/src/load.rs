@@ -170,24 +170,39 @@ pub fn arrivals(phases: &[Phase], seed: u64) -> Vec<Duration> {
     times
 }
 
-/// One attempt of a client (its `number`, in the `x-retry-attempt` header): served, rejected
-/// with the `Retry-After` it carried, or failed (another status, an error, 120 s without an
-/// answer).
-async fn attempt(http: &Client<HttpConnector, Empty<Bytes>>, url: &str, number: u32) -> Outcome {
-    let request = Request::get(url)
+/// The header every attempt of a client carries its own key in (`client-<index>`): what a
+/// proxy keeping returns by key recognises it by (an API key, in real traffic).
+pub const CLIENT_KEY_HEADER: &str = "x-client-key";
+
+/// One attempt of client `client` (its `number`, in the `x-retry-attempt` header; its key;
+/// the return cookie it holds, as a cookie jar would send it): served, rejected with the
+/// `Retry-After` it carried, or failed (another status, an error, 120 s without an answer).
+/// A cookie the answer sets replaces `cookie`.
+async fn attempt(
+    http: &Client<HttpConnector, Empty<Bytes>>,
+    url: &str,
+    (client, number): (usize, u32),
+    cookie: &mut Option<String>,
+) -> Outcome {
+    let mut request = Request::get(url)
         .header("x-retry-attempt", number.to_string())
-        .body(Empty::new())
-        .expect("a valid request");
+        .header(CLIENT_KEY_HEADER, format!("client-{client}"));
+    if let Some(cookie) = cookie.as_deref() {
+        request = request.header(hyper::header::COOKIE, cookie);
+    }
+    let request = request.body(Empty::new()).expect("a valid request");
     let Ok(Ok(response)) =
         tokio::time::timeout(Duration::from_secs(120), http.request(request)).await
     else {
         return Outcome::Failed;
     };
     let status = response.status().as_u16();
-    let suggested_s = response
-        .headers()
-        .get("retry-after")
-        .and_then(|v| v.to_str().ok()?.parse().ok());
+    let header = |name| response.headers().get(name).and_then(|v| v.to_str().ok());
+    let suggested_s = header(hyper::header::RETRY_AFTER).and_then(|v| v.parse().ok());
+    if let Some(set) = header(hyper::header::SET_COOKIE) {
+        // The name=value pair, as a cookie jar sends it back (attributes dropped).
+        *cookie = set.split(';').next().map(str::to_owned);
+    }
     let body = response.into_body().collect().await;
     match (status, body) {
         (200, Ok(_)) => Outcome::Served,
@@ -231,9 +246,10 @@ impl Load {
                 tokio::time::sleep_until((started + at).into()).await;
                 let mut rng = StdRng::seed_from_u64(seed);
                 let mut after_suggested_s = None;
+                let mut cookie = None;
                 for number in 1..=max_attempts {
                     let sent = started.elapsed();
-                    let outcome = attempt(&http, &url, number).await;
+                    let outcome = attempt(&http, &url, (client, number), &mut cookie).await;
                     attempts
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())

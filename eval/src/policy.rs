@@ -43,7 +43,7 @@ pub enum KeptBy {
 
 impl Policy {
     /// The policies `./dev evaluate` compares, in table order: the default `--policy` set.
-    pub const ALL: [Policy; 8] = [
+    pub const ALL: [Policy; 10] = [
         Policy::NoHeader,
         Policy::Static(1),
         Policy::Static(5),
@@ -52,6 +52,8 @@ impl Policy {
         Policy::ComputedDefaults,
         Policy::ComputedRetryBacklog,
         Policy::ScheduledReturns(OverloadRule::LatestWithRoom, None),
+        Policy::KeptReturns(KeptBy::Key),
+        Policy::KeptReturns(KeptBy::Cookie),
     ];
 
     /// The static values an operator could pick, for the suite's summary.

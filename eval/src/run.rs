@@ -12,12 +12,13 @@ use std::{
 };
 
 use rand::{RngExt, SeedableRng, rngs::StdRng};
-use retry_after_reference_proxy::{Proxy, ProxyConfig};
+use retry_after_policy::{KeptReturnsSettings, KeyHasher};
+use retry_after_reference_proxy::{Keeping, KeyFrom, Proxy, ProxyConfig, RETURN_COOKIE};
 use retry_after_testkit::{AgentProcess, replica::Replica};
 
 use crate::{
-    load::{Load, arrivals},
-    policy::{Policy, SERVICE},
+    load::{CLIENT_KEY_HEADER, Load, arrivals},
+    policy::{KeptBy, Policy, SERVICE},
     record::{JudgeFigures, RunResult},
     scenario::{EventKind, Scenario},
     seeds,
@@ -136,6 +137,14 @@ fn proxy_config(
         header: policy.header(),
         seed: seeds::proxy(seed, 0),
         record_rejections: true,
+        keeping: policy.kept().map(|by| Keeping {
+            key_from: match by {
+                KeptBy::Key => KeyFrom::Header(CLIENT_KEY_HEADER.to_owned()),
+                KeptBy::Cookie => KeyFrom::Cookie(RETURN_COOKIE.to_owned()),
+            },
+            settings: KeptReturnsSettings::default(),
+            hasher: KeyHasher::new(&seed.to_be_bytes()),
+        }),
     }
 }
 

@@ -846,6 +846,8 @@ mod tests {
             Policy::ComputedDefaults,
             Policy::ComputedRetryBacklog,
             Policy::ScheduledReturns(retry_after_policy::OverloadRule::LatestWithRoom, None),
+            Policy::KeptReturns(KeptBy::Key),
+            Policy::KeptReturns(KeptBy::Cookie),
         ] {
             let result = simulate(&scenario(""), policy, 1);
             check_bookkeeping(&result);
@@ -877,6 +879,20 @@ mod tests {
                 "{policy}: clients {seen}, judge {judged}"
             );
         }
+    }
+
+    #[test]
+    fn kept_places_admit_every_retry_at_its_place_through_any_proxy_by_cookie() {
+        let s = scenario("proxies = 4");
+        let by_cookie = figures(&simulate(&s, Policy::KeptReturns(KeptBy::Cookie), 1));
+        let by_key = figures(&simulate(&s, Policy::KeptReturns(KeptBy::Key), 1));
+        // A cookie is honoured by whichever proxy the client comes back through; a key only
+        // by the proxy that gave the place (one in four here).
+        assert!(
+            by_cookie.admitted_at_suggested().unwrap() >= 0.99,
+            "{by_cookie:?}"
+        );
+        assert!(by_key.admitted_at_suggested().unwrap() < 0.9, "{by_key:?}");
     }
 
     #[test]

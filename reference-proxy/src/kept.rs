@@ -10,7 +10,84 @@
 
 use std::time::Duration;
 
-use retry_after_policy::{TicketBook, TicketKey};
+use retry_after_policy::{KeptReturnsSettings, KeyHasher, ReturnCookie, TicketBook, TicketKey};
+
+/// The return cookie's name unless configured otherwise.
+pub const RETURN_COOKIE: &str = "retry_after_return";
+
+/// Where a proxy finds a returning client's key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KeyFrom {
+    /// A request header's value (an API key): the same on every attempt of a client.
+    Header(String),
+    /// A signed return cookie of this name, set on the rejection; any proxy holding the same
+    /// secret honours it.
+    Cookie(String),
+}
+
+/// A proxy's kept returns: where keys come from, the book's settings, and the secret keys
+/// and cookies are signed with.
+#[derive(Clone, Debug)]
+pub struct Keeping {
+    /// Where a client's key is found.
+    pub key_from: KeyFrom,
+    /// The book's settings.
+    pub settings: KeptReturnsSettings,
+    /// HMAC-SHA1 under the proxies' shared secret.
+    pub hasher: KeyHasher,
+}
+
+impl Keeping {
+    /// What a request says of itself as a possible return: its key (hashed), from the header
+    /// or from a return cookie that verifies for `service` (anything else: nothing). `cookie`
+    /// is the request's `Cookie` header, `header` the key header's value.
+    pub fn returning(
+        &self,
+        service: &str,
+        header: Option<&[u8]>,
+        cookie: Option<&str>,
+    ) -> Option<Returning> {
+        match &self.key_from {
+            KeyFrom::Header(_) => Some(Returning {
+                key: self.hasher.key(header?),
+                cookie_due: None,
+            }),
+            KeyFrom::Cookie(name) => {
+                let value = cookie_value(cookie?, name)?;
+                let cookie = ReturnCookie::read(value, &self.hasher, service).ok()?;
+                Some(Returning {
+                    key: TicketKey(cookie.nonce),
+                    cookie_due: Some(cookie.due),
+                })
+            }
+        }
+    }
+
+    /// The `Set-Cookie` value for a place due at `place.due` (cookie keys only), valid until
+    /// its grace ends.
+    pub fn set_cookie(&self, service: &str, place: &Promise, nonce: u64) -> Option<String> {
+        let KeyFrom::Cookie(name) = &self.key_from else {
+            return None;
+        };
+        let value = ReturnCookie {
+            due: place.due,
+            nonce,
+        }
+        .write(&self.hasher, service);
+        let max_age = place.seconds + u64::from(self.settings.grace_s) + 1;
+        Some(format!(
+            "{name}={value}; Max-Age={max_age}; Path=/; HttpOnly"
+        ))
+    }
+}
+
+/// The value of cookie `name` in a `Cookie` header.
+pub fn cookie_value<'a>(header: &'a str, name: &str) -> Option<&'a str> {
+    header.split(';').find_map(|pair| {
+        let (k, v) = pair.trim().split_once('=')?;
+        (k == name).then_some(v)
+    })
+}
 
 /// A request that may be a return: its key, and the due second of the return cookie it
 /// carried, verified, if the key is a cookie's nonce.
@@ -109,8 +186,6 @@ impl FreshRoom {
 
 #[cfg(test)]
 mod tests {
-    use retry_after_policy::KeptReturnsSettings;
-
     use super::*;
     use crate::{KeptArrival, Router};
 
@@ -172,6 +247,27 @@ mod tests {
         assert!(!room.has_room(100, 3.0, Some(4.0)));
         assert!(room.has_room(101, 3.0, Some(4.0)), "a new second");
         assert!(room.has_room(100, 99.0, None), "no drain rate, no limit");
+    }
+
+    #[test]
+    fn a_cookie_is_found_among_others_and_verified() {
+        let keeping = Keeping {
+            key_from: KeyFrom::Cookie(RETURN_COOKIE.to_owned()),
+            settings: KeptReturnsSettings::default(),
+            hasher: KeyHasher::new(b"s"),
+        };
+        let place = Promise {
+            due: 1000,
+            seconds: 7,
+        };
+        let set = keeping.set_cookie("api", &place, 5).unwrap();
+        assert!(set.ends_with("; Max-Age=38; Path=/; HttpOnly"), "{set}");
+        let value = set.split(';').next().unwrap();
+        let header = format!("theme=dark; {value}; lang=en");
+        let back = keeping.returning("api", None, Some(&header)).unwrap();
+        assert_eq!((back.key, back.cookie_due), (TicketKey(5), Some(1000)));
+        assert_eq!(keeping.returning("other", None, Some(&header)), None);
+        assert_eq!(keeping.returning("api", None, Some("theme=dark")), None);
     }
 
     #[test]

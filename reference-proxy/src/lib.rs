@@ -16,6 +16,6 @@ pub mod kept;
 pub mod proxy;
 pub mod router;
 
-pub use kept::{Promise, Returning, keep, promise, told};
+pub use kept::{Keeping, KeyFrom, Promise, RETURN_COOKIE, Returning, keep, promise, told};
 pub use proxy::{HeaderPolicy, Proxy, ProxyConfig, Rejection};
 pub use router::{Arrival, Fleet, KeptArrival, RetryBacklog, Router, Wake};

@@ -12,7 +12,10 @@ use std::{net::SocketAddr, path::PathBuf};
 
 use anyhow::{Context as _, Result, bail};
 use clap::{Parser, ValueEnum};
-use retry_after_reference_proxy::{HeaderPolicy, Proxy, ProxyConfig};
+use retry_after_policy::{KeptReturnsSettings, KeyHasher};
+use retry_after_reference_proxy::{
+    HeaderPolicy, Keeping, KeyFrom, Proxy, ProxyConfig, RETURN_COOKIE,
+};
 use tokio::{net::TcpListener, signal::unix::SignalKind};
 
 /// The reference rejecting proxy: a bounded queue, power-of-two-choices placement with
@@ -44,6 +47,42 @@ struct Cli {
     /// Seed of the placement and jitter draws.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Keep the places rejections promise (kept returns), keyed by this request header
+    /// (`header:x-api-key`) or by a signed return cookie (`cookie`, or `cookie:NAME`).
+    #[arg(long, value_parser = parse_keep)]
+    keep: Option<KeyFrom>,
+    /// The secret keys are hashed and cookies signed with (a file holding it; proxies that
+    /// honour each other's cookies share it). Without it, a random one.
+    #[arg(long)]
+    secret_file: Option<PathBuf>,
+}
+
+fn parse_keep(text: &str) -> Result<KeyFrom, String> {
+    match text.split_once(':') {
+        Some(("header", name)) if !name.is_empty() => {
+            Ok(KeyFrom::Header(name.to_ascii_lowercase()))
+        }
+        Some(("cookie", name)) if !name.is_empty() => Ok(KeyFrom::Cookie(name.to_owned())),
+        None if text == "cookie" => Ok(KeyFrom::Cookie(RETURN_COOKIE.to_owned())),
+        _ => Err(format!(
+            "{text:?}: expected header:NAME, cookie or cookie:NAME"
+        )),
+    }
+}
+
+/// The secret from `--secret-file`, or a random one.
+fn secret(path: Option<&PathBuf>) -> Result<Vec<u8>> {
+    match path {
+        Some(path) => {
+            let secret = std::fs::read(path)
+                .with_context(|| format!("--secret-file: cannot read {}", path.display()))?;
+            if secret.trim_ascii().is_empty() {
+                bail!("--secret-file: {} is empty", path.display());
+            }
+            Ok(secret.trim_ascii().to_vec())
+        }
+        None => Ok(rand::random::<[u8; 32]>().to_vec()),
+    }
 }
 
 /// `--header`.
@@ -99,6 +138,14 @@ async fn main() -> Result<()> {
         },
         seed: cli.seed,
         record_rejections: false,
+        keeping: match cli.keep {
+            Some(key_from) => Some(Keeping {
+                key_from,
+                settings: KeptReturnsSettings::default(),
+                hasher: KeyHasher::new(&secret(cli.secret_file.as_ref())?),
+            }),
+            None => None,
+        },
     };
     let proxy = Proxy::serve(listener, config, &cli.agent_socket)?;
     tracing::info!(listen = %proxy.addr(), agent = %cli.agent_socket.display(), "serving");

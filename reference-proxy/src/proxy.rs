@@ -35,7 +35,14 @@ use tokio::{
     task::JoinHandle,
 };
 
-use crate::router::{Arrival, Fleet, RetryBacklog, Router, Wake};
+use retry_after_policy::{
+    KeptReturnsSettings, MAX_RETRY_AFTER_S, TicketBook, TicketCounters, TicketKey,
+};
+
+use crate::{
+    kept::{Keeping, KeyFrom, keep, promise, told},
+    router::{Arrival, Fleet, KeptArrival, RetryBacklog, Router, Wake},
+};
 
 /// Whether rejections carry a header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,6 +74,8 @@ pub struct ProxyConfig {
     /// Keep every rejection for [`Proxy::rejections`] (an evaluation's access log; memory
     /// grows with the rejections, so a long-running proxy leaves it off).
     pub record_rejections: bool,
+    /// Keep the places rejections promise (kept returns), and how; `None`: answers are hints.
+    pub keeping: Option<Keeping>,
 }
 
 /// One rejection, as the access log records it.
@@ -106,6 +115,9 @@ struct Routing {
     fleet: Fleet,
     router: Router<oneshot::Sender<usize>>,
     backlog: RetryBacklog,
+    /// The places kept (kept returns), and its counters as last reported.
+    book: TicketBook,
+    reported_tickets: TicketCounters,
     /// The jitter draws.
     rng: StdRng,
 }
@@ -168,6 +180,15 @@ impl Proxy {
             fleet: Fleet::new(config.replicas.iter().map(|r| r.1)),
             router: Router::new(config.max_queued_requests, config.seed),
             backlog: RetryBacklog::default(),
+            book: TicketBook::new(config.keeping.as_ref().map_or(
+                KeptReturnsSettings {
+                    max_keys: 0,
+                    horizon_s: 0,
+                    ..KeptReturnsSettings::default()
+                },
+                |k| k.settings,
+            )),
+            reported_tickets: TicketCounters::default(),
             rng: StdRng::seed_from_u64(jitter_seed(config.seed)),
         };
         let state = Arc::new(State {
@@ -264,11 +285,15 @@ async fn handle(
         .and_then(|v| v.to_str().ok()?.parse::<u32>().ok())
         .is_some_and(|n| n > 1);
     let (tx, rx) = oneshot::channel();
-    let arrival = state.routing().router.arrive(tx);
-    if let Arrival::Rejected {
+    if let Some(keeping) = &state.config.keeping {
+        if let Some(rejection) = arrive_kept(&state, keeping, request.headers(), tx) {
+            state.reporter.rejected(retry);
+            return Ok(rejection);
+        }
+    } else if let Arrival::Rejected {
         queue_depth,
         backoff_streak,
-    } = arrival
+    } = state.routing().router.arrive(tx)
     {
         state.reporter.rejected(retry);
         return Ok(reject(&state, queue_depth, backoff_streak));
@@ -327,6 +352,107 @@ impl Drop for Placed<'_> {
     }
 }
 
+/// A request arrives at a proxy that keeps returns: queued (`None`), or the rejection to send,
+/// with the time left to its place, a new place, or (no place can be given) the hint.
+fn arrive_kept(
+    state: &State,
+    keeping: &Keeping,
+    headers: &hyper::HeaderMap,
+    waiter: oneshot::Sender<usize>,
+) -> Option<Response<Body>> {
+    let service = &state.config.service;
+    let header = match &keeping.key_from {
+        KeyFrom::Header(name) => headers.get(name.as_str()).map(|v| v.as_bytes()),
+        KeyFrom::Cookie(_) => None,
+    };
+    let cookie = headers
+        .get(hyper::header::COOKIE)
+        .and_then(|v| v.to_str().ok());
+    let returning = keeping.returning(service, header, cookie);
+    let (drain_rate, clamp) = state
+        .subscription
+        .drain_and_clamp()
+        .unwrap_or((None, (1, MAX_RETRY_AFTER_S)));
+    let now = unix_now();
+    let now_s = now.as_secs();
+    let mut routing = state.routing();
+    let Routing {
+        router, book, rng, ..
+    } = &mut *routing;
+    let arrival = router.arrive_kept(waiter, returning, book, now_s, drain_rate);
+    let (depth, streak) = match arrival {
+        KeptArrival::Returned | KeptArrival::Queued => {
+            report_tickets(state, &mut routing);
+            drop(routing);
+            state.queued.notify_one();
+            return None;
+        }
+        KeptArrival::Early { due } => {
+            let seconds = told(due, now_s, clamp).seconds;
+            report_tickets(state, &mut routing);
+            drop(routing);
+            return Some(rejection(
+                state,
+                0,
+                0,
+                (Some(seconds), Rung::Computed),
+                None,
+            ));
+        }
+        KeptArrival::Rejected {
+            queue_depth,
+            backoff_streak,
+        } => (queue_depth, backoff_streak),
+    };
+    // A header key is the client's own; a cookie's is a new nonce. No key: a hint.
+    let key = match (&keeping.key_from, returning) {
+        (KeyFrom::Header(_), Some(r)) => r.key,
+        (KeyFrom::Header(_), None) => {
+            drop(routing);
+            return Some(reject(state, depth, streak));
+        }
+        (KeyFrom::Cookie(_), _) => TicketKey(rand::RngExt::random(rng)),
+    };
+    let mut place = promise(book, key, now, depth, drain_rate, clamp);
+    if place.is_none() {
+        // No place computed (no drain rate yet): the hint's second is kept instead.
+        let hint = state
+            .subscription
+            .retry_after_with(Some(depth as u64), Some(streak), rng)
+            .seconds;
+        place = hint.and_then(|s| keep(book, key, now, s, clamp));
+    }
+    report_tickets(state, &mut routing);
+    drop(routing);
+    let Some(place) = place else {
+        return Some(reject(state, depth, streak));
+    };
+    let cookie = keeping.set_cookie(service, &place, key.0);
+    Some(rejection(
+        state,
+        depth,
+        streak,
+        (Some(place.seconds), Rung::Computed),
+        cookie,
+    ))
+}
+
+/// Hand the book's counters since the last report to the reporter.
+fn report_tickets(state: &State, routing: &mut Routing) {
+    let now = routing.book.counters();
+    state
+        .reporter
+        .tickets(&now.since(&routing.reported_tickets));
+    routing.reported_tickets = now;
+}
+
+/// Time on the wall clock, the books' clock: cookies carry it from proxy to proxy.
+fn unix_now() -> Duration {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+}
+
 /// The rejection of a request that found the queue at `depth` with placement at `streak`.
 fn reject(state: &State, depth: usize, streak: u32) -> Response<Body> {
     let with_backlog = state.config.header == HeaderPolicy::FromAgentWithRetryBacklog;
@@ -352,9 +478,21 @@ fn reject(state: &State, depth: usize, streak: u32) -> Response<Body> {
         if with_backlog && let Some(s) = seconds {
             routing.backlog.promise(now + Duration::from_secs(s));
         }
-        state.reporter.handed_out(rung, seconds.unwrap_or(0));
         (seconds, rung)
     };
+    rejection(state, depth, streak, (seconds, rung), None)
+}
+
+/// The response to a rejection that carries `answer` (seconds and rung) and, for a place
+/// kept by cookie, `set_cookie`; counted and logged.
+fn rejection(
+    state: &State,
+    depth: usize,
+    streak: u32,
+    (seconds, rung): (Option<u64>, Rung),
+    set_cookie: Option<String>,
+) -> Response<Body> {
+    state.reporter.handed_out(rung, seconds.unwrap_or(0));
     let rejection = Rejection {
         at: state.started.elapsed(),
         queue_depth: depth,
@@ -377,6 +515,11 @@ fn reject(state: &State, depth: usize, streak: u32) -> Response<Body> {
         response
             .headers_mut()
             .insert("retry-after", seconds.to_string().parse().expect("digits"));
+    }
+    if let Some(value) = set_cookie.and_then(|c| c.parse().ok()) {
+        response
+            .headers_mut()
+            .insert(hyper::header::SET_COOKIE, value);
     }
     response
 }

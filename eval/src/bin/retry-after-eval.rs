@@ -21,8 +21,8 @@ use retry_after_eval::{
     figures::{Figures, figures},
     policy::Policy,
     report::{
-        BOUND, Row, bar_chart, judge_table, operators_static_pick, suite_summary, table,
-        tradeoff_chart,
+        BOUND, Row, bar_chart, judge_table, kept_returns_table, operators_static_pick,
+        suite_summary, table, tradeoff_chart,
     },
     run::run,
     scenario::Scenario,
@@ -72,7 +72,8 @@ struct Common {
     #[arg(long = "scenario-dir")]
     scenario_dirs: Vec<PathBuf>,
     /// A policy (repeatable): none, static-N, router_queue_drain_rate[-simple|-retry_backlog],
-    /// scheduled_returns[-latest|-fill_capacity][-hN]. Default: the eight of the evaluation.
+    /// scheduled_returns[-latest|-fill_capacity][-hN], kept_returns[-cookie]. Default: the ten
+    /// of the evaluation.
     #[arg(long = "policy")]
     policies: Vec<Policy>,
     /// Where results.md, results.json and the charts go.
@@ -320,6 +321,8 @@ fn write_results(
     md.push_str(&table(rows));
     md.push_str("\n## The judge against the clients\n\n");
     md.push_str(&judge_table(rows));
+    md.push_str("\n## Places, the clamp, and idle capacity by cause\n\n");
+    md.push_str(&kept_returns_table(rows));
     md.push_str("\n## Summary over the scenarios\n\n");
     md.push_str(&suite_summary(rows));
     if let Some(pick) = operators_static_pick(rows) {

@@ -151,6 +151,7 @@ fn reject_path_table(agent_socket: &Path) {
     let with_schedule = per_call_ns(calls, || {
         black_box(scheduled.retry_after_with(Some(black_box(17)), None, &mut rng));
     });
+    let (early, placed) = kept_returns_paths(calls);
     println!();
     println!("| reject path | ns per call | ratio to baseline |");
     println!("|---|---|---|");
@@ -162,9 +163,58 @@ fn reject_path_table(agent_socket: &Path) {
             "`retry_after_with`, `scheduled_returns` (own depth, schedule filling)",
             with_schedule,
         ),
+        (
+            "`kept_returns`: admission check of a key holding a place (early, queue full)",
+            early,
+        ),
+        (
+            "`kept_returns`: a rejection given a place (key hashed, place found, booked)",
+            placed,
+        ),
     ] {
         println!("| {name} | {ns:.1} | {:.2} |", ns / baseline);
     }
+}
+
+/// Kept returns on the reject path, per call: the router's admission check for a key that
+/// holds a place not yet due, with the queue full (a lookup in the book, the answer its
+/// second); and a rejection given a place: the key's HMAC, the walk to the earliest second
+/// with room and the booking, in a book the calls fill (20,000 a second of drain, so later
+/// calls walk further).
+fn kept_returns_paths(calls: u32) -> (f64, f64) {
+    use retry_after_policy::{KeptReturnsSettings, KeyHasher, TicketBook, TicketKey};
+    use retry_after_reference_proxy::{Returning, Router, promise};
+    let settings = KeptReturnsSettings {
+        max_keys: calls as usize * 2,
+        ..KeptReturnsSettings::default()
+    };
+    let mut book = TicketBook::new(settings);
+    let mut router: Router<u32> = Router::new(1, 1);
+    router.arrive_kept(0, None, &mut book, 100, None);
+    let holder = TicketKey(7 << 32);
+    book.issue(holder, 130, 100);
+    let returning = Some(Returning {
+        key: holder,
+        cookie_due: None,
+    });
+    let early = per_call_ns(calls, || {
+        black_box(router.arrive_kept(1, black_box(returning), &mut book, 100, Some(20_000.0)));
+    });
+    let hasher = KeyHasher::new(b"bench secret");
+    let mut i = 0u64;
+    let placed = per_call_ns(calls, || {
+        i += 1;
+        let key = hasher.key(&i.to_be_bytes());
+        black_box(promise(
+            &mut book,
+            key,
+            Duration::from_millis(100_250),
+            1,
+            Some(20_000.0),
+            (1, 60),
+        ));
+    });
+    (early, placed)
 }
 
 /// A subscription to `service` that holds its first estimate (within a tokio runtime).

@@ -7,7 +7,11 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use retry_after_eval::{
-    figures::figures, load::Outcome, policy::Policy, run::run, scenario::Scenario,
+    figures::{Figures, figures},
+    load::Outcome,
+    policy::{KeptBy, Policy},
+    run::run,
+    scenario::Scenario,
 };
 
 #[test]
@@ -22,7 +26,19 @@ fn the_judge_agrees_with_the_clients_when_the_proxy_hands_out_its_own_time() {
     check_a_short_run(Policy::ComputedRetryBacklog);
 }
 
-fn check_a_short_run(policy: Policy) {
+/// The proxy keeps the places it promises, by return cookie (set on the rejection, sent back
+/// by the load's cookie jar): the judge grades the places handed out, and a retry at its
+/// place is admitted.
+#[test]
+fn the_judge_agrees_with_the_clients_when_the_proxy_keeps_places() {
+    let f = check_a_short_run(Policy::KeptReturns(KeptBy::Cookie));
+    assert!(
+        f.admitted_at_suggested().unwrap() >= 0.95,
+        "retries at their place: {f:?}"
+    );
+}
+
+fn check_a_short_run(policy: Policy) -> Figures {
     let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../eval/scenarios/steady-overload.toml");
     let scenario = Scenario::from_file(&file).unwrap().scaled_to(8.0);
     let result = run(&scenario, policy, 7, |_| {});
@@ -99,4 +115,5 @@ fn check_a_short_run(policy: Policy) {
         (seen - judged).abs() <= 0.05,
         "clients saw {seen:.3}, the judge {judged:.3}"
     );
+    f
 }

@@ -1,0 +1,225 @@
+//! Kept returns against clients that do not play fair: a forged or replayed cookie, a key that
+//! collects places without coming back, a client back a thousand times early, a flood of
+//! distinct keys. Each gets a bounded outcome (treated as fresh, capped per key, counted),
+//! none takes another key's place, and the book's memory never grows.
+
+use std::time::Duration;
+
+use retry_after_policy::{
+    KeptReturnsSettings, KeyHasher, ReturnCookie, TicketBook, TicketKey, TicketOutcome,
+};
+use retry_after_reference_proxy::{KeptArrival, Returning, Router, promise};
+
+/// Drain rate of the service in every case: 10 requests a second.
+const DRAIN: Option<f64> = Some(10.0);
+const CLAMP: (u64, u64) = (1, 60);
+const SERVICE: &str = "api";
+
+fn keyed(k: TicketKey) -> Option<Returning> {
+    Some(Returning {
+        key: k,
+        cookie_due: None,
+    })
+}
+
+/// A router whose queue (bound 2) is full at second `now`.
+fn full_router(book: &mut TicketBook, now: u64) -> Router<u32> {
+    let mut router = Router::new(2, 1);
+    router.arrive_kept(0, None, book, now, None);
+    router.arrive_kept(1, None, book, now, None);
+    router
+}
+
+/// A client rejected at `now` with `key`, given a place; the place's second.
+fn rejected_with_place(
+    book: &mut TicketBook,
+    router: &mut Router<u32>,
+    key: TicketKey,
+    now: u64,
+) -> u64 {
+    let arrival = router.arrive_kept(9, keyed(key), book, now, DRAIN);
+    assert!(
+        matches!(arrival, KeptArrival::Rejected { .. }),
+        "{arrival:?}"
+    );
+    promise(
+        book,
+        key,
+        Duration::from_secs(now),
+        router.queue_depth(),
+        DRAIN,
+        CLAMP,
+    )
+    .expect("a place")
+    .due
+}
+
+/// What a proxy makes of a cookie header's value: a possible return, or nothing.
+fn from_cookie(value: &str, hasher: &KeyHasher) -> Option<Returning> {
+    let cookie = ReturnCookie::read(value, hasher, SERVICE).ok()?;
+    Some(Returning {
+        key: TicketKey(cookie.nonce),
+        cookie_due: Some(cookie.due),
+    })
+}
+
+#[test]
+fn a_forged_cookie_is_a_fresh_arrival_and_takes_no_place() {
+    let hasher = KeyHasher::new(b"the proxies' secret");
+    let mut book = TicketBook::new(KeptReturnsSettings::default());
+    let mut router = full_router(&mut book, 100);
+    let honest = ReturnCookie { due: 105, nonce: 7 };
+    book.issue(TicketKey(7), 105, 100);
+    // The same place signed with another secret, and the honest value with its second moved.
+    let forged = honest.write(&KeyHasher::new(b"a guess"), SERVICE);
+    let moved = honest.write(&hasher, SERVICE).replacen("105.", "101.", 1);
+    for value in [
+        forged.as_str(),
+        moved.as_str(),
+        "105.0000000000000007.",
+        "garbage",
+    ] {
+        assert_eq!(from_cookie(value, &hasher), None, "{value}");
+        let arrival = router.arrive_kept(5, from_cookie(value, &hasher), &mut book, 105, DRAIN);
+        assert!(
+            matches!(arrival, KeptArrival::Rejected { .. }),
+            "{value}: {arrival:?}"
+        );
+    }
+    // The honest holder still has its place.
+    let own = from_cookie(&honest.write(&hasher, SERVICE), &hasher);
+    assert_eq!(
+        router.arrive_kept(6, own, &mut book, 105, DRAIN),
+        KeptArrival::Returned
+    );
+}
+
+#[test]
+fn a_replayed_cookie_is_admitted_once_then_counted_and_treated_as_fresh() {
+    let hasher = KeyHasher::new(b"secret");
+    let mut book = TicketBook::new(KeptReturnsSettings::default());
+    let mut router = full_router(&mut book, 100);
+    let value = ReturnCookie {
+        due: 103,
+        nonce: 42,
+    }
+    .write(&hasher, SERVICE);
+    book.issue(TicketKey(42), 103, 100);
+    let at_103 = |router: &mut Router<u32>, book: &mut TicketBook| {
+        router.arrive_kept(1, from_cookie(&value, &hasher), book, 103, DRAIN)
+    };
+    assert_eq!(at_103(&mut router, &mut book), KeptArrival::Returned);
+    for _ in 0..100 {
+        assert!(matches!(
+            at_103(&mut router, &mut book),
+            KeptArrival::Rejected { .. }
+        ));
+    }
+    assert_eq!(book.counters().get(TicketOutcome::Replayed), 100);
+    assert_eq!(book.counters().get(TicketOutcome::Honoured), 1);
+}
+
+#[test]
+fn a_key_that_collects_places_holds_its_cap_and_loses_them_unused() {
+    let mut book = TicketBook::new(KeptReturnsSettings::default());
+    let mut router = full_router(&mut book, 100);
+    let greedy = TicketKey(0xabcd << 32);
+    let due = rejected_with_place(&mut book, &mut router, greedy, 100);
+    // Rejected again and again before its second: told the same second, no new place.
+    for now in 100..due {
+        assert_eq!(
+            router.arrive_kept(3, keyed(greedy), &mut book, now, DRAIN),
+            KeptArrival::Early { due }
+        );
+        assert_eq!(
+            promise(&mut book, greedy, Duration::from_secs(now), 2, DRAIN, CLAMP).map(|p| p.due),
+            Some(due)
+        );
+    }
+    assert_eq!(book.reserved(due), 1, "one place, whatever it asked");
+    // It never comes: the place expires after its grace, and another key gets the room.
+    let after = due + u64::from(book.settings().grace_s) + 1;
+    assert_eq!(
+        book.held(greedy, None, after),
+        retry_after_policy::Held::Nothing
+    );
+    assert_eq!(book.counters().get(TicketOutcome::Expired), 1);
+    assert_eq!(
+        book.outstanding(due),
+        1,
+        "past seconds no longer count ahead"
+    );
+    assert_eq!(
+        book.place(after, 0.0, 0, 10.0, 1),
+        Some(after + 1),
+        "the next client is placed from now, nothing held ahead of it"
+    );
+}
+
+#[test]
+fn a_client_back_a_thousand_times_early_keeps_its_place_and_nothing_grows() {
+    let mut book = TicketBook::new(KeptReturnsSettings::default());
+    let memory = book.memory_bytes();
+    let mut router = full_router(&mut book, 100);
+    let eager = TicketKey(0x1234 << 32);
+    let due = rejected_with_place(&mut book, &mut router, eager, 100);
+    for _ in 0..1000 {
+        assert_eq!(
+            router.arrive_kept(4, keyed(eager), &mut book, 100, DRAIN),
+            KeptArrival::Early { due }
+        );
+    }
+    assert_eq!(book.counters().get(TicketOutcome::Early), 1000);
+    assert_eq!(book.memory_bytes(), memory);
+    assert_eq!(
+        router.arrive_kept(4, keyed(eager), &mut book, due, DRAIN),
+        KeptArrival::Returned
+    );
+}
+
+#[test]
+fn a_flood_of_distinct_keys_is_refused_places_and_takes_none_already_given() {
+    let settings = KeptReturnsSettings {
+        max_keys: 1_000,
+        ..KeptReturnsSettings::default()
+    };
+    let mut book = TicketBook::new(settings);
+    let memory = book.memory_bytes();
+    let mut router = full_router(&mut book, 100);
+    let hasher = KeyHasher::new(b"secret");
+    let honest = hasher.key(b"honest client");
+    let due = rejected_with_place(&mut book, &mut router, honest, 100);
+    // 200,000 distinct keys, each rejected and asking for a place, in the same second as
+    // the honest client, before its place is due.
+    let mut refused_or_placed = 0;
+    for i in 0..200_000u64 {
+        let key = hasher.key(&i.to_be_bytes());
+        let _ = promise(&mut book, key, Duration::from_secs(100), 2, DRAIN, CLAMP);
+        refused_or_placed += 1;
+    }
+    assert_eq!(refused_or_placed, 200_000);
+    assert_eq!(book.memory_bytes(), memory, "fixed at creation");
+    let c = book.counters();
+    eprintln!(
+        "flood of 200,000 keys, book of 1,000: issued {}, refused {}, expired {}; {} bytes",
+        c.get(TicketOutcome::Issued),
+        c.get(TicketOutcome::Refused),
+        c.get(TicketOutcome::Expired),
+        memory
+    );
+    assert!(c.get(TicketOutcome::Refused) > 0);
+    // The honest client's place was neither taken nor moved.
+    assert_eq!(book.held(honest, None, due), retry_after_policy::Held::Due);
+}
+
+#[test]
+fn memory_per_service_at_100000_keys() {
+    let book = TicketBook::new(KeptReturnsSettings::default());
+    let bytes = book.memory_bytes();
+    eprintln!(
+        "a book of 100,000 keys (the default) holds {bytes} bytes ({:.1} MiB, {:.1} bytes a key)",
+        bytes as f64 / 1048576.0,
+        bytes as f64 / 100_000.0
+    );
+    assert!(bytes < 4 << 20, "{bytes}");
+}
