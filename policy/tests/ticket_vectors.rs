@@ -22,12 +22,15 @@
 //!
 //! Keys are 16 hex digits; `elapsed` and `drain` are written with `{:?}` (shortest exact).
 
-use std::{fmt::Write as _, path::PathBuf};
+use std::fmt::Write as _;
 
 use rand::{Rng, RngExt, SeedableRng, rngs::SmallRng};
 use retry_after_policy::{
     CookieError, Held, KeptReturnsSettings, KeyHasher, ReturnCookie, TicketBook, TicketKey,
 };
+
+#[path = "common/vectors_file.rs"]
+mod vectors_file;
 
 /// Books in the file, each with its run of operations.
 const BOOKS: usize = 120;
@@ -190,16 +193,5 @@ fn vectors() -> String {
 
 #[test]
 fn the_rust_book_is_the_shared_ticket_vectors() {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/ticket_vectors.tsv");
-    let made = vectors();
-    if std::env::var_os("UPDATE_VECTORS").is_some() {
-        std::fs::write(&path, &made).unwrap();
-    }
-    let stored = std::fs::read_to_string(&path).expect("policy/tests/ticket_vectors.tsv");
-    let differ = made.lines().zip(stored.lines()).position(|(a, b)| a != b);
-    assert!(
-        differ.is_none() && made.lines().count() == stored.lines().count(),
-        "the Rust book differs from policy/tests/ticket_vectors.tsv (first at line {}): if the change is intended, run UPDATE_VECTORS=1 cargo test -p retry-after-policy --test ticket_vectors",
-        differ.map_or(0, |i| i + 1)
-    );
+    vectors_file::check_or_update(&vectors(), "ticket_vectors.tsv", "ticket_vectors");
 }

@@ -6,7 +6,7 @@
 //! answers, write the file anew with `UPDATE_VECTORS=1 cargo test -p retry-after-policy --test
 //! vectors` and say why in the commit.
 
-use std::{fmt::Write as _, path::PathBuf, time::Duration};
+use std::{fmt::Write as _, time::Duration};
 
 use rand::{Rng, RngExt, SeedableRng, rngs::SmallRng};
 use retry_after_protocol::{
@@ -16,6 +16,9 @@ use retry_after_protocol::{
         RetryAfterPolicy,
     },
 };
+
+#[path = "common/vectors_file.rs"]
+mod vectors_file;
 
 /// How many vectors the file holds.
 const COUNT: usize = 2000;
@@ -176,16 +179,5 @@ fn vectors(count: usize) -> String {
 
 #[test]
 fn the_rust_answers_are_the_shared_vectors() {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/vectors.tsv");
-    let made = vectors(COUNT);
-    if std::env::var_os("UPDATE_VECTORS").is_some() {
-        std::fs::write(&path, &made).unwrap();
-    }
-    let stored = std::fs::read_to_string(&path).expect("policy/tests/vectors.tsv");
-    let differ = made.lines().zip(stored.lines()).position(|(a, b)| a != b);
-    assert!(
-        differ.is_none() && made.lines().count() == stored.lines().count(),
-        "the Rust answers differ from policy/tests/vectors.tsv (first at vector {}): if the change is intended, run UPDATE_VECTORS=1 cargo test -p retry-after-policy --test vectors",
-        differ.map_or(0, |i| i + 1)
-    );
+    vectors_file::check_or_update(&vectors(COUNT), "vectors.tsv", "vectors");
 }
