@@ -440,12 +440,17 @@ impl<'a> Sim<'a> {
             drain_rate,
             clamp,
         );
-        // Without a place computed (no drain rate yet), the hint's second is kept instead.
+        // Without a drain rate yet, the hint's second is kept instead; a key refused by the
+        // book, or no room within the horizon, gets the hint alone.
+        let mut hint = None;
         let place = match computed {
             Some(place) => Some(place),
-            None => self
-                .retry_after(p, queue_depth, backoff_streak)
-                .and_then(|s| keep(&mut self.proxies[p].book, key, self.now, s, clamp)),
+            None => {
+                hint = self.retry_after(p, queue_depth, backoff_streak);
+                let book = &mut self.proxies[p].book;
+                hint.filter(|_| drain_rate.is_none())
+                    .and_then(|s| keep(book, key, self.now, s, clamp))
+            }
         };
         let seconds = match place {
             Some(place) => {
@@ -458,7 +463,7 @@ impl<'a> Sim<'a> {
                 }
                 Some(place.seconds)
             }
-            None => self.retry_after(p, queue_depth, backoff_streak),
+            None => hint,
         };
         self.reject_with(c, index, p, retry, seconds);
     }

@@ -29,10 +29,11 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 __all__ = [
     "AgentError",
+    "TICKET_OUTCOMES",
     "Decision",
     "Estimate",
     "Reporter",
@@ -46,6 +47,7 @@ __all__ = [
     "report",
     "report_lines",
     "schedule",
+    "tickets_option",
 ]
 
 #: Longest answer line the agent sends (bytes, without the newline).
@@ -53,6 +55,11 @@ MAX_RESPONSE_LEN = 2048
 #: The widest clamp: common client SDKs ignore Retry-After above 60 s.
 MAX_RETRY_AFTER_S = 60
 _U64_MAX = 2**64 - 1
+#: What became of the places a proxy keeps (kept returns), in the order ``tickets=`` lists
+#: them: the names of policy's ``TicketOutcome``.
+TICKET_OUTCOMES = ("issued", "honoured", "early", "expired", "refused", "replayed")
+#: The largest count a ``REPORT`` carries.
+MAX_REPORT_COUNT = 10_000_000
 
 
 class AgentError(Exception):
@@ -230,15 +237,25 @@ def _clamp(push: Estimate) -> Tuple[int, int]:
 
 
 def _earliest_second(depth: int, room_per_s: float, promised, low: int, high: int) -> Optional[int]:
-    """The first second ``s`` in ``low..=high`` with ``room_per_s·(s+1) ≥ depth + 1 + Σ promised[..=s]``."""
+    """The first second ``s`` in ``low..=high`` with ``room_per_s·(s+1) ≥ depth + 1 + Σ promised(..=s)``,
+    ``promised(s)`` the returns due in second ``s`` from now (also the ticket book's placement)."""
     if not (math.isfinite(room_per_s) and room_per_s > 0.0):
         return None
     ahead = float(depth) + 1.0
+    last = room_per_s * float(high + 1)
     for s in range(high + 1):
-        ahead += float(promised[s]) if s < len(promised) else 0.0
+        ahead += promised(s)
         if s >= low and room_per_s * float(s + 1) >= ahead:
             return s
+        # `ahead` never shrinks: past the last second's capacity, no later second qualifies.
+        if ahead > last:
+            return None
     return None
+
+
+def _bins(promised) -> Callable[[int], float]:
+    """A schedule's bins as ``_earliest_second``'s ``promised(s)``: 0 past its end."""
+    return lambda s: float(promised[s]) if s < len(promised) else 0.0
 
 
 def _latest_second_with_room(drain: float, promised, low: int, high: int) -> Optional[int]:
@@ -260,15 +277,16 @@ def _overload_horizon(push: Estimate, age: Optional[float]) -> int:
 def _scheduled_returns(push: Estimate, depth: int, promised, age: Optional[float]) -> float:
     """``scheduled_returns``' second (docs/estimator.md): room after the fresh arrivals for the
     queue, the returns promised and this one; else the overload rule up to the horizon; else
-    the horizon."""
+    the horizon. ``kept_returns`` answers so with the ``fill_capacity`` rule."""
+    rule = "fill_capacity" if push.retry_after_policy == "kept_returns" else push.overload_rule
     arrivals = push.arrival_rate
     arrivals = arrivals if arrivals is not None and math.isfinite(arrivals) and arrivals > 0.0 else 0.0
     low, high = _clamp(push)
     horizon = _overload_horizon(push, age)
-    second = _earliest_second(depth, push.drain_rate - arrivals, promised, low, high)
-    if second is None and push.overload_rule == "fill_capacity":
-        second = _earliest_second(depth, push.drain_rate, promised, low, horizon)
-    elif second is None and push.overload_rule == "latest_with_room":
+    second = _earliest_second(depth, push.drain_rate - arrivals, _bins(promised), low, high)
+    if second is None and rule == "fill_capacity":
+        second = _earliest_second(depth, push.drain_rate, _bins(promised), low, horizon)
+    elif second is None and rule == "latest_with_room":
         second = _latest_second_with_room(push.drain_rate, promised, max(horizon // 2, low), horizon)
     return float(horizon if second is None else second)
 
@@ -298,7 +316,7 @@ def answer(
         reason = "drain_not_warm"
     elif depth is None:
         reason = "queue_invisible"
-    elif push.retry_after_policy == "scheduled_returns":
+    elif push.retry_after_policy in ("scheduled_returns", "kept_returns"):
         returns, age = (push.returns, push.overload_age_s) if seen is None else seen
         base = _scheduled_returns(push, depth, returns, age)
         value = _rounded(
@@ -423,13 +441,16 @@ def report_lines(
     rejected: int,
     queue_depth: Optional[int] = None,
     handed_out: Optional[Dict[Tuple[str, int], int]] = None,
+    tickets: Optional[Dict[str, int]] = None,
 ) -> list:
     """The ``REPORT`` lines for one report: values handed out are counted at most 60 s (as the
     agent takes them), and entries that do not fit one line of ``MAX_LINE_LEN`` bytes go on
-    in further lines with ``admitted=0 rejected=0``."""
+    in further lines with ``admitted=0 rejected=0``. ``tickets`` (outcome → count since the
+    last report, kept returns) goes on the first line as ``tickets=``, non-zero counts only."""
     head = f"REPORT {service} admitted={int(admitted)} rejected={int(rejected)}"
     if queue_depth is not None:
         head += f" queue_depth={int(queue_depth)}"
+    head += tickets_option(tickets)
     if handed_out is None:
         return [head]
     counts: Dict[str, int] = {}
@@ -449,6 +470,14 @@ def report_lines(
     return lines
 
 
+def tickets_option(tickets: Optional[Dict[str, int]]) -> str:
+    """`` tickets=issued:3,honoured:2``: the outcomes with a count, in :data:`TICKET_OUTCOMES`'
+    order; empty when none has one."""
+    counts = tickets or {}
+    entries = [f"{o}:{int(counts[o])}" for o in TICKET_OUTCOMES if counts.get(o, 0) > 0]
+    return f" tickets={','.join(entries)}" if entries else ""
+
+
 def report(
     path: str,
     service: str,
@@ -457,13 +486,15 @@ def report(
     queue_depth: Optional[int] = None,
     timeout: float = 0.05,
     handed_out: Optional[Dict[Tuple[str, int], int]] = None,
+    tickets: Optional[Dict[str, int]] = None,
 ) -> None:
     """Tell the agent what this proxy did since its previous report (``REPORT``): the judge's
     evidence and, with ``scheduled_returns``, the agent's schedule. ``handed_out`` maps
     (rung, seconds) to how many rejections carried that value (``{}``: none carried one;
-    ``None``: not tracked). :meth:`Subscription.report` fills it in. Each line goes on a
-    connection of its own, so the agent dates it at its arrival (protocol.md)."""
-    for line in report_lines(service, admitted, rejected, queue_depth, handed_out):
+    ``None``: not tracked). :meth:`Subscription.report` fills it in. ``tickets``: what became
+    of the places the proxy keeps (kept returns). Each line goes on a connection of its own,
+    so the agent dates it at its arrival (protocol.md)."""
+    for line in report_lines(service, admitted, rejected, queue_depth, handed_out, tickets):
         _request(path, line, timeout)
 
 
@@ -519,10 +550,19 @@ class Subscription:
         else:
             decision = self._answer(held, queue_depth, backoff_streak, rng.random())
         if decision.seconds is not None:
-            key = (decision.rung, decision.seconds)
-            with self._handed_out_lock:
-                self._handed_out[key] = self._handed_out.get(key, 0) + 1
+            self.handed(decision.rung, decision.seconds)
         return decision
+
+    def handed(self, rung: str, seconds: int) -> None:
+        """Count a value handed out other than by :meth:`retry_after` (kept returns' places are
+        ``computed``), for the next report."""
+        with self._handed_out_lock:
+            self._handed_out[(rung, seconds)] = self._handed_out.get((rung, seconds), 0) + 1
+
+    def push(self) -> Optional[Estimate]:
+        """The held push, if it is fresh (newer than ``stale_after``)."""
+        held = self._held
+        return None if held is None or time.monotonic() - held[1] > self.stale_after else held[0]
 
     def _answer(self, held, queue_depth, backoff_streak, jitter_draw) -> Decision:
         push, received = held
@@ -542,13 +582,20 @@ class Subscription:
             slot[1] = min(slot[1] + 1, _U32_MAX)
         return decision
 
-    def report(self, admitted: int, rejected: int, queue_depth: Optional[int] = None, timeout: float = 0.05) -> None:
+    def report(
+        self,
+        admitted: int,
+        rejected: int,
+        queue_depth: Optional[int] = None,
+        timeout: float = 0.05,
+        tickets: Optional[Dict[str, int]] = None,
+    ) -> None:
         """:func:`report` with the values this subscription handed out since its last report
         (kept if the report fails, to go with the next one)."""
         with self._handed_out_lock:
             handed_out, self._handed_out = self._handed_out, {}
         try:
-            report(self.path, self.service, admitted, rejected, queue_depth, timeout, handed_out)
+            report(self.path, self.service, admitted, rejected, queue_depth, timeout, handed_out, tickets)
         except (AgentError, OSError):
             with self._handed_out_lock:
                 for key, count in handed_out.items():
@@ -593,13 +640,16 @@ class Subscription:
 class Reporter:
     """Counts a proxy's admissions and rejections, and reports them with what its
     subscription handed out, every ``every`` seconds, from a daemon thread. Counting never
-    waits on the agent; a report that fails is kept for the next one."""
+    waits on the agent; a report that fails is kept for the next one. ``collect``, if given,
+    is called before each report (kept returns: to pass the book's counts to :meth:`tickets`)."""
 
-    def __init__(self, subscription: Subscription, every: float = 1.0):
+    def __init__(self, subscription: Subscription, every: float = 1.0, collect: Optional[Callable[[], None]] = None):
         self._subscription = subscription
         self._lock = threading.Lock()
         self._admitted = 0
         self._rejected = 0
+        self._tickets = dict.fromkeys(TICKET_OUTCOMES, 0)
+        self._collect = collect
         self._every = every
         self._stop = threading.Event()
         self._thread = threading.Thread(
@@ -617,18 +667,35 @@ class Reporter:
         with self._lock:
             self._rejected += 1
 
+    def tickets(self, since_last: Dict[str, int]) -> None:
+        """What became of the places the proxy keeps since it last said (kept returns): sent
+        as ``tickets=`` with the next report."""
+        with self._lock:
+            for outcome, count in since_last.items():
+                self._tickets[outcome] += count
+
     def close(self) -> None:
         """Stop reporting."""
         self._stop.set()
 
+    def report_once(self) -> None:
+        """Send one report of the counts so far (the thread's work, every ``every`` s); the
+        counts stay for the next one if it fails."""
+        if self._collect is not None:
+            self._collect()
+        with self._lock:
+            admitted, rejected = self._admitted, self._rejected
+            tickets = {o: min(n, MAX_REPORT_COUNT) for o, n in self._tickets.items()}
+        self._subscription.report(admitted, rejected, tickets=tickets)
+        with self._lock:
+            self._admitted -= admitted
+            self._rejected -= rejected
+            for outcome, count in tickets.items():
+                self._tickets[outcome] -= count
+
     def _run(self) -> None:
         while not self._stop.wait(self._every):
-            with self._lock:
-                admitted, rejected = self._admitted, self._rejected
             try:
-                self._subscription.report(admitted, rejected)
+                self.report_once()
             except (AgentError, OSError):
                 continue
-            with self._lock:
-                self._admitted -= admitted
-                self._rejected -= rejected

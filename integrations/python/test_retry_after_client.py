@@ -1,7 +1,9 @@
 """Tests of retry_after_client. The shared vectors (the Rust implementation's answers, kept in
-policy/tests/vectors.tsv) run anywhere:
+policy/tests/vectors.tsv and policy/tests/ticket_vectors.tsv) and kept returns in
+retry_after_ray (without Ray: Serve's error is stood in for) run anywhere:
 
-    python3 -m unittest test_retry_after_client.SharedVectors
+    python3 -m unittest test_retry_after_client.SharedVectors test_retry_after_client.TicketVectors
+    python3 -m unittest test_retry_after_client.KeptReturnsInServe
 
 The tests against a real agent are run by the integration tests (tests/tests/root_suite/integrations.rs),
 which start one and pass its socket:
@@ -13,10 +15,14 @@ A test that cannot run fails, it does not skip.
 
 import os
 import socket
+import sys
+import tempfile
+import threading
 import time
 import unittest
 
 import retry_after_client as client
+import retry_after_tickets as tickets
 
 
 def env(name):
@@ -50,6 +56,247 @@ class SharedVectors(unittest.TestCase):
                 )
                 checked += 1
         self.assertGreater(checked, 1000)
+
+
+#: The shared ticket vectors: the Rust book's results for sequences of its operations.
+TICKET_VECTORS = os.path.join(os.path.dirname(VECTORS), "ticket_vectors.tsv")
+
+
+def held_text(held):
+    """A ``held`` result as the vectors write it."""
+    return f"early:{held.second}" if held.kind == "early" else held.kind
+
+
+def cookie_due(text):
+    """A vector's cookie due second (``-``: none)."""
+    return None if text == "-" else int(text)
+
+
+def ticket_line(book, fields):
+    """Replay one vector line on ``book``: the book (new for a ``book`` line) and its result."""
+    op, args = fields[0], fields[1:]
+    if op == "book":
+        keys, grace, horizon, per_key = (int(a) for a in args)
+        return tickets.TicketBook(tickets.KeptReturnsSettings(grace, horizon, keys, per_key)), None
+    if op == "held":
+        return book, held_text(book.held(int(args[0], 16), cookie_due(args[1]), int(args[2])))
+    if op == "take":
+        book.take(int(args[0], 16), cookie_due(args[1]), int(args[2]))
+        return book, "ok"
+    if op == "issue":
+        due = book.issue(int(args[0], 16), int(args[1]), int(args[2]))
+        return book, "refused" if due is None else str(due)
+    if op == "place":
+        due = book.place(int(args[0]), float(args[1]), int(args[2]), float(args[3]), int(args[4]))
+        return book, "none" if due is None else str(due)
+    if op == "expected":
+        return book, f"{book.expected(int(args[0])):.6f}"
+    if op == "counters":
+        return book, ",".join(str(n) for _, n in book.counters().items())
+    return book, cookie_line(op, args)
+
+
+def cookie_line(op, args):
+    """A ``mac``, ``cookie`` or ``read`` vector's result (the ``mac`` line's two fields tab-joined)."""
+    hasher = tickets.KeyHasher(args[0].encode())
+    if op == "mac":
+        return f"{hasher.mac(args[1].encode()).hex()}\t{hasher.key(args[1].encode()):016x}"
+    if op == "cookie":
+        return tickets.ReturnCookie(int(args[2]), int(args[3], 16)).write(hasher, args[1])
+    try:
+        cookie = tickets.ReturnCookie.read(args[2], hasher, args[1])
+    except tickets.CookieError as error:
+        return error.kind
+    return f"{cookie.due}.{cookie.nonce:016x}"
+
+
+class TicketVectors(unittest.TestCase):
+    """The Python ticket book against the Rust one's results."""
+
+    def test_every_ticket_vector_gives_the_rust_books_result(self):
+        """Every line of policy/tests/ticket_vectors.tsv, replayed on the Python book; prints
+        the count for policy/tests/ticket_ports_python.rs."""
+        book, checked = None, 0
+        with open(TICKET_VECTORS) as vectors:
+            for number, line in enumerate(vectors, 1):
+                fields = line.rstrip("\n").split("\t")
+                results = {"book": 0, "mac": 2, "read": 1}.get(fields[0], 1)
+                args, want = (fields, None) if results == 0 else (fields[:-results], "\t".join(fields[-results:]))
+                book, got = ticket_line(book, args)
+                self.assertEqual(got, want, f"ticket vector {number}: {line}")
+                checked += 1
+        self.assertGreater(checked, 5000)
+        print(f"{checked} ticket vectors agree (Python)")
+
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "ray"))
+import retry_after_ray  # noqa: E402  (beside this directory; Ray itself is imported only by install)
+
+#: A push of a service that keeps returns: 2 requests a second drain, clamp 1 to 60 s.
+KEPT_PUSH = (
+    "ESTIMATE api seq=1 retry_after_policy=kept_returns status_code=429 retry_after_s=5 "
+    "queue_depth=8 drain_rate=2 min_retry_after_s=1 max_retry_after_s=60"
+)
+
+
+class BackPressure(Exception):
+    """Stands for Serve's ``BackPressureError``: its arguments as Serve passes them."""
+
+    def __init__(self, num_queued_requests, max_queued_requests, status_code=503, retry_after_s=None):
+        super().__init__(num_queued_requests, max_queued_requests, status_code, retry_after_s)
+        self.status_code = status_code
+        self.retry_after_s = retry_after_s
+
+
+class FakeAgent:
+    """A Unix socket that acknowledges ``REPORT`` lines and keeps them (subscriptions are
+    closed at once)."""
+
+    def __init__(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.path = os.path.join(self.dir.name, "agent.sock")
+        self.reports = []
+        self.listener = socket.socket(socket.AF_UNIX)
+        self.listener.bind(self.path)
+        self.listener.listen(8)
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        """Answer connections until closed."""
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            with conn:
+                line = conn.makefile().readline()
+                if line.startswith("REPORT "):
+                    self.reports.append(line.rstrip("\n"))
+                    conn.sendall(b"OK\n")
+
+    def close(self):
+        """Stop listening."""
+        self.listener.close()
+        self.dir.cleanup()
+
+
+class KeptReturnsInServe(unittest.TestCase):
+    """retry_after_ray's kept returns, on a pushed estimate and Serve's errors stood in for."""
+
+    def ingress(self, socket_path="/nonexistent/agent.sock", **options):
+        """A RetryAfter holding ``KEPT_PUSH``, its clock at 1000 s."""
+        ingress = retry_after_ray.RetryAfter("api", socket=socket_path, report_every=3600, **options)
+        self.addCleanup(ingress.close)
+        ingress._subscription._held = (client.parse_estimate(KEPT_PUSH), time.monotonic() + 3600)
+        ingress.clock = lambda: 1000.0
+        return ingress
+
+    def at(self, ingress, second):
+        """Set ``ingress``' clock to ``second``."""
+        ingress.clock = lambda: float(second)
+
+    def test_the_client_answers_kept_returns_as_scheduled_returns_fills_capacity(self):
+        push = client.parse_estimate(KEPT_PUSH)
+        filling = client.parse_estimate(
+            KEPT_PUSH.replace("kept_returns", "scheduled_returns") + " overload_rule=fill_capacity"
+        )
+        for depth in (0, 8, 400):
+            self.assertEqual(client.answer(push, depth), client.answer(filling, depth))
+        self.assertEqual(client.answer(push, 8).rung, "computed")
+
+    def test_a_due_return_is_admitted_while_the_queue_is_full(self):
+        ingress = self.ingress(keep="header:x-api-key")
+        a, b = {"x-api-key": "client-a"}, {"x-api-key": "client-b"}
+        # Serve refuses with its queue full (8 of 8): 8 queued and this one, 2 a second: the
+        # end of second 4 from now.
+        status, headers = ingress.rejection(BackPressure(8, 8, 429), a)
+        self.assertEqual((status, headers), (429, {"Retry-After": "4"}))
+        self.assertEqual(ingress.queue.state(), (8, True))
+        self.at(ingress, 1004)
+        self.assertIsNone(ingress.admission(a), "due: through, whatever the queue holds")
+        refused = ingress.admission(b)
+        self.assertEqual(refused[0], 429, "a fresh one finds the queue full")
+        self.assertIn("Retry-After", refused[1])
+        counts = ingress.kept.counters()
+        self.assertEqual((counts.get("issued"), counts.get("honoured")), (2, 1))
+
+    def test_an_early_return_is_told_the_time_left(self):
+        ingress = self.ingress(keep="header:x-api-key")
+        a = {"x-api-key": "client-a"}
+        ingress.rejection(BackPressure(8, 8, 429), a)
+        self.at(ingress, 1001)
+        self.assertEqual(ingress.admission(a), (429, {"Retry-After": "3"}))
+        self.assertEqual(ingress.kept.counters().get("early"), 1)
+        self.assertEqual(ingress.kept.counters().get("issued"), 1, "its place kept, no second one")
+
+    def test_a_forged_or_replayed_cookie_is_a_fresh_arrival(self):
+        ingress = self.ingress(keep="cookie", secret="shared")
+        _, headers = ingress.rejection(BackPressure(8, 8, 429), {})
+        value = headers["Set-Cookie"].split(";")[0]
+        self.assertTrue(value.startswith("retry_after_return="), value)
+        self.assertIn("Max-Age=35", headers["Set-Cookie"], "4 s and the grace of 30 and 1")
+        self.at(ingress, 1004)
+        forged = value[:-1] + ("0" if value[-1] != "0" else "1")
+        status, again = ingress.admission({"cookie": f"theme=dark; {forged}"})
+        self.assertEqual(status, 429, "forged: fresh, and the queue is full")
+        self.assertNotEqual(again["Set-Cookie"].split(";")[0], value, "a place of its own")
+        self.assertIsNone(ingress.admission({"cookie": value}), "the genuine one, due")
+        status, _ = ingress.admission({"cookie": value})
+        self.assertEqual(status, 429, "shown again: fresh")
+        counts = ingress.kept.counters()
+        self.assertEqual((counts.get("honoured"), counts.get("replayed")), (1, 1))
+        # Another replica with the same secret honours a cookie it did not give.
+        other = self.ingress(keep="cookie", secret="shared")
+        other.queue.refused(BackPressure(8, 8, 429))
+        given = again["Set-Cookie"].split(";")[0]
+        self.at(other, int(given.split("=")[1].split(".")[0]))
+        self.assertIsNone(other.admission({"cookie": given}))
+
+    def test_a_flood_of_keys_is_bounded_by_max_keys(self):
+        settings = retry_after_ray.KeptReturnsSettings(max_keys=16)
+        ingress = self.ingress(keep="header:x-api-key", kept_returns=settings)
+        ingress.queue.refused(BackPressure(8, 8, 429))
+        answers = [ingress.admission({"x-api-key": f"flood-{i}"}) for i in range(1000)]
+        self.assertTrue(all(a[0] == 429 and "Retry-After" in a[1] for a in answers), "every one answered")
+        counts = ingress.kept.counters()
+        self.assertEqual((counts.get("issued"), counts.get("refused")), (16, 984))
+        self.assertEqual(len(ingress.kept._book._key), 16, "memory fixed at max_keys slots")
+
+    def test_replicas_threads_share_one_book(self):
+        ingress = self.ingress(keep="header:x-api-key")
+        ingress.queue.refused(BackPressure(8, 8, 429))
+
+        def flood(n):
+            for i in range(300):
+                ingress.admission({"x-api-key": f"t{n}-{i}"})
+
+        threads = [threading.Thread(target=flood, args=(n,)) for n in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        counts = ingress.kept.counters()
+        self.assertEqual(counts.get("issued") + counts.get("refused"), 2400, "every rejection counted once")
+
+    def test_tickets_are_reported_with_the_counts(self):
+        self.assertEqual(
+            client.report_lines("api", 1, 2, tickets={"refused": 0, "honoured": 2, "issued": 3}),
+            ["REPORT api admitted=1 rejected=2 tickets=issued:3,honoured:2"],
+        )
+        self.assertEqual(client.report_lines("api", 1, 2, tickets={"issued": 0}), ["REPORT api admitted=1 rejected=2"])
+        agent = FakeAgent()
+        self.addCleanup(agent.close)
+        ingress = self.ingress(agent.path, keep="header:x-api-key")
+        ingress.rejection(BackPressure(8, 8, 429), {"x-api-key": "a"})
+        self.at(ingress, 1001)
+        ingress.admission({"x-api-key": "a"})
+        ingress._reporter.report_once()
+        self.assertEqual(len(agent.reports), 1, agent.reports)
+        head = "REPORT api admitted=0 rejected=2 tickets=issued:1,early:1 handed_out="
+        self.assertTrue(agent.reports[0].startswith(head), agent.reports[0])
+        self.assertIn("c3:1", agent.reports[0], "the early one told 3 s")
+        ingress._reporter.report_once()
+        self.assertNotIn("tickets=", agent.reports[1], "counted once")
 
 
 class RealAgent(unittest.TestCase):

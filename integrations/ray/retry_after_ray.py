@@ -29,14 +29,25 @@ Example (a FastAPI ingress calling a model deployment)::
 With no fresh estimate (the agent stopped, restarting, unreachable) the answer is
 ``retry_after_s`` if given, else Serve's own ``retry_after_s`` from the error (its
 ``BackpressureConfig``), else no header: as Serve would have answered.
+
+Kept returns (opt-in, ``keep="header:x-api-key"`` or ``keep="cookie"``): before a request
+reaches the route (and so the downstream deployment), the middleware looks its key up in the
+replica's ticket book (retry_after_tickets). A client back at its place goes through whatever
+the queue holds; a fresh one only into the room the second's returns leave; an early one is
+told the time left; a rejected one is given a place and told its second (with a signed return
+cookie in cookie mode). The queue is the downstream deployment's as Serve states it in its
+``BackPressureError``, followed by this replica's admissions and completions since.
 """
 
 from __future__ import annotations
 
+import math
 import threading
-from typing import Dict, Optional, Tuple
+import time
+from typing import Dict, List, Optional, Tuple
 
-from retry_after_client import Decision, Reporter, Subscription
+from retry_after_client import Decision, Estimate, Reporter, Subscription, _clamp
+from retry_after_tickets import KeptReturns, KeptReturnsSettings, Returning
 
 __all__ = ["DEFAULT_SOCKET", "RetryAfter", "install"]
 
@@ -52,8 +63,61 @@ def _queued(error) -> Optional[int]:
     return None
 
 
+def _max_queued(error) -> Optional[int]:
+    """The ``max_queued_requests`` a ``BackPressureError`` states (its second argument), if any."""
+    args = getattr(error, "args", ())
+    if len(args) > 1 and isinstance(args[1], int) and args[1] >= 0:
+        return args[1]
+    return None
+
+
+class ServeQueue:
+    """The downstream deployment's queue as this replica knows it: the depth Serve stated when
+    it last refused a call, followed by this replica's admissions and completions since; full
+    from a refusal (at the ``max_queued_requests`` Serve states) until a call completes."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._depth = 0
+        self._bound: Optional[int] = None
+        #: The status Serve rejects with, as its last error said (its default until then).
+        self.status_code = 503
+
+    def refused(self, error) -> None:
+        """Serve refused a call with ``error``: the queue is full at the depth it states."""
+        depth, bound = _queued(error), _max_queued(error)
+        with self._lock:
+            self._bound = bound if bound is not None else depth if depth is not None else self._bound
+            self._depth = depth if depth is not None else (self._bound or 0)
+            self.status_code = getattr(error, "status_code", self.status_code)
+
+    def entered(self) -> None:
+        """A request went on to the deployment: counted as queued once Serve has refused one."""
+        with self._lock:
+            if self._bound is not None:
+                self._depth = min(self._depth + 1, self._bound)
+
+    def left(self) -> None:
+        """A request went on to the deployment has completed: one queued moves up."""
+        with self._lock:
+            self._depth = max(self._depth - 1, 0)
+
+    def state(self) -> Tuple[int, bool]:
+        """The depth, and whether the queue is full."""
+        with self._lock:
+            return self._depth, self._bound is not None and self._depth >= self._bound
+
+
+def _drain_rate(push: Optional[Estimate]) -> Optional[float]:
+    """The fresh push's drain rate, if usable."""
+    d = None if push is None else push.drain_rate
+    return d if d is not None and math.isfinite(d) and d > 0.0 else None
+
+
 class RetryAfter:
-    """One service's answers and reports, for the ingress replica it lives in."""
+    """One service's answers and reports, for the ingress replica it lives in; with ``keep``,
+    its kept returns (``header:NAME`` or ``cookie[:NAME]``; ``secret``, shared by the ingress
+    replicas, hashes keys and signs cookies; ``kept_returns``, the book's settings)."""
 
     def __init__(
         self,
@@ -63,26 +127,103 @@ class RetryAfter:
         stale_after: float = 5.0,
         reconnect_max: float = 5.0,
         report_every: float = 1.0,
+        keep: Optional[str] = None,
+        secret=None,
+        kept_returns: KeptReturnsSettings = KeptReturnsSettings(),
     ):
         self.service = service
         self.retry_after_s = retry_after_s
+        self.queue = ServeQueue()
+        #: The book's clock, Unix seconds (return cookies name their second in it).
+        self.clock = time.time
+        self.kept = None if keep is None else KeptReturns(service, keep, secret, kept_returns)
         self._subscription = Subscription(
             socket, service, retry_after_s=None, stale_after=stale_after, reconnect_max=reconnect_max
         )
-        self._reporter = Reporter(self._subscription, every=report_every)
+        collect = None if self.kept is None else self._collect_tickets
+        self._reporter = Reporter(self._subscription, every=report_every, collect=collect)
 
-    def rejection(self, error) -> Tuple[int, Dict[str, str]]:
-        """The status and headers for a ``BackPressureError``. Never blocks on the agent."""
-        decision: Decision = self._subscription.retry_after(queue_depth=_queued(error))
+    def rejection(self, error, headers=None) -> Tuple[int, Dict[str, str]]:
+        """The status and headers for a ``BackPressureError`` (with kept returns, a place for
+        the request whose ``headers`` are given). Never blocks on the agent."""
+        self.queue.refused(error)
         self._reporter.rejected()
-        status = getattr(error, "status_code", 503)
+        depth = _queued(error)
+        if self.kept is None or headers is None:
+            return _headers(*self._decide(depth, error))
+        push = self._subscription.push()
+        return self._place(self.kept.returning(headers), self.clock(), depth or 0, push, error)
+
+    def admission(self, headers) -> Optional[Tuple[int, Dict[str, str]]]:
+        """Kept returns, before the request goes on to the deployment: ``None`` to let it
+        through (a return due, or a fresh or early one into free room), else the rejection's
+        status and headers (an early one told the time left, a fresh one given a place)."""
+        if self.kept is None:
+            return None
+        now, push = self.clock(), self._subscription.push()
+        depth, full = self.queue.state()
+        returning = self.kept.returning(headers)
+        arrival = self.kept.arrive(returning, now, depth, full, _drain_rate(push))
+        if arrival.kind in ("returned", "queued"):
+            self.queue.entered()
+            return None
+        self._reporter.rejected()
+        if arrival.kind == "early":
+            seconds = self.kept.told(arrival.due, now, _clamp(push) if push else (1, 60))
+            self._subscription.handed("computed", seconds)
+            return self._status(push, None), {"Retry-After": str(seconds)}
+        return self._place(returning, now, depth, push, None)
+
+    def finished(self, rejected: bool) -> None:
+        """A request let through has its answer (``rejected``: Serve refused it)."""
+        if self.kept is not None and not rejected:
+            self.queue.left()
+
+    def _place(
+        self, returning: Optional[Returning], now: float, depth: int, push: Optional[Estimate], error
+    ) -> Tuple[int, Dict[str, str]]:
+        """A rejected request's answer with kept returns: its place's second (and cookie), or
+        the hint when it gets no place."""
+        hinted: List[Tuple[int, Optional[int]]] = []
+
+        def hint() -> Optional[int]:
+            hinted.append(self._decide(depth, error))
+            return hinted[0][1]
+
+        key = self.kept.new_key(returning)
+        clamp = _clamp(push) if push else (1, 60)
+        place = self.kept.reject(key, now, depth, _drain_rate(push), clamp, hint)
+        if place is None:
+            return _headers(*(hinted[0] if hinted else self._decide(depth, error)))
+        if not hinted:
+            self._subscription.handed("computed", place.seconds)
+        headers = {"Retry-After": str(place.seconds)}
+        cookie = self.kept.set_cookie(place, key)
+        if cookie is not None:
+            headers["Set-Cookie"] = cookie
+        return self._status(push, error), headers
+
+    def _decide(self, depth: Optional[int], error) -> Tuple[int, Optional[int]]:
+        """The status and seconds without a place: the agent's value, else ``retry_after_s``,
+        else Serve's own from ``error``."""
+        decision: Decision = self._subscription.retry_after(queue_depth=depth)
         if decision.seconds is not None:
-            return decision.status_code, {"Retry-After": str(decision.seconds)}
+            return decision.status_code, decision.seconds
         fallback = self.retry_after_s
         if fallback is None:
             serve_s = getattr(error, "retry_after_s", None)
             fallback = None if serve_s is None else max(1, int(-(-float(serve_s) // 1)))
-        return status, ({} if fallback is None else {"Retry-After": str(fallback)})
+        return self._status(None, error), fallback
+
+    def _status(self, push: Optional[Estimate], error) -> int:
+        """The status to reject with: the service's, else Serve's."""
+        if push is not None:
+            return push.status_code
+        return getattr(error, "status_code", self.queue.status_code)
+
+    def _collect_tickets(self) -> None:
+        """Before each report: what became of the book's places since the last."""
+        self._reporter.tickets(self.kept.since_last())
 
     def admitted(self) -> None:
         """Count a request the ingress let through."""
@@ -115,9 +256,15 @@ def install(app, service: str, **options) -> None:
     """On a FastAPI (Starlette) app, before Serve starts it: an exception handler for
     ``BackPressureError`` that answers with :meth:`RetryAfter.rejection` (in place of the one
     Serve's replica adds, which would answer its static value), and a middleware that counts
-    every other request as admitted. ``options`` are :class:`RetryAfter`'s."""
+    every other request as admitted; with ``keep``, the same middleware admits or rejects each
+    request by the ticket book first (:meth:`RetryAfter.admission`). ``options`` are
+    :class:`RetryAfter`'s."""
     from ray.serve.exceptions import BackPressureError
 
+    if options.get("keep") is not None:
+        from retry_after_tickets import parse_keep
+
+        parse_keep(options["keep"])  # a wrong value fails here, not in every replica
     frozen = tuple(sorted(options.items()))
     # Serve's replica registers its own handler for BackPressureError when it starts the app
     # (the static retry_after_s); this one is kept in its place.
@@ -147,7 +294,7 @@ def _handler(service: str, options: Tuple):
         from starlette.responses import PlainTextResponse
 
         request.state.retry_after_rejected = True
-        status, headers = _instance(service, options).rejection(error)
+        status, headers = _instance(service, options).rejection(error, request.headers)
         return PlainTextResponse("overloaded, retry later\n", status_code=status, headers=headers)
 
     return handler
@@ -155,9 +302,27 @@ def _handler(service: str, options: Tuple):
 
 def _counter(service: str, options: Tuple):
     async def count(request, call_next):
-        response = await call_next(request)
-        if not getattr(request.state, "retry_after_rejected", False):
-            _instance(service, options).admitted()
+        ingress = _instance(service, options)
+        refusal = ingress.admission(request.headers)
+        if refusal is not None:
+            from starlette.responses import PlainTextResponse
+
+            status, headers = refusal
+            return PlainTextResponse("overloaded, retry later\n", status_code=status, headers=headers)
+        try:
+            response = await call_next(request)
+        except BaseException:
+            ingress.finished(rejected=False)
+            raise
+        rejected = getattr(request.state, "retry_after_rejected", False)
+        ingress.finished(rejected)
+        if not rejected:
+            ingress.admitted()
         return response
 
     return count
+
+
+def _headers(status: int, seconds: Optional[int]) -> Tuple[int, Dict[str, str]]:
+    """A rejection's status and headers, ``Retry-After`` when there is a value."""
+    return status, ({} if seconds is None else {"Retry-After": str(seconds)})

@@ -414,8 +414,9 @@ fn arrive_kept(
         (KeyFrom::Cookie(_), _) => TicketKey(rand::RngExt::random(rng)),
     };
     let mut place = promise(book, key, now, depth, drain_rate, clamp);
-    if place.is_none() {
-        // No place computed (no drain rate yet): the hint's second is kept instead.
+    if place.is_none() && drain_rate.is_none() {
+        // No drain rate yet: the hint's second is kept instead (a key the book refused, or
+        // no room within the horizon, gets the hint alone).
         let hint = state
             .subscription
             .retry_after_with(Some(depth as u64), Some(streak), rng)

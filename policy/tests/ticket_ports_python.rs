@@ -1,0 +1,40 @@
+//! The Python port of kept returns (`integrations/python/retry_after_tickets.py`) against the
+//! shared ticket vectors (`ticket_vectors.tsv`, which `ticket_vectors.rs` holds to the Rust
+//! answers), under the machine's `python3` (its standard library only: `hmac` and `hashlib`
+//! give HMAC-SHA1). The checker is `test_retry_after_client.TicketVectors`, which replays every
+//! line on the Python book and prints how many agreed.
+
+use std::{path::PathBuf, process::Command};
+
+fn workspace() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+#[test]
+fn the_python_ticket_book_answers_as_the_rust_one_on_every_vector() {
+    let vectors = std::fs::read_to_string(workspace().join("policy/tests/ticket_vectors.tsv"))
+        .expect("policy/tests/ticket_vectors.tsv");
+    let out = Command::new("python3")
+        .args([
+            "-m",
+            "unittest",
+            "-v",
+            "test_retry_after_client.TicketVectors",
+        ])
+        .current_dir(workspace().join("integrations/python"))
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+        .expect("python3 runs (the machine's own: nothing beyond its standard library is used)");
+    let report = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && report.contains("\nOK"),
+        "the Python ticket book disagrees:\n{report}"
+    );
+    let printed = String::from_utf8_lossy(&out.stdout);
+    let line = printed.lines().next().unwrap_or_default();
+    eprintln!("{line}");
+    assert_eq!(
+        line,
+        format!("{} ticket vectors agree (Python)", vectors.lines().count())
+    );
+}
