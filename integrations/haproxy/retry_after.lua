@@ -16,9 +16,22 @@
 --   setenv RETRY_AFTER_STATIC    5                # seconds, when no estimate is held
 --   setenv RETRY_AFTER_STALE_MS  5000
 --   setenv RETRY_AFTER_RECONNECT_MAX_MS 5000      # longest wait between reconnect attempts
+-- Kept returns, opt-in per service (the agent's policy kept_returns; see
+-- docs/integrations/haproxy.md, "Kept returns"):
+--   setenv RETRY_AFTER_KEEP        api=header:x-api-key   # service=header:<name>|source|cookie[,...]
+--   setenv RETRY_AFTER_SECRET_FILE /etc/haproxy/retry_after.secret
+--   setenv RETRY_AFTER_COOKIE      retry_after_return     # the return cookie's name
+--   setenv RETRY_AFTER_GRACE_S 30, RETRY_AFTER_HORIZON_S 300, RETRY_AFTER_MAX_KEYS 100000,
+--          RETRY_AFTER_MAX_RETURNS_PER_KEY 1
 -- Actions:
 --   http-request lua.retry_after <service>           sets txn.retry_after, txn.retry_after_ms,
 --                                                    txn.retry_after_status
+--   http-request lua.retry_after_admit <service>     kept returns: after txn.reject says whether
+--                                                    the queue is at its bound, sets
+--                                                    txn.retry_after_kept (returned, queued,
+--                                                    early or rejected) and, on a rejection,
+--                                                    txn.retry_after, txn.retry_after_status
+--                                                    and txn.retry_after_cookie (Set-Cookie)
 --   http-request lua.retry_after_admitted <service>  counts an admitted request
 --   http-response lua.retry_after_response <service> the agent's value on a server's 429/503
 -- Service:
@@ -30,6 +43,7 @@
 local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
 package.path = here .. "?.lua;" .. here .. "../lua/?.lua;" .. package.path
 local M = require("retry_after_policy")
+local T = require("retry_after_tickets")
 
 local MAX_RETRY_AFTER_S = M.MAX_RETRY_AFTER_S
 local MAX_LINE = M.MAX_RESPONSE_LEN
@@ -43,7 +57,11 @@ local socket_path = "/run/retry-after-agent/agent.sock"
 local retry_after_s = 5
 local stale_ms = 5000
 local reconnect_max_ms = 5000
-local services = {}   -- service name -> { backend, push, received_ms, admitted, rejected }
+local services = {}   -- service name -> { backend, push, received_ms, admitted, rejected, kept }
+-- Kept returns: the secret (base64, as the hmac converter takes it) and the cookie's name.
+local secret_b64
+local cookie_name = "retry_after_return"
+local read_kept_settings
 
 local function now_ms()
   local t = core.now()
@@ -106,6 +124,20 @@ local function own_promise(state, due)
   bin[2] = bin[2] + 1
 end
 
+-- What a service's book did since its last report, on a line of its own (tickets=); counted
+-- as reported once the agent acknowledged it. False if the connection failed.
+local function report_tickets(name, state, exchange)
+  local kept = state.kept
+  if kept == nil then return true end
+  local entry, carried = T.tickets_entry(kept.book:counters(), kept.reported)
+  if entry == nil then return true end
+  if not exchange(string.format("REPORT %s admitted=0 rejected=0 tickets=%s", name, entry)) then
+    return false
+  end
+  for i, n in ipairs(carried) do kept.reported[i] = (kept.reported[i] or 0) + n end
+  return true
+end
+
 -- One service's report: its lines sent in order on sock, each counted off the service's
 -- counts once the agent acknowledged it. False if the connection failed.
 local function report(sock, name, state)
@@ -114,7 +146,7 @@ local function report(sock, name, state)
   local function exchange(line)
     return sock:send(line .. "\n") and sock:receive("*l") == "OK"
   end
-  return M.send_report(lines, exchange, function(i, line)
+  local sent = M.send_report(lines, exchange, function(i, line)
     if i == 1 then
       state.admitted, state.rejected = state.admitted - admitted, state.rejected - rejected
     end
@@ -123,6 +155,7 @@ local function report(sock, name, state)
       state.handed_out[value] = left > 0 and left or nil
     end
   end)
+  return sent and report_tickets(name, state, exchange)
 end
 
 -- Reports what each service's rejection rule did, every second, on one connection.
@@ -143,6 +176,69 @@ local function reporter()
   end
 end
 
+-- base64 of raw bytes (the hmac converter takes its key so).
+local function base64(raw)
+  local alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+  local out = {}
+  for i = 1, #raw, 3 do
+    local a, b, c = string.byte(raw, i, i + 2)
+    local n = a * 65536 + (b or 0) * 256 + (c or 0)
+    for k, shift in ipairs({ 262144, 4096, 64, 1 }) do
+      if k <= 2 or (k == 3 and b) or (k == 4 and c) then
+        local d = (n // shift) % 64
+        out[#out + 1] = string.sub(alphabet, d + 1, d + 1)
+      else
+        out[#out + 1] = "="
+      end
+    end
+  end
+  return table.concat(out)
+end
+
+-- The proxies' secret: RETRY_AFTER_SECRET_FILE's bytes, one trailing newline left off; nil
+-- when the file cannot be read or is empty.
+local function read_secret()
+  local path = os.getenv("RETRY_AFTER_SECRET_FILE")
+  local file = path and io.open(path, "rb")
+  if file == nil then return nil end
+  local secret = file:read("*a") or ""
+  file:close()
+  secret = string.gsub(secret, "\r?\n$", "")
+  if secret == "" then return nil end
+  return secret
+end
+
+-- RETRY_AFTER_KEEP (service=header:<name>|source|cookie, comma-separated) and the book's
+-- settings: each service named gets a book, its memory bounded by RETRY_AFTER_MAX_KEYS.
+read_kept_settings = function()
+  local keep = os.getenv("RETRY_AFTER_KEEP") or ""
+  if keep == "" then return end
+  cookie_name = os.getenv("RETRY_AFTER_COOKIE") or cookie_name
+  local settings, wrong = T.settings({
+    grace_s = os.getenv("RETRY_AFTER_GRACE_S"),
+    horizon_s = os.getenv("RETRY_AFTER_HORIZON_S"),
+    max_keys = os.getenv("RETRY_AFTER_MAX_KEYS"),
+    max_returns_per_key = os.getenv("RETRY_AFTER_MAX_RETURNS_PER_KEY"),
+  })
+  local secret = read_secret()
+  if settings == nil or secret == nil then
+    core.Alert("retry_after.lua: kept returns are off: " .. (wrong or "RETRY_AFTER_SECRET_FILE gives no secret"))
+    return
+  end
+  secret_b64 = base64(secret)
+  for item in string.gmatch(keep, "[^,]+") do
+    local name, source = string.match(item, "^%s*([^=%s]+)=([^%s]+)%s*$")
+    local header = source and string.match(source, "^header:(.+)$")
+    local state = name and services[name]
+    if state and (header or source == "source" or source == "cookie") then
+      state.kept = { source = source, header = header and string.lower(header),
+        book = T.book(settings), room = T.fresh_room(T.table_store()), reported = {} }
+    else
+      core.Alert("retry_after.lua: RETRY_AFTER_KEEP: " .. item .. " is not <service>=header:<name>|source|cookie for a service of RETRY_AFTER_SERVICES")
+    end
+  end
+end
+
 core.register_init(function()
   socket_path = os.getenv("RETRY_AFTER_SOCKET") or socket_path
   retry_after_s = tonumber(os.getenv("RETRY_AFTER_STATIC") or "") or retry_after_s
@@ -154,6 +250,7 @@ core.register_init(function()
       services[name] = { backend = backend, admitted = 0, rejected = 0, handed_out = {}, own = {} }
     end
   end
+  read_kept_settings()
   if next(services) == nil then
     core.Alert("retry_after.lua: RETRY_AFTER_SERVICES names no service:backend; only the static value will be used")
   end
@@ -242,6 +339,130 @@ core.register_service("retry_after_grpc", "http", function(applet)
   if millis then applet:add_header("grpc-retry-pushback-ms", string.format("%d", millis)) end
   applet:start_response()
 end)
+
+-- Kept returns ---------------------------------------------------------------------------------
+
+-- The header's clamp of a push ({ low, high } seconds; 1 to 60 without one).
+local function push_clamp(push)
+  if push == nil then return { 1, MAX_RETRY_AFTER_S } end
+  local high = math.max(math.min(push.max_retry_after_s, MAX_RETRY_AFTER_S), 1)
+  return { math.max(math.min(push.min_retry_after_s, high), 1), high }
+end
+
+-- The held push when it is fresh and asks for kept_returns, else nil.
+local function kept_push(state, now)
+  local push = state.push
+  if push and now - state.received_ms <= stale_ms and push.retry_after_policy == "kept_returns" then
+    return push
+  end
+  return nil
+end
+
+-- The hint a rejection gets when no place can be computed: the agent's kept_returns answer
+-- (scheduled_returns filling capacity) from a fresh push, else the static value. Seconds (nil:
+-- no header) and rung.
+local function kept_hint(state, depth, now)
+  local push = state.push
+  if not (push and now - state.received_ms <= stale_ms) then return retry_after_s, "static" end
+  local as_agent = {}
+  for k, v in pairs(push) do as_agent[k] = v end
+  if push.retry_after_policy == "kept_returns" then
+    as_agent.retry_after_policy, as_agent.overload_rule = "scheduled_returns", "fill_capacity"
+  end
+  local elapsed_s = math.max(now - state.received_ms, 0) / 1000
+  local seconds, _millis, rung = M.answer(as_agent, depth, 0, math.random(), M.schedule(as_agent, elapsed_s, {}))
+  return seconds, rung
+end
+
+-- The request's place in the book if it may hold one: { key, cookie_due } (cookie_due for a
+-- verified return cookie, whose nonce is the key), or nil; hasher for the transaction.
+local function returning(txn, kept, hasher, name)
+  if kept.source == "source" then
+    local addr = txn.f:src()
+    return addr and { key = hasher.key(tostring(addr)) }
+  elseif kept.header then
+    local values = txn.http:req_get_headers()[kept.header]
+    local value = values and values[0]
+    return value and { key = hasher.key(value) }
+  end
+  local cookies = txn.http:req_get_headers()["cookie"] or {}
+  for _, line in pairs(cookies) do
+    for pair in string.gmatch(line, "[^;]+") do
+      local k, v = string.match(pair, "^%s*([^=]+)=(.*)$")
+      if k == cookie_name then
+        local due, nonce = T.read_cookie(hasher, name, v)
+        if due then return { key = nonce, cookie_due = due } end
+      end
+    end
+  end
+  return nil
+end
+
+-- A new place for a rejected request: its key and, in cookie mode, a fresh nonce; nil for a
+-- request without a key.
+local function new_key(txn, kept, found)
+  if kept.source == "cookie" then
+    return string.format("%08x%08x", txn.f:rand(), txn.f:rand())
+  end
+  return found and found.key
+end
+
+-- A rejection in kept mode: a place given (or the hint, kept as a place when there is no drain
+-- rate yet); sets txn.retry_after and, in cookie mode, txn.retry_after_cookie.
+local function reject_kept(txn, name, state, hasher, found, depth, drain, now)
+  local kept, now_s, clamp = state.kept, now // 1000, push_clamp(kept_push(state, now))
+  local key = new_key(txn, kept, found)
+  local place = key and T.promise(kept.book, key, now / 1000, depth, drain, clamp)
+  local seconds, rung = nil, "computed"
+  if place then
+    seconds = place.seconds
+  else
+    seconds, rung = kept_hint(state, depth, now)
+    place = key and seconds and T.keep(kept.book, key, now_s, seconds, clamp)
+  end
+  if place and kept.source == "cookie" then
+    txn:set_var("txn.retry_after_cookie", string.format("%s=%s; Max-Age=%d; Path=/; HttpOnly",
+      cookie_name, T.write_cookie(hasher, name, place.due, key), place.due - now_s + kept.book.settings.grace_s))
+  end
+  return seconds, rung
+end
+
+-- http-request lua.retry_after_admit <service>, after txn.reject says whether the backend's
+-- queue is at its bound: a place due is admitted (txn.retry_after_kept "returned": give it a
+-- higher priority class), a fresh or early request into free room ("queued"); else it is
+-- rejected, told the time left to its place ("early") or given one ("rejected"), with
+-- txn.retry_after, txn.retry_after_status and in cookie mode txn.retry_after_cookie set. For a
+-- service without kept returns, the rejection of lua.retry_after.
+core.register_action("retry_after_admit", { "http-req" }, function(txn, name)
+  local state = services[name]
+  local full = txn:get_var("txn.reject")
+  full = full == true or full == 1
+  local depth = state and txn.f:queue(state.backend) or 0
+  local now = now_ms()
+  local outcome, due, hasher, found = full and "rejected" or "queued", nil, nil, nil
+  local push = state and kept_push(state, now)
+  local drain = push and push.drain_rate
+  if drain and not (drain > 0 and drain < math.huge) then drain = nil end
+  if state and state.kept then
+    hasher = T.hasher(function(message) return txn.c:hmac(message, "sha1", secret_b64) end)
+    found = returning(txn, state.kept, hasher, name)
+    outcome, due = T.arrive(state.kept.book, state.kept.room, found, now // 1000, depth, full, drain)
+  end
+  txn:set_var("txn.retry_after_kept", outcome)
+  if outcome == "returned" or outcome == "queued" then return end
+  local seconds, rung = retry_after_s, "static"
+  if state and outcome == "early" then
+    seconds, rung = T.told(due, now // 1000, push_clamp(push)).seconds, "computed"
+  elseif state and state.kept then
+    seconds, rung = reject_kept(txn, name, state, hasher, found, depth, drain, now)
+  elseif state then
+    local answered, _ms, answered_rung = computed_answer(state, depth, now)
+    if answered_rung then seconds, rung = answered, answered_rung end
+  end
+  if state then count_rejection(state, seconds, rung) end
+  if seconds then txn:set_var("txn.retry_after", seconds) end
+  txn:set_var("txn.retry_after_status", state and state.push and state.push.status_code or 429)
+end, 1)
 
 -- http-request lua.retry_after_admitted <service>: counts a request let through.
 core.register_action("retry_after_admitted", { "http-req" }, function(txn, name)

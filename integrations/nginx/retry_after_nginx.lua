@@ -21,8 +21,19 @@
 -- Options of start (defaults): socket ("/run/retry-after-agent/agent.sock"), retry_after_s (5,
 -- or false for no header without an estimate), stale_ms (5000), reconnect_max_ms (5000),
 -- dict ("retry_after").
+--
+-- Kept returns (the agent's policy kept_returns; docs/integrations/nginx.md, "Kept returns"):
+-- start's option keep = { api = { key = "header:x-api-key" | "source" | "cookie",
+-- max_queued = 64 } }, with secret_file, cookie ("retry_after_return"), grace_s (30),
+-- horizon_s (300), max_keys (100000), max_returns_per_key (1) and tickets_dict
+-- ("retry_after_tickets", a lua_shared_dict of its own: the book every worker shares). In the
+-- location, before limit_req (whose key, $retry_after_limit, admit empties for a return so that
+-- it is not held in limit_req's queue):
+--   set $retry_after_limit $server_name;
+--   rewrite_by_lua_block { require("retry_after_nginx").admit("api") }
 
 local policy = require("retry_after_policy")
+local tickets = require("retry_after_tickets")
 
 local M = {}
 
@@ -32,7 +43,12 @@ local options = {
   stale_ms = 5000,
   reconnect_max_ms = 5000,
   dict = "retry_after",
+  tickets_dict = "retry_after_tickets",
+  cookie = "retry_after_return",
 }
+-- Kept returns per service: { source, header, max_queued, book, room }; the secret.
+local kept = {}
+local secret
 -- This worker's parsed copy of each service's latest push: { line, push }.
 local parsed = {}
 
@@ -94,6 +110,7 @@ end
 -- upstream's own Retry-After (Ray Serve's static retry_after_s, say) is replaced too, while a
 -- fresh estimate is held; without one it is left as the upstream sent it.
 function M.stamp(service, stamp_options)
+  if ngx.ctx.retry_after_answered then return end
   local shared = dict()
   local status = ngx.status
   if status ~= 429 and status ~= 503 then
@@ -158,6 +175,22 @@ local function take_handed_out(service)
   return handed_out
 end
 
+-- What a service's book did since its last report, on a line of its own (tickets=); counted
+-- as reported, in the dictionary, once the agent acknowledged it. False if the connection failed.
+local function report_tickets(service, exchange)
+  local k = kept[service]
+  if k == nil then return true end
+  local shared, reported = dict(), {}
+  for i = 1, #tickets.OUTCOMES do reported[i] = shared:get("reported:" .. service .. ":" .. i) or 0 end
+  local entry, carried = tickets.tickets_entry(k.book:counters(), reported)
+  if entry == nil then return true end
+  if not exchange(string.format("REPORT %s admitted=0 rejected=0 tickets=%s", service, entry)) then
+    return false
+  end
+  for i, n in ipairs(carried) do shared:incr("reported:" .. service .. ":" .. i, n, 0) end
+  return true
+end
+
 -- One service's report: its lines sent in order, each counted off the dictionary once the agent
 -- acknowledged it. False if the connection failed.
 local function report(sock, service)
@@ -168,7 +201,7 @@ local function report(sock, service)
   local function exchange(line)
     return sock:send(line .. "\n") and sock:receive("*l") == "OK"
   end
-  return policy.send_report(lines, exchange, function(i, line)
+  local sent = policy.send_report(lines, exchange, function(i, line)
     if i == 1 then
       shared:incr("admitted:" .. service, -admitted, 0)
       shared:incr("rejected:" .. service, -rejected, 0)
@@ -177,6 +210,7 @@ local function report(sock, service)
       shared:incr(handed_out_key(service, value), -count, 0)
     end
   end)
+  return sent and report_tickets(service, exchange)
 end
 
 -- Reports every service each second on one connection, until the worker exits.
@@ -198,12 +232,158 @@ local function reporter(premature)
   end
 end
 
+-- Kept returns --------------------------------------------------------------------------------
+
+-- The proxies' secret: secret_file's bytes, one trailing newline left off.
+local function read_secret(path)
+  local file = path and io.open(path, "rb")
+  assert(file, "retry_after_nginx.start: keep needs a readable secret_file")
+  local text = string.gsub(file:read("*a") or "", "\r?\n$", "")
+  file:close()
+  assert(text ~= "", "retry_after_nginx.start: secret_file is empty")
+  return text
+end
+
+-- Every service of options.keep gets its book in the tickets dictionary, under its name.
+local function start_kept()
+  if options.keep == nil or next(options.keep) == nil then return end
+  local shared = ngx.shared[options.tickets_dict]
+  assert(shared, "retry_after_nginx.start: keep needs a lua_shared_dict " .. options.tickets_dict)
+  local settings = assert(tickets.settings(options))
+  secret = read_secret(options.secret_file)
+  for service, how in pairs(options.keep) do
+    local header = string.match(how.key or "", "^header:(.+)$")
+    assert(header or how.key == "source" or how.key == "cookie",
+      "retry_after_nginx.start: keep." .. service .. ".key is header:<name>, source or cookie")
+    local store = tickets.dict_store(shared, service .. ":")
+    kept[service] = { source = how.key, header = header, max_queued = how.max_queued or 64,
+      book = tickets.book(settings, store), room = tickets.fresh_room(store) }
+  end
+end
+
+local hasher = tickets.hasher(function(message) return ngx.hmac_sha1(secret, message) end)
+
+-- The request's place in the book if it may hold one: { key, cookie_due } or nil.
+local function returning(service, k)
+  if k.source == "source" then return { key = hasher.key(ngx.var.remote_addr) } end
+  if k.header then
+    local value = ngx.req.get_headers()[k.header]
+    if type(value) == "table" then value = value[1] end
+    return value and { key = hasher.key(value) }
+  end
+  local value = ngx.var["cookie_" .. options.cookie]
+  if value == nil then return nil end
+  local due, nonce = tickets.read_cookie(hasher, service, value)
+  return due and { key = nonce, cookie_due = due }
+end
+
+-- Run f with the service's book held by this worker alone (a lock in the dictionary, waited
+-- for up to 50 ms); false when it could not be had.
+local function with_book(service, f)
+  local shared, lock = ngx.shared[options.tickets_dict], "lock:" .. service
+  for _ = 1, 50 do
+    if shared:add(lock, true, 0.1) then
+      local result = { pcall(f) }
+      shared:delete(lock)
+      if not result[1] then error(result[2]) end
+      return unpack(result)
+    end
+    ngx.sleep(0.001)
+  end
+  return false
+end
+
+-- The header's clamp of a push ({ low, high } seconds; 1 to 60 without one).
+local function push_clamp(push)
+  if push == nil then return { 1, policy.MAX_RETRY_AFTER_S } end
+  local high = math.max(math.min(push.max_retry_after_s, policy.MAX_RETRY_AFTER_S), 1)
+  return { math.max(math.min(push.min_retry_after_s, high), 1), high }
+end
+
+-- The hint when no place can be computed: the agent's kept_returns answer (scheduled_returns
+-- filling capacity) from a fresh push, else the static value.
+local function kept_hint(push, age, depth)
+  if push == nil then return options.retry_after_s or nil end
+  local as_agent = {}
+  for key, value in pairs(push) do as_agent[key] = value end
+  if push.retry_after_policy == "kept_returns" then
+    as_agent.retry_after_policy, as_agent.overload_rule = "scheduled_returns", "fill_capacity"
+  end
+  return (policy.answer(as_agent, depth, 0, math.random(), policy.schedule(as_agent, age, {})))
+end
+
+-- A place for a rejected request (its key, or a fresh nonce in cookie mode), or the hint kept
+-- as one: seconds to tell (nil: no header), their rung and the Set-Cookie value in cookie mode.
+local function give_place(service, k, found, push, age, depth, drain, now)
+  local clamp = push_clamp(push and push.retry_after_policy == "kept_returns" and push or nil)
+  local key = found and found.key
+  if k.source == "cookie" then key = string.format("%08x%08x", math.random(0, 4294967295), math.random(0, 4294967295)) end
+  local place = key and tickets.promise(k.book, key, now, depth, drain, clamp)
+  local seconds = place and place.seconds
+  if place == nil then
+    seconds = kept_hint(push, age, depth)
+    place = key and seconds and tickets.keep(k.book, key, math.floor(now), seconds, clamp)
+  end
+  local cookie
+  local rung = (place or push) and "computed" or "static"
+  if place and k.source == "cookie" then
+    cookie = string.format("%s=%s; Max-Age=%d; Path=/; HttpOnly", options.cookie,
+      tickets.write_cookie(hasher, service, place.due, key), place.due - math.floor(now) + k.book.settings.grace_s)
+  end
+  return seconds, rung, cookie
+end
+
+-- The decision for one request under the book's lock: outcome and, for a rejection, seconds,
+-- rung and cookie.
+local function decide(service, k, push, age)
+  local now = ngx.now()
+  local now_s = math.floor(now)
+  local usable = push and push.retry_after_policy == "kept_returns" and push or nil
+  local drain = usable and usable.drain_rate
+  if drain and not (drain > 0 and drain < math.huge) then drain = nil end
+  local depth = (push and push.queue_depth) or 0
+  local found = returning(service, k)
+  local outcome, due = tickets.arrive(k.book, k.room, found, now_s, depth, depth >= k.max_queued, drain)
+  if outcome == "early" then return outcome, tickets.told(due, now_s, push_clamp(usable)).seconds, "computed" end
+  if outcome ~= "rejected" then return outcome end
+  return outcome, give_place(service, k, found, push, age, depth, drain, now)
+end
+
+-- rewrite_by_lua, before limit_req: kept returns for service. A place due is let past limit_req
+-- (its key $retry_after_limit emptied); a fresh or early request with room goes on to
+-- limit_req; any other is rejected here with the push's status, Retry-After (the time left to
+-- its place, or a new place) and in cookie mode the return cookie.
+function M.admit(service)
+  local k = kept[service]
+  if k == nil then return end
+  local push, age = fresh_push(service)
+  local ok, outcome, seconds, rung, cookie = with_book(service, function() return decide(service, k, push, age) end)
+  if not ok then return end
+  if outcome == "returned" then ngx.var.retry_after_limit = "" end
+  if outcome == "returned" or outcome == "queued" then return end
+  local shared = dict()
+  shared:incr("rejected:" .. service, 1, 0)
+  ngx.ctx.retry_after_answered = true
+  if seconds then
+    ngx.header["Retry-After"] = string.format("%d", seconds)
+    shared:incr(handed_out_key(service, policy.handed_out_value(rung, seconds)), 1, 0)
+  end
+  if cookie then ngx.header["Set-Cookie"] = cookie end
+  ngx.header["Content-Type"] = "text/plain"
+  ngx.status = push and push.status_code or 429
+  ngx.say("overloaded, retry later")
+  return ngx.exit(ngx.status)
+end
+
 -- init_worker_by_lua: read the options; the first worker follows and reports every service.
 function M.start(given)
   for key, value in pairs(given or {}) do options[key] = value end
   assert(type(options.services) == "table" and #options.services > 0,
     "retry_after_nginx.start: services must name at least one service")
   assert(dict() ~= nil, "retry_after_nginx.start: no lua_shared_dict " .. options.dict)
+  -- Each worker draws its own return cookies' nonces.
+  math.randomseed(ngx.now() * 1000 + ngx.worker.pid())
+  start_kept()
   if (ngx.worker.id() or 0) ~= 0 then return end
   for _, service in ipairs(options.services) do
     assert(ngx.timer.at(0, follow, service))

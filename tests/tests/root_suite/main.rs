@@ -17,6 +17,7 @@ mod haproxy_lua;
 mod http2;
 mod in_flight;
 mod integrations;
+mod kept_returns;
 mod kernel_matrix;
 mod least_privilege;
 mod nginx_lua;

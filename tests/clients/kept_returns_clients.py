@@ -1,0 +1,152 @@
+"""Open-loop clients that retry as urllib3's Retry does, honouring Retry-After, each with its own
+key for kept returns: a header of its own (``--key-header``) or a cookie jar of its own
+(``--cookies``).
+
+Clients arrive at ``--rate`` per second (Poisson, seeded) for ``--seconds``; each makes one
+request, with up to ``--retries`` retries. With a key header, urllib3's own
+``Retry(respect_retry_after_header=True)`` sleeps and retries, and its record
+(``Retry.history``) says what the client saw. urllib3 keeps no cookies, so with ``--cookies``
+each client keeps an ``http.cookiejar.CookieJar`` (as a browser or an SDK does) and sends it on
+each attempt, and the same urllib3 ``Retry`` decides, counts and sleeps between attempts.
+Prints one JSON object: clients, succeeded, gave_up, errors, retries (attempts after a
+rejection), retries_admitted (retries answered 200), answered (attempts answered, by status),
+the time to success of each client that succeeded, and every client's arrival (seconds from
+the start, in order).
+"""
+
+import argparse
+import http.cookiejar
+import json
+import random
+import threading
+import time
+import urllib.request
+
+import urllib3
+from urllib3.exceptions import MaxRetryError
+from urllib3.util.retry import Retry
+
+TIMEOUT = urllib3.Timeout(total=150)
+
+
+def retry_policy(retries):
+    """urllib3's Retry for a client: rejections (429, 503) retried, Retry-After honoured."""
+    return Retry(
+        total=retries,
+        connect=0,
+        read=0,
+        status_forcelist=[429, 503],
+        allowed_methods=None,
+        respect_retry_after_header=True,
+        backoff_factor=0.5,
+        raise_on_status=False,
+    )
+
+
+class _Headers:
+    """A urllib3 response as http.cookiejar reads one (``info().get_all``)."""
+
+    def __init__(self, response):
+        self.response = response
+
+    def info(self):
+        return self
+
+    def get_all(self, name, default=None):
+        return self.response.headers.getlist(name) or default
+
+
+def with_key_header(pool, url, retries, header, key):
+    """One client's request, urllib3 retrying: (status, statuses of its attempts)."""
+    response = pool.request("GET", url, headers={header: key}, retries=retry_policy(retries), timeout=TIMEOUT)
+    history = response.retries.history if response.retries is not None else ()
+    return response.status, [h.status for h in history] + [response.status]
+
+
+def with_cookies(pool, url, retries):
+    """One client's request with a cookie jar of its own: (status, statuses of its attempts)."""
+    jar, retry, statuses = http.cookiejar.CookieJar(), retry_policy(retries), []
+    while True:
+        request = urllib.request.Request(url)
+        jar.add_cookie_header(request)
+        response = pool.request("GET", url, headers=dict(request.header_items()), retries=False, timeout=TIMEOUT)
+        response.drain_conn()
+        statuses.append(response.status)
+        jar.extract_cookies(_Headers(response), request)
+        if not retry.is_retry("GET", response.status, response.headers.get("Retry-After") is not None):
+            return response.status, statuses
+        try:
+            retry = retry.increment("GET", url, response=response)
+        except MaxRetryError:
+            return response.status, statuses
+        retry.sleep(response)
+
+
+def client(args, pool, index, results, lock):
+    """Client index: its outcome, attempts' statuses and time to its answer, into results."""
+    started = time.monotonic()
+    try:
+        if args.cookies:
+            status, statuses = with_cookies(pool, args.url, args.retries)
+        else:
+            status, statuses = with_key_header(pool, args.url, args.retries, args.key_header, f"client-{args.seed}-{index}")
+        outcome = "ok" if status == 200 else "gave_up"
+    except urllib3.exceptions.HTTPError:
+        outcome, statuses = "error", []
+    with lock:
+        results.append((outcome, statuses, time.monotonic() - started))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--rate", type=float, required=True)
+    parser.add_argument("--seconds", type=float, required=True)
+    parser.add_argument("--retries", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--key-header", default="X-Api-Key")
+    parser.add_argument("--cookies", action="store_true")
+    args = parser.parse_args()
+
+    threading.stack_size(512 * 1024)
+    pool = urllib3.PoolManager(maxsize=64, block=False, retries=False)
+    rng = random.Random(args.seed)
+    results, lock, threads, arrivals = [], threading.Lock(), [], []
+    start = time.monotonic()
+    at = rng.expovariate(args.rate)
+    while at < args.seconds:
+        delay = start + at - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        arrivals.append(time.monotonic() - start)
+        thread = threading.Thread(target=client, args=(args, pool, len(threads), results, lock), daemon=True)
+        thread.start()
+        threads.append(thread)
+        at += rng.expovariate(args.rate)
+    for thread in threads:
+        thread.join()
+
+    succeeded = [r for r in results if r[0] == "ok"]
+    answered = {}
+    for _, statuses, _ in results:
+        for status in statuses:
+            answered[str(status)] = answered.get(str(status), 0) + 1
+    print(
+        json.dumps(
+            {
+                "clients": len(results),
+                "succeeded": len(succeeded),
+                "gave_up": sum(1 for r in results if r[0] == "gave_up"),
+                "errors": sum(1 for r in results if r[0] == "error"),
+                "retries": sum(len(r[1]) - 1 for r in results if r[1]),
+                "retries_admitted": sum(1 for r in results if len(r[1]) > 1 and r[1][-1] == 200),
+                "answered": answered,
+                "time_to_success_s": sorted(r[2] for r in succeeded),
+                "arrivals_s": arrivals,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,395 @@
+//! Kept returns through real proxies: the distribution's HAProxy running
+//! integrations/haproxy/retry_after.lua with integrations/lua/retry_after_tickets.lua, the real
+//! agent with `retry_after_policy = "kept_returns"`, real replicas on loopback, and real urllib3
+//! clients (`tests/clients/kept_returns_clients.py`) that honour Retry-After, each with a key of
+//! its own: an `X-Api-Key` header, or a cookie jar keeping the proxy's signed return cookie.
+//!
+//! Every run is measured against the clairvoyant bound of its own arrivals (first come, first
+//! served over the fleet's request places, as `eval/src/bound.rs` serves its clients): nearly
+//! every retry is admitted at its place, no client gives up, the p99 time to success stays
+//! within 1.5× the bound's, and the proxy's own counters agree with the clients' record. The
+//! runs share one agent and go on at once (separate replicas, ports and frontends), so the
+//! module takes about as long as its longest run.
+//!
+//! The Lua book under LuaJIT (nginx's interpreter) is checked against the Rust answers too.
+
+use std::{
+    cmp::Reverse, collections::BinaryHeap, net::SocketAddr, path::PathBuf, process::Command,
+    time::Duration,
+};
+
+use retry_after_testkit::{AgentProcess, free_port, http::HttpServer, proxies::Haproxy, run_ok};
+
+/// Each replica's service time; two replicas of two places each: 16 requests a second.
+const SERVICE_TIME: Duration = Duration::from_millis(250);
+/// Request places per replica (`max_ongoing_requests`, HAProxy's `maxconn`).
+const PLACES: usize = 2;
+/// Replicas per run.
+const REPLICAS: usize = 2;
+/// The fleet's capacity, requests a second.
+const CAPACITY: f64 = (REPLICAS * PLACES) as f64 / 0.25;
+/// HAProxy's queue bound for fresh arrivals (the proposal's max_queued_requests, scaled down).
+const QUEUE_LIMIT: u32 = 8;
+
+fn integrations() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../integrations")
+}
+
+#[test]
+fn the_lua_ticket_book_answers_as_the_rust_one_under_luajit() {
+    let vectors =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../policy/tests/ticket_vectors.tsv");
+    let text = run_ok(
+        Command::new("luajit")
+            .arg(integrations().join("lua/check_tickets.lua"))
+            .arg(&vectors),
+    );
+    eprintln!("{}", text.trim());
+    assert!(text.contains("5144 ticket vectors agree (LuaJIT"), "{text}");
+}
+
+/// How a run's clients are known to the proxy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Keep {
+    /// Each client sends `X-Api-Key: client-<seed>-<n>`.
+    Header,
+    /// Each client keeps the return cookie it is given.
+    Cookie,
+}
+
+/// One run: a service of its own, its clients' key, their rate as a multiple of capacity and
+/// how long they keep arriving.
+#[derive(Clone, Copy, Debug)]
+struct Spec {
+    name: &'static str,
+    keep: Keep,
+    load: f64,
+    seconds: u32,
+    seed: u64,
+}
+
+/// What a run's clients recorded (tests/clients/kept_returns_clients.py).
+#[derive(Debug, Default)]
+struct Record {
+    clients: u64,
+    succeeded: u64,
+    gave_up: u64,
+    errors: u64,
+    retries: u64,
+    retries_admitted: u64,
+    answered_200: u64,
+    answered_429: u64,
+    times: Vec<f64>,
+    arrivals: Vec<f64>,
+}
+
+impl Record {
+    /// Parse the clients' JSON line.
+    fn parse(out: &str) -> Self {
+        let v: serde_json::Value = serde_json::from_str(out.trim()).expect("the clients' record");
+        let count = |key: &str| v[key].as_u64().unwrap_or_else(|| panic!("{key} in {out}"));
+        let list = |key: &str| -> Vec<f64> {
+            v[key]
+                .as_array()
+                .unwrap_or_else(|| panic!("{key} in {out}"))
+                .iter()
+                .map(|t| t.as_f64().unwrap())
+                .collect()
+        };
+        let answered = |status: &str| v["answered"][status].as_u64().unwrap_or(0);
+        Self {
+            clients: count("clients"),
+            succeeded: count("succeeded"),
+            gave_up: count("gave_up"),
+            errors: count("errors"),
+            retries: count("retries"),
+            retries_admitted: count("retries_admitted"),
+            answered_200: answered("200"),
+            answered_429: answered("429"),
+            times: list("time_to_success_s"),
+            arrivals: list("arrivals_s"),
+        }
+    }
+
+    /// The share of retries answered 200.
+    fn admitted_share(&self) -> f64 {
+        self.retries_admitted as f64 / self.retries.max(1) as f64
+    }
+}
+
+/// The value at quantile `q` of sorted `values` (NaN for none).
+fn quantile(values: &[f64], q: f64) -> f64 {
+    let i = ((values.len() as f64 * q) as usize).min(values.len().saturating_sub(1));
+    values.get(i).copied().unwrap_or(f64::NAN)
+}
+
+/// The clairvoyant bound's p99 time to success for `arrivals` (seconds, in order): each client
+/// takes the request place that frees first, at its arrival if one is free, and holds it for
+/// the service time; no `Retry-After` can start a client sooner.
+fn clairvoyant_p99(arrivals: &[f64]) -> f64 {
+    let service = SERVICE_TIME.as_secs_f64();
+    let mut free: BinaryHeap<Reverse<u64>> = (0..REPLICAS * PLACES).map(|_| Reverse(0)).collect();
+    let mut times: Vec<f64> = arrivals
+        .iter()
+        .map(|&arrival| {
+            // Places are kept in microseconds: a heap needs an order.
+            let Reverse(at) = free.pop().expect("a place");
+            let start = (at as f64 / 1e6).max(arrival);
+            free.push(Reverse(((start + service) * 1e6) as u64));
+            start + service - arrival
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    quantile(&times, 0.99)
+}
+
+/// The agent's service for a run's replicas.
+fn agent_service(name: &str, replicas: &[HttpServer]) -> String {
+    let backends: Vec<String> = replicas
+        .iter()
+        .map(|r| {
+            format!(
+                "{{ address = \"{}\", max_ongoing_requests = {PLACES} }}",
+                r.addr()
+            )
+        })
+        .collect();
+    format!(
+        "[[service]]\nname = \"{name}\"\nbackends = [{}]\n[service.backpressure]\nretry_after_policy = \"kept_returns\"\nretry_after_s = 5\n",
+        backends.join(", ")
+    )
+}
+
+/// A frontend keeping returns for `name`: the queue's bound as in the example configuration,
+/// then `lua.retry_after_admit`; a return goes ahead in HAProxy's queue (priority class).
+fn haproxy_frontend(name: &str, bind: SocketAddr, replicas: &[HttpServer]) -> String {
+    let servers: String = replicas
+        .iter()
+        .enumerate()
+        .map(|(i, r)| format!("    server r{i} {} maxconn {PLACES}\n", r.addr()))
+        .collect();
+    format!(
+        "frontend fe_{name}\n    bind {bind}\n\
+         \x20   http-request set-var(txn.reject) bool(true) if {{ queue(be_{name}) ge {QUEUE_LIMIT} }}\n\
+         \x20   http-request lua.retry_after_admit {name}\n\
+         \x20   acl reject var(txn.retry_after_kept) -m str early rejected\n\
+         \x20   http-request set-priority-class int(-10) if {{ var(txn.retry_after_kept) -m str returned }}\n\
+         \x20   http-request return status 429 content-type text/plain string \"busy\" hdr Retry-After %[var(txn.retry_after)] hdr Set-Cookie %[var(txn.retry_after_cookie)] if reject {{ var(txn.retry_after_cookie) -m found }}\n\
+         \x20   http-request return status 429 content-type text/plain string \"busy\" hdr Retry-After %[var(txn.retry_after)] if reject {{ var(txn.retry_after) -m found }}\n\
+         \x20   http-request return status 429 content-type text/plain string \"busy\" if reject\n\
+         \x20   http-request lua.retry_after_admitted {name}\n\
+         \x20   default_backend be_{name}\n\
+         backend be_{name}\n    balance roundrobin\n{servers}"
+    )
+}
+
+/// The clients of `spec` against `front`, to their end.
+fn clients(spec: Spec, front: SocketAddr) -> Record {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients/kept_returns_clients.py");
+    let mut command = Command::new("python3");
+    command
+        .arg(script)
+        .args(["--url", &format!("http://{front}/")])
+        .args(["--rate", &format!("{}", spec.load * CAPACITY)])
+        .args(["--seconds", &spec.seconds.to_string()])
+        .args(["--retries", "3", "--seed", &spec.seed.to_string()]);
+    if spec.keep == Keep::Cookie {
+        command.arg("--cookies");
+    }
+    Record::parse(&run_ok(&mut command))
+}
+
+/// A counter of `retry_after_tickets_total` for `service` in the agent's metrics (0 if absent).
+fn tickets(metrics: &str, service: &str, outcome: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("retry_after_tickets_total{"))
+        .find(|l| {
+            l.contains(&format!("service=\"{service}\""))
+                && l.contains(&format!("outcome=\"{outcome}\""))
+        })
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// A run's figures: the clients' record, the bound's p99, the proxy's counters.
+#[derive(Debug)]
+struct Figures {
+    spec: Spec,
+    record: Record,
+    bound_p99: f64,
+    proxy_2xx: u64,
+    proxy_4xx: u64,
+    issued: f64,
+    honoured: f64,
+}
+
+impl Figures {
+    fn p99(&self) -> f64 {
+        quantile(&self.record.times, 0.99)
+    }
+
+    /// One line to quote.
+    fn describe(&self) -> String {
+        let r = &self.record;
+        format!(
+            "{} ({:?}, {:.1}x for {} s): {} clients, {:.1}% of {} retries admitted, {} gave up, {} errors; p99 to success {:.1} s, the bound's {:.1} s ({:.2}x); proxy 2xx {} 4xx {} (clients: {} succeeded, {} answered 429); agent: {} places issued, {} honoured",
+            self.spec.name,
+            self.spec.keep,
+            self.spec.load,
+            self.spec.seconds,
+            r.clients,
+            100.0 * r.admitted_share(),
+            r.retries,
+            r.gave_up,
+            r.errors,
+            self.p99(),
+            self.bound_p99,
+            self.p99() / self.bound_p99,
+            self.proxy_2xx,
+            self.proxy_4xx,
+            r.succeeded,
+            r.answered_429,
+            self.issued,
+            self.honoured,
+        )
+    }
+
+    /// What every run must show.
+    fn check(&self) {
+        let r = &self.record;
+        let line = self.describe();
+        assert_eq!(r.errors, 0, "{line}");
+        assert!(r.retries > 50, "the load overloads: {line}");
+        assert_eq!(r.gave_up, 0, "{line}");
+        assert!(r.admitted_share() >= 0.95, "{line}");
+        assert!(self.p99() <= 1.5 * self.bound_p99, "{line}");
+        // The proxy's own counters agree with the clients' record: the successes as 2xx,
+        // every rejection as 4xx, every attempt answered.
+        assert_eq!(self.proxy_2xx, r.succeeded, "{line}");
+        assert_eq!(self.proxy_2xx, r.answered_200, "{line}");
+        assert_eq!(self.proxy_4xx, r.answered_429, "{line}");
+        assert_eq!(
+            self.proxy_2xx + self.proxy_4xx,
+            r.clients + r.retries,
+            "{line}"
+        );
+        // The proxy reported its book to the agent (REPORT's tickets=).
+        assert!(self.issued > 0.0 && self.honoured > 0.0, "{line}");
+    }
+}
+
+/// The runs: each key kind at 1.5× for 20 s and 1.3× for two minutes.
+const HAPROXY_RUNS: [Spec; 4] = [
+    Spec {
+        name: "ha_key_short",
+        keep: Keep::Header,
+        load: 1.5,
+        seconds: 20,
+        seed: 11,
+    },
+    Spec {
+        name: "ha_key_long",
+        keep: Keep::Header,
+        load: 1.3,
+        seconds: 120,
+        seed: 12,
+    },
+    Spec {
+        name: "ha_cookie_short",
+        keep: Keep::Cookie,
+        load: 1.5,
+        seconds: 20,
+        seed: 13,
+    },
+    Spec {
+        name: "ha_cookie_long",
+        keep: Keep::Cookie,
+        load: 1.3,
+        seconds: 120,
+        seed: 14,
+    },
+];
+
+#[test]
+fn clients_told_their_kept_place_get_in_at_it_through_haproxy() {
+    let replicas: Vec<Vec<HttpServer>> = HAPROXY_RUNS
+        .iter()
+        .map(|_| {
+            (0..REPLICAS)
+                .map(|_| HttpServer::replica(SERVICE_TIME))
+                .collect()
+        })
+        .collect();
+    let fronts: Vec<SocketAddr> = HAPROXY_RUNS.iter().map(|_| free_port()).collect();
+    let services: String = HAPROXY_RUNS
+        .iter()
+        .zip(&replicas)
+        .map(|(spec, r)| agent_service(spec.name, r))
+        .collect();
+    let agent = AgentProcess::start("", &services);
+    let secret = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(secret.path(), "the proxies' secret\n").unwrap();
+    let lua = integrations()
+        .join("haproxy/retry_after.lua")
+        .canonicalize()
+        .unwrap();
+    let names: Vec<String> = HAPROXY_RUNS
+        .iter()
+        .map(|s| format!("{0}:be_{0}", s.name))
+        .collect();
+    let keep: Vec<String> = HAPROXY_RUNS
+        .iter()
+        .map(|s| match s.keep {
+            Keep::Header => format!("{}=header:x-api-key", s.name),
+            Keep::Cookie => format!("{}=cookie", s.name),
+        })
+        .collect();
+    let haproxy = Haproxy::start_with_global(
+        &format!(
+            "    lua-load {}\n    setenv RETRY_AFTER_SOCKET {}\n    setenv RETRY_AFTER_SERVICES {}\n    setenv RETRY_AFTER_STATIC 5\n    setenv RETRY_AFTER_KEEP {}\n    setenv RETRY_AFTER_SECRET_FILE {}\n",
+            lua.display(),
+            agent.socket.display(),
+            names.join(","),
+            keep.join(","),
+            secret.path().display(),
+        ),
+        &HAPROXY_RUNS
+            .iter()
+            .zip(&fronts)
+            .zip(&replicas)
+            .map(|((spec, front), r)| haproxy_frontend(spec.name, *front, r))
+            .collect::<String>(),
+        None,
+    );
+    let records: Vec<Record> = std::thread::scope(|s| {
+        let runs: Vec<_> = HAPROXY_RUNS
+            .iter()
+            .zip(&fronts)
+            .map(|(spec, front)| s.spawn(move || clients(*spec, *front)))
+            .collect();
+        runs.into_iter().map(|r| r.join().unwrap()).collect()
+    });
+    // The last report reaches the agent within a second or two.
+    std::thread::sleep(Duration::from_secs(3));
+    let metrics = agent.metrics();
+    let figures: Vec<Figures> = HAPROXY_RUNS
+        .iter()
+        .zip(records)
+        .map(|(spec, record)| Figures {
+            spec: *spec,
+            bound_p99: clairvoyant_p99(&record.arrivals),
+            proxy_2xx: haproxy.stat(&format!("fe_{}", spec.name), "FRONTEND", "hrsp_2xx"),
+            proxy_4xx: haproxy.stat(&format!("fe_{}", spec.name), "FRONTEND", "hrsp_4xx"),
+            issued: tickets(&metrics, spec.name, "issued"),
+            honoured: tickets(&metrics, spec.name, "honoured"),
+            record,
+        })
+        .collect();
+    for f in &figures {
+        eprintln!("{}", f.describe());
+    }
+    for f in &figures {
+        f.check();
+    }
+}
