@@ -176,8 +176,13 @@ function M.answer(push, depth, streak, jitter_draw, seen)
     reason = "drain_not_warm"
   elseif depth == nil then
     reason = "queue_invisible"
-  elseif push.retry_after_policy == "scheduled_returns" then
-    local base = scheduled_returns(push, depth, seen or { returns = push.returns, overload_age_s = push.overload_age_s })
+  elseif push.retry_after_policy == "scheduled_returns" or push.retry_after_policy == "kept_returns" then
+    -- kept_returns, answered without a book: scheduled_returns with the fill_capacity rule.
+    local rules = push
+    if push.retry_after_policy == "kept_returns" then
+      rules = setmetatable({ overload_rule = "fill_capacity" }, { __index = push })
+    end
+    local base = scheduled_returns(rules, depth, seen or { returns = push.returns, overload_age_s = push.overload_age_s })
     local u = finite(jitter_draw) and clamp(jitter_draw, 0.0, 0.999) or 0.5
     local seconds, millis = rounded(math.max(base - u, 0.0), push.min_retry_after_s, push.max_retry_after_s)
     return seconds, millis, "computed", nil
