@@ -17,30 +17,16 @@ the start, in order).
 import argparse
 import http.cookiejar
 import json
-import random
 import threading
 import time
 import urllib.request
 
 import urllib3
 from urllib3.exceptions import MaxRetryError
-from urllib3.util.retry import Retry
+
+from retrying_clients import open_loop, retry_policy
 
 TIMEOUT = urllib3.Timeout(total=150)
-
-
-def retry_policy(retries):
-    """urllib3's Retry for a client: rejections (429, 503) retried, Retry-After honoured."""
-    return Retry(
-        total=retries,
-        connect=0,
-        read=0,
-        status_forcelist=[429, 503],
-        allowed_methods=None,
-        respect_retry_after_header=True,
-        backoff_factor=0.5,
-        raise_on_status=False,
-    )
 
 
 class _Headers:
@@ -110,21 +96,8 @@ def main():
 
     threading.stack_size(512 * 1024)
     pool = urllib3.PoolManager(maxsize=64, block=False, retries=False)
-    rng = random.Random(args.seed)
-    results, lock, threads, arrivals = [], threading.Lock(), [], []
-    start = time.monotonic()
-    at = rng.expovariate(args.rate)
-    while at < args.seconds:
-        delay = start + at - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
-        arrivals.append(time.monotonic() - start)
-        thread = threading.Thread(target=client, args=(args, pool, len(threads), results, lock), daemon=True)
-        thread.start()
-        threads.append(thread)
-        at += rng.expovariate(args.rate)
-    for thread in threads:
-        thread.join()
+    results, lock = [], threading.Lock()
+    arrivals = open_loop(args.rate, args.seconds, args.seed, lambda index: client(args, pool, index, results, lock))
 
     succeeded = [r for r in results if r[0] == "ok"]
     answered = {}

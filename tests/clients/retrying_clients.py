@@ -20,9 +20,9 @@ import urllib3
 from urllib3.util.retry import Retry
 
 
-def client(pool, url, retries, results, lock):
-    started = time.monotonic()
-    retry = Retry(
+def retry_policy(retries):
+    """urllib3's Retry for a client: rejections (429, 503) retried, Retry-After honoured."""
+    return Retry(
         total=retries,
         connect=0,
         read=0,
@@ -32,8 +32,34 @@ def client(pool, url, retries, results, lock):
         backoff_factor=0.5,
         raise_on_status=False,
     )
+
+
+def open_loop(rate, seconds, seed, start_client):
+    """Poisson arrivals at ``rate`` a second for ``seconds`` (seeded): ``start_client(index)``
+    called at each, on a thread of its own; waits for every client. Returns the arrival times
+    (seconds from the start)."""
+    rng = random.Random(seed)
+    threads, arrivals = [], []
+    start = time.monotonic()
+    at = rng.expovariate(rate)
+    while at < seconds:
+        delay = start + at - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        arrivals.append(time.monotonic() - start)
+        thread = threading.Thread(target=start_client, args=(len(threads),), daemon=True)
+        thread.start()
+        threads.append(thread)
+        at += rng.expovariate(rate)
+    for thread in threads:
+        thread.join()
+    return arrivals
+
+
+def client(pool, url, retries, results, lock):
+    started = time.monotonic()
     try:
-        response = pool.request("GET", url, retries=retry, timeout=urllib3.Timeout(total=120))
+        response = pool.request("GET", url, retries=retry_policy(retries), timeout=urllib3.Timeout(total=120))
         history = response.retries.history if response.retries is not None else ()
         outcome = ("ok" if response.status == 200 else "gave_up", len(history), time.monotonic() - started)
     except urllib3.exceptions.HTTPError:
@@ -52,20 +78,8 @@ def main():
     args = parser.parse_args()
 
     pool = urllib3.PoolManager(maxsize=32, block=False, retries=False)
-    rng = random.Random(args.seed)
-    results, lock, threads = [], threading.Lock(), []
-    start = time.monotonic()
-    at = rng.expovariate(args.rate)
-    while at < args.seconds:
-        delay = start + at - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
-        thread = threading.Thread(target=client, args=(pool, args.url, args.retries, results, lock), daemon=True)
-        thread.start()
-        threads.append(thread)
-        at += rng.expovariate(args.rate)
-    for thread in threads:
-        thread.join()
+    results, lock = [], threading.Lock()
+    open_loop(args.rate, args.seconds, args.seed, lambda _: client(pool, args.url, args.retries, results, lock))
 
     succeeded = [r for r in results if r[0] == "ok"]
     print(
