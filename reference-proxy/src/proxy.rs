@@ -290,13 +290,18 @@ async fn handle(
             state.reporter.rejected(retry);
             return Ok(rejection);
         }
-    } else if let Arrival::Rejected {
-        queue_depth,
-        backoff_streak,
-    } = state.routing().router.arrive(tx)
-    {
-        state.reporter.rejected(retry);
-        return Ok(reject(&state, queue_depth, backoff_streak));
+    } else {
+        // Bound first: a guard in the `if let` scrutinee would live through the block, and
+        // `reject` takes the routing lock again.
+        let arrival = state.routing().router.arrive(tx);
+        if let Arrival::Rejected {
+            queue_depth,
+            backoff_streak,
+        } = arrival
+        {
+            state.reporter.rejected(retry);
+            return Ok(reject(&state, queue_depth, backoff_streak));
+        }
     }
     state.reporter.admitted(retry);
     state.queued.notify_one();
