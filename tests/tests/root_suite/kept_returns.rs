@@ -1,5 +1,6 @@
 //! Kept returns through real proxies: the distribution's HAProxy running
-//! integrations/haproxy/retry_after.lua with integrations/lua/retry_after_tickets.lua, the real
+//! integrations/haproxy/retry_after.lua and nginx (two workers, LuaJIT) running
+//! integrations/nginx/retry_after_nginx.lua, both over integrations/lua/retry_after_tickets.lua, the real
 //! agent with `retry_after_policy = "kept_returns"`, real replicas on loopback, and real urllib3
 //! clients (`tests/clients/kept_returns_clients.py`) that honour Retry-After, each with a key of
 //! its own: an `X-Api-Key` header, or a cookie jar keeping the proxy's signed return cookie.
@@ -7,18 +8,30 @@
 //! Every run is measured against the clairvoyant bound of its own arrivals (first come, first
 //! served over the fleet's request places, as `eval/src/bound.rs` serves its clients): nearly
 //! every retry is admitted at its place, no client gives up, the p99 time to success stays
-//! within 1.5× the bound's, and the proxy's own counters agree with the clients' record. The
-//! runs share one agent and go on at once (separate replicas, ports and frontends), so the
-//! module takes about as long as its longest run.
+//! within 1.5× the bound's, and the proxy's own counters (HAProxy's stats; nginx's access log
+//! and stub_status) agree with the clients' record. The runs share one agent and go on at once
+//! (separate replicas, ports and frontends), so the module takes about as long as its longest
+//! run.
 //!
 //! The Lua book under LuaJIT (nginx's interpreter) is checked against the Rust answers too.
 
 use std::{
-    cmp::Reverse, collections::BinaryHeap, net::SocketAddr, path::PathBuf, process::Command,
+    cmp::Reverse,
+    collections::BinaryHeap,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    process::Command,
     time::Duration,
 };
 
-use retry_after_testkit::{AgentProcess, free_port, http::HttpServer, proxies::Haproxy, run_ok};
+use retry_after_testkit::{
+    AgentProcess, free_port,
+    http::{HttpServer, ServerOptions, Workers},
+    proxies::{
+        Haproxy, NGINX_LUA_MODULES, Nginx, nginx_lua_package_path, nginx_workers_may_connect,
+    },
+    run_ok,
+};
 
 /// Each replica's service time; two replicas of two places each: 16 requests a second.
 const SERVICE_TIME: Duration = Duration::from_millis(250);
@@ -28,7 +41,8 @@ const PLACES: usize = 2;
 const REPLICAS: usize = 2;
 /// The fleet's capacity, requests a second.
 const CAPACITY: f64 = (REPLICAS * PLACES) as f64 / 0.25;
-/// HAProxy's queue bound for fresh arrivals (the proposal's max_queued_requests, scaled down).
+/// The proxies' queue bound for fresh arrivals (the proposal's max_queued_requests, scaled
+/// down): HAProxy's queue, nginx's `limit_req` burst.
 const QUEUE_LIMIT: u32 = 8;
 
 fn integrations() -> PathBuf {
@@ -143,8 +157,9 @@ fn clairvoyant_p99(arrivals: &[f64]) -> f64 {
     quantile(&times, 0.99)
 }
 
-/// The agent's service for a run's replicas.
-fn agent_service(name: &str, replicas: &[HttpServer]) -> String {
+/// The agent's service for a run's replicas (and the proxy's listener, where the agent reads
+/// the queue from it: nginx's).
+fn agent_service(name: &str, replicas: &[HttpServer], frontend: Option<SocketAddr>) -> String {
     let backends: Vec<String> = replicas
         .iter()
         .map(|r| {
@@ -154,8 +169,9 @@ fn agent_service(name: &str, replicas: &[HttpServer]) -> String {
             )
         })
         .collect();
+    let frontend = frontend.map_or(String::new(), |f| format!("frontend = \"{f}\"\n"));
     format!(
-        "[[service]]\nname = \"{name}\"\nbackends = [{}]\n[service.backpressure]\nretry_after_policy = \"kept_returns\"\nretry_after_s = 5\n",
+        "[[service]]\nname = \"{name}\"\n{frontend}backends = [{}]\n[service.backpressure]\nretry_after_policy = \"kept_returns\"\nretry_after_s = 5\n",
         backends.join(", ")
     )
 }
@@ -311,25 +327,150 @@ const HAPROXY_RUNS: [Spec; 4] = [
     },
 ];
 
-#[test]
-fn clients_told_their_kept_place_get_in_at_it_through_haproxy() {
-    let replicas: Vec<Vec<HttpServer>> = HAPROXY_RUNS
+/// The same loads through nginx: its `limit_req` at the fleet's capacity is the queue, the
+/// Lua book in a shared dictionary keeps the places for both workers.
+const NGINX_RUNS: [Spec; 4] = [
+    Spec {
+        name: "ngx_key_short",
+        keep: Keep::Header,
+        load: 1.5,
+        seconds: 20,
+        seed: 21,
+    },
+    Spec {
+        name: "ngx_key_long",
+        keep: Keep::Header,
+        load: 1.3,
+        seconds: 120,
+        seed: 22,
+    },
+    Spec {
+        name: "ngx_cookie_short",
+        keep: Keep::Cookie,
+        load: 1.5,
+        seconds: 20,
+        seed: 23,
+    },
+    Spec {
+        name: "ngx_cookie_long",
+        keep: Keep::Cookie,
+        load: 1.3,
+        seconds: 120,
+        seed: 24,
+    },
+];
+
+/// A replica; `capped`, it serves `PLACES` requests at a time and queues the rest, as a Ray
+/// Serve replica with `max_ongoing_requests` does. HAProxy caps its own replicas (`maxconn`);
+/// nginx's open-source upstreams cannot queue at a cap, and a return goes past `limit_req`,
+/// so nginx's replicas hold the fleet's capacity themselves.
+fn capped_replica(capped: bool) -> HttpServer {
+    if !capped {
+        return HttpServer::replica(SERVICE_TIME);
+    }
+    HttpServer::start(
+        "127.0.0.1:0",
+        ServerOptions {
+            response_body: 100,
+            service_time: SERVICE_TIME,
+            workers: Some(Workers::new(PLACES)),
+            ..Default::default()
+        },
+    )
+}
+
+/// How `spec`'s clients are keyed, as the integrations' configuration writes it.
+fn key_kind(spec: &Spec) -> &'static str {
+    match spec.keep {
+        Keep::Header => "header:x-api-key",
+        Keep::Cookie => "cookie",
+    }
+}
+
+/// The http block's lines for nginx's runs, as docs/integrations/nginx.md configures kept
+/// returns: `admit` before `limit_req` (rate the fleet's capacity, burst the queue bound),
+/// `stamp` for limit_req's own rejections, an access log of statuses per server.
+fn nginx_http(
+    runs: &[(Spec, SocketAddr, &[HttpServer])],
+    socket: &Path,
+    secret: &Path,
+    logs: &Path,
+) -> String {
+    let names: Vec<String> = runs
         .iter()
-        .map(|_| {
-            (0..REPLICAS)
-                .map(|_| HttpServer::replica(SERVICE_TIME))
-                .collect()
+        .map(|(s, ..)| format!("\"{}\"", s.name))
+        .collect();
+    let keep: Vec<String> = runs
+        .iter()
+        .map(|(s, ..)| {
+            format!(
+                "{} = {{ key = \"{}\", max_queued = {QUEUE_LIMIT} }}",
+                s.name,
+                key_kind(s)
+            )
         })
         .collect();
-    let fronts: Vec<SocketAddr> = HAPROXY_RUNS.iter().map(|_| free_port()).collect();
-    let services: String = HAPROXY_RUNS
-        .iter()
-        .zip(&replicas)
-        .map(|(spec, r)| agent_service(spec.name, r))
+    let mut http = format!(
+        "lua_package_path \"{}\";\n\
+         lua_shared_dict retry_after 1m;\n\
+         lua_shared_dict retry_after_tickets 8m;\n\
+         init_worker_by_lua_block {{ require(\"retry_after_nginx\").start({{ services = {{ {} }}, socket = \"{}\", keep = {{ {} }}, secret_file = \"{}\" }}) }}\n\
+         log_format statuses \"$status\";\n",
+        nginx_lua_package_path(),
+        names.join(", "),
+        socket.display(),
+        keep.join(", "),
+        secret.display(),
+    );
+    for (spec, front, replicas) in runs {
+        let name = spec.name;
+        let servers: String = replicas
+            .iter()
+            .map(|r| format!("server {}; ", r.addr()))
+            .collect();
+        http.push_str(&format!(
+            "limit_req_zone $retry_after_limit zone={name}:1m rate={CAPACITY}r/s;\n\
+             upstream up_{name} {{ {servers}keepalive 16; }}\n\
+             server {{\n  listen {front};\n  server_name {name};\n  access_log {}/{name}.log statuses;\n\
+             \x20 location / {{\n    set $retry_after_limit $server_name;\n\
+             \x20   rewrite_by_lua_block {{ require(\"retry_after_nginx\").admit(\"{name}\") }}\n\
+             \x20   limit_req zone={name} burst={QUEUE_LIMIT};\n    limit_req_status 429;\n\
+             \x20   proxy_http_version 1.1;\n    proxy_set_header Connection \"\";\n    proxy_pass http://up_{name};\n\
+             \x20   header_filter_by_lua_block {{ require(\"retry_after_nginx\").stamp(\"{name}\") }}\n  }}\n}}\n",
+            logs.display(),
+        ));
+    }
+    http
+}
+
+/// nginx's own record of a server's responses (its access log): (2xx, 4xx).
+fn nginx_logged(logs: &Path, name: &str) -> (u64, u64) {
+    let log = std::fs::read_to_string(logs.join(format!("{name}.log"))).unwrap_or_default();
+    let count = |class: char| log.lines().filter(|l| l.starts_with(class)).count() as u64;
+    (count('2'), count('4'))
+}
+
+#[test]
+fn clients_told_their_kept_place_get_in_at_it_through_haproxy_and_nginx() {
+    let runs: Vec<Spec> = HAPROXY_RUNS.iter().chain(&NGINX_RUNS).copied().collect();
+    let is_nginx = |i: usize| i >= HAPROXY_RUNS.len();
+    let replicas: Vec<Vec<HttpServer>> = (0..runs.len())
+        .map(|i| (0..REPLICAS).map(|_| capped_replica(is_nginx(i))).collect())
         .collect();
-    let agent = AgentProcess::start("", &services);
-    let secret = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(secret.path(), "the proxies' secret\n").unwrap();
+    let fronts: Vec<SocketAddr> = runs.iter().map(|_| free_port()).collect();
+    let services: String = runs
+        .iter()
+        .enumerate()
+        .map(|(i, spec)| agent_service(spec.name, &replicas[i], is_nginx(i).then_some(fronts[i])))
+        .collect();
+    let agent = AgentProcess::start(&nginx_workers_may_connect(), &services);
+    // nginx's workers (nobody) read the secret too.
+    let shared = tempfile::tempdir().unwrap();
+    let secret = shared.path().join("secret");
+    std::fs::write(&secret, "the proxies' secret\n").unwrap();
+    for (path, mode) in [(shared.path(), 0o755), (secret.as_path(), 0o644)] {
+        std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode)).unwrap();
+    }
     let lua = integrations()
         .join("haproxy/retry_after.lua")
         .canonicalize()
@@ -340,10 +481,7 @@ fn clients_told_their_kept_place_get_in_at_it_through_haproxy() {
         .collect();
     let keep: Vec<String> = HAPROXY_RUNS
         .iter()
-        .map(|s| match s.keep {
-            Keep::Header => format!("{}=header:x-api-key", s.name),
-            Keep::Cookie => format!("{}=cookie", s.name),
-        })
+        .map(|s| format!("{}={}", s.name, key_kind(s)))
         .collect();
     let haproxy = Haproxy::start_with_global(
         &format!(
@@ -352,7 +490,7 @@ fn clients_told_their_kept_place_get_in_at_it_through_haproxy() {
             agent.socket.display(),
             names.join(","),
             keep.join(","),
-            secret.path().display(),
+            secret.display(),
         ),
         &HAPROXY_RUNS
             .iter()
@@ -362,33 +500,65 @@ fn clients_told_their_kept_place_get_in_at_it_through_haproxy() {
             .collect::<String>(),
         None,
     );
+    let nginx_runs: Vec<(Spec, SocketAddr, &[HttpServer])> = (HAPROXY_RUNS.len()..runs.len())
+        .map(|i| (runs[i], fronts[i], replicas[i].as_slice()))
+        .collect();
+    let nginx = Nginx::start_with(
+        &format!("{NGINX_LUA_MODULES}worker_processes 2;\n"),
+        &nginx_http(&nginx_runs, &agent.socket, &secret, shared.path()),
+        None,
+    );
+    let nginx_before = nginx.status();
     let records: Vec<Record> = std::thread::scope(|s| {
-        let runs: Vec<_> = HAPROXY_RUNS
+        let running: Vec<_> = runs
             .iter()
             .zip(&fronts)
             .map(|(spec, front)| s.spawn(move || clients(*spec, *front)))
             .collect();
-        runs.into_iter().map(|r| r.join().unwrap()).collect()
+        running.into_iter().map(|r| r.join().unwrap()).collect()
     });
     // The last report reaches the agent within a second or two.
     std::thread::sleep(Duration::from_secs(3));
     let metrics = agent.metrics();
-    let figures: Vec<Figures> = HAPROXY_RUNS
+    let nginx_after = nginx.status();
+    let figures: Vec<Figures> = runs
         .iter()
         .zip(records)
-        .map(|(spec, record)| Figures {
-            spec: *spec,
-            bound_p99: clairvoyant_p99(&record.arrivals),
-            proxy_2xx: haproxy.stat(&format!("fe_{}", spec.name), "FRONTEND", "hrsp_2xx"),
-            proxy_4xx: haproxy.stat(&format!("fe_{}", spec.name), "FRONTEND", "hrsp_4xx"),
-            issued: tickets(&metrics, spec.name, "issued"),
-            honoured: tickets(&metrics, spec.name, "honoured"),
-            record,
+        .enumerate()
+        .map(|(i, (spec, record))| {
+            let (proxy_2xx, proxy_4xx) = if is_nginx(i) {
+                nginx_logged(shared.path(), spec.name)
+            } else {
+                let stat = |field| haproxy.stat(&format!("fe_{}", spec.name), "FRONTEND", field);
+                (stat("hrsp_2xx"), stat("hrsp_4xx"))
+            };
+            Figures {
+                spec: *spec,
+                bound_p99: clairvoyant_p99(&record.arrivals),
+                proxy_2xx,
+                proxy_4xx,
+                issued: tickets(&metrics, spec.name, "issued"),
+                honoured: tickets(&metrics, spec.name, "honoured"),
+                record,
+            }
         })
         .collect();
     for f in &figures {
         eprintln!("{}", f.describe());
     }
+    // stub_status counted every attempt of nginx's clients (and the one read before).
+    let nginx_attempts: u64 = figures[HAPROXY_RUNS.len()..]
+        .iter()
+        .map(|f| f.record.clients + f.record.retries)
+        .sum();
+    eprintln!(
+        "nginx stub_status: {} requests during the runs, the clients made {nginx_attempts} attempts",
+        nginx_after.requests - nginx_before.requests - 1
+    );
+    assert_eq!(
+        nginx_after.requests - nginx_before.requests - 1,
+        nginx_attempts
+    );
     for f in &figures {
         f.check();
     }
