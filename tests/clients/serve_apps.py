@@ -1,13 +1,14 @@
-"""Two Ray Serve apps for the end-to-end tests, started once and kept running until stdin
+"""Three Ray Serve apps for the end-to-end tests, started once and kept running until stdin
 closes: Serve's HTTP proxy on the port given, "/direct" (its ingress is the model: Serve's
-proxy rejects) and "/ingress" (a FastAPI ingress calling the model through a
-DeploymentHandle: the handle rejects, retry_after_ray answers). The model: two replicas,
+proxy rejects), "/ingress" (a FastAPI ingress calling the model through a
+DeploymentHandle: the handle rejects, retry_after_ray answers) and "/kept" (the same layout,
+retry_after_ray keeping returns by an X-Api-Key header: service "serve-kept"). Each model: two replicas,
 max_ongoing_requests 2, max_queued_requests 8, 0.2 s of work, BackpressureConfig(status_code
 429, retry_after_s 29).
 
     python serve_apps.py PORT AGENT_SOCKET
 
-Prints "ready" once both apps answer.
+Prints "ready" once every app answers.
 """
 
 import asyncio
@@ -64,11 +65,35 @@ class Ingress:
         return await self.model.remote()
 
 
+kept_app = FastAPI()
+retry_after_ray.install(
+    kept_app,
+    "serve-kept",
+    socket=SOCKET,
+    stale_after=1.5,
+    reconnect_max=1.0,
+    keep="header:x-api-key",
+    secret=b"the ingress replicas' secret",
+)
+
+
+@serve.deployment(max_ongoing_requests=1000, ray_actor_options={"num_cpus": 0})
+@serve.ingress(kept_app)
+class KeptIngress:
+    def __init__(self, model):
+        self.model = model
+
+    @kept_app.get("/")
+    async def root(self):
+        return await self.model.remote()
+
+
 ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
 serve.start(http_options=HTTPOptions(host="127.0.0.1", port=PORT))
 serve.run(Direct.bind(), name="direct", route_prefix="/direct")
 serve.run(Ingress.bind(Model.bind()), name="ingress", route_prefix="/ingress")
-for path in ("/direct", "/ingress"):
+serve.run(KeptIngress.bind(Model.bind()), name="kept", route_prefix="/kept")
+for path in ("/direct", "/ingress", "/kept"):
     deadline = time.monotonic() + 60
     while True:
         try:

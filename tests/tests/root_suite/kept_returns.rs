@@ -64,7 +64,7 @@ fn the_lua_ticket_book_answers_as_the_rust_one_under_luajit() {
 
 /// How a run's clients are known to the proxy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Keep {
+pub(crate) enum Keep {
     /// Each client sends `X-Api-Key: client-<seed>-<n>`.
     Header,
     /// Each client keeps the return cookie it is given.
@@ -84,17 +84,17 @@ struct Spec {
 
 /// What a run's clients recorded (tests/clients/kept_returns_clients.py).
 #[derive(Debug, Default)]
-struct Record {
-    clients: u64,
-    succeeded: u64,
-    gave_up: u64,
-    errors: u64,
-    retries: u64,
-    retries_admitted: u64,
-    answered_200: u64,
-    answered_429: u64,
-    times: Vec<f64>,
-    arrivals: Vec<f64>,
+pub(crate) struct Record {
+    pub(crate) clients: u64,
+    pub(crate) succeeded: u64,
+    pub(crate) gave_up: u64,
+    pub(crate) errors: u64,
+    pub(crate) retries: u64,
+    pub(crate) retries_admitted: u64,
+    pub(crate) answered_200: u64,
+    pub(crate) answered_429: u64,
+    pub(crate) times: Vec<f64>,
+    pub(crate) arrivals: Vec<f64>,
 }
 
 impl Record {
@@ -126,23 +126,23 @@ impl Record {
     }
 
     /// The share of retries answered 200.
-    fn admitted_share(&self) -> f64 {
+    pub(crate) fn admitted_share(&self) -> f64 {
         self.retries_admitted as f64 / self.retries.max(1) as f64
     }
 }
 
 /// The value at quantile `q` of sorted `values` (NaN for none).
-fn quantile(values: &[f64], q: f64) -> f64 {
+pub(crate) fn quantile(values: &[f64], q: f64) -> f64 {
     let i = ((values.len() as f64 * q) as usize).min(values.len().saturating_sub(1));
     values.get(i).copied().unwrap_or(f64::NAN)
 }
 
-/// The clairvoyant bound's p99 time to success for `arrivals` (seconds, in order): each client
-/// takes the request place that frees first, at its arrival if one is free, and holds it for
-/// the service time; no `Retry-After` can start a client sooner.
-fn clairvoyant_p99(arrivals: &[f64]) -> f64 {
-    let service = SERVICE_TIME.as_secs_f64();
-    let mut free: BinaryHeap<Reverse<u64>> = (0..REPLICAS * PLACES).map(|_| Reverse(0)).collect();
+/// The clairvoyant bound's p99 time to success for `arrivals` (seconds, in order) at a fleet
+/// of `places` request places taking `service` each: each client takes the place that frees
+/// first, at its arrival if one is free; no `Retry-After` can start a client sooner.
+pub(crate) fn clairvoyant_p99(arrivals: &[f64], places: usize, service: Duration) -> f64 {
+    let service = service.as_secs_f64();
+    let mut free: BinaryHeap<Reverse<u64>> = (0..places).map(|_| Reverse(0)).collect();
     let mut times: Vec<f64> = arrivals
         .iter()
         .map(|&arrival| {
@@ -201,15 +201,27 @@ fn haproxy_frontend(name: &str, bind: SocketAddr, replicas: &[HttpServer]) -> St
 
 /// The clients of `spec` against `front`, to their end.
 fn clients(spec: Spec, front: SocketAddr) -> Record {
+    kept_clients(
+        &format!("http://{front}/"),
+        spec.load * CAPACITY,
+        spec.seconds,
+        spec.seed,
+        spec.keep,
+    )
+}
+
+/// Clients keyed by `keep` arriving at `rate` a second for `seconds` at `url`, each with 3
+/// retries (tests/clients/kept_returns_clients.py), to their end.
+pub(crate) fn kept_clients(url: &str, rate: f64, seconds: u32, seed: u64, keep: Keep) -> Record {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients/kept_returns_clients.py");
     let mut command = Command::new("python3");
     command
         .arg(script)
-        .args(["--url", &format!("http://{front}/")])
-        .args(["--rate", &format!("{}", spec.load * CAPACITY)])
-        .args(["--seconds", &spec.seconds.to_string()])
-        .args(["--retries", "3", "--seed", &spec.seed.to_string()]);
-    if spec.keep == Keep::Cookie {
+        .args(["--url", url])
+        .args(["--rate", &format!("{rate}")])
+        .args(["--seconds", &seconds.to_string()])
+        .args(["--retries", "3", "--seed", &seed.to_string()]);
+    if keep == Keep::Cookie {
         command.arg("--cookies");
     }
     Record::parse(&run_ok(&mut command))
@@ -534,7 +546,7 @@ fn clients_told_their_kept_place_get_in_at_it_through_haproxy_and_nginx() {
             };
             Figures {
                 spec: *spec,
-                bound_p99: clairvoyant_p99(&record.arrivals),
+                bound_p99: clairvoyant_p99(&record.arrivals, REPLICAS * PLACES, SERVICE_TIME),
                 proxy_2xx,
                 proxy_4xx,
                 issued: tickets(&metrics, spec.name, "issued"),

@@ -12,7 +12,8 @@
 //!   the model): `retry_after_ray` answers the `BackPressureError` with the agent's value for
 //!   the depth Serve states in it, Serve's own value with the agent stopped.
 //!
-//! Then urllib3 clients honouring Retry-After get in through nginx.
+//! Then urllib3 clients honouring Retry-After get in through nginx, and, with a key each, at
+//! the places an ingress keeps (`retry_after_ray` with `keep`, policy `kept_returns`).
 
 use std::{
     io::{BufRead, BufReader},
@@ -39,6 +40,13 @@ use retry_after_testkit::{
     rejections::{Rejection, median, outage, prober, values},
     sample,
 };
+
+use crate::kept_returns::{Keep, clairvoyant_p99, kept_clients, quantile};
+
+/// The model's request places (two replicas, `max_ongoing_requests` 2) and its work per
+/// request (`serve_apps.py`).
+const MODEL_PLACES: usize = 4;
+const MODEL_TIME: Duration = Duration::from_millis(200);
 
 /// Serve's own static value (`serve_apps.py`): one the agent's answers here never take.
 const SERVE_STATIC_S: u64 = 29;
@@ -140,6 +148,7 @@ fn services(serve: SocketAddr) -> String {
             ", max_ongoing_requests = 4",
             "scheduled_returns",
         )
+        + &service("serve-kept", "", "kept_returns")
 }
 
 /// What the probes of one layout saw through the agent's kill and restart.
@@ -365,5 +374,51 @@ fn serve_rejections_carry_the_agents_retry_after_in_both_places_serve_rejects() 
     );
     assert!(succeeded * 10 >= clients * 9, "nearly every client got in");
     drop(nginx);
+
+    // The ingress keeps the places it promises (retry_after_ray with keep="header:x-api-key"):
+    // urllib3 clients with a key each, at 1.5x the model's 20 requests a second for 20 s.
+    let (kept, mid_run) = thread::scope(|s| {
+        let asked = s.spawn(|| {
+            thread::sleep(Duration::from_secs(12));
+            agent.request("QUERY serve-kept").unwrap_or_default()
+        });
+        let kept = kept_clients(
+            &format!("http://{}/kept/", serve.addr),
+            30.0,
+            20,
+            31,
+            Keep::Header,
+        );
+        (kept, asked.join().unwrap())
+    });
+    eprintln!("the agent mid-run: {}", mid_run.trim());
+    let bound = clairvoyant_p99(&kept.arrivals, MODEL_PLACES, MODEL_TIME);
+    let p99 = quantile(&kept.times, 0.99);
+    let issued = sample(
+        &agent.metrics(),
+        "retry_after_tickets_total{outcome=\"issued\",service=\"serve-kept\"}",
+    )
+    .unwrap_or(0.0);
+    eprintln!(
+        "urllib3 clients at 30/s, kept returns in the ingress: {} clients, {:.1}% of {} retries admitted, {} gave up, {} errors; p99 to success {p99:.1} s, the bound's {bound:.1} s ({:.2}x); the agent was told of {issued} places",
+        kept.clients,
+        100.0 * kept.admitted_share(),
+        kept.retries,
+        kept.gave_up,
+        kept.errors,
+        p99 / bound
+    );
+    assert_eq!(kept.errors, 0);
+    assert!(kept.retries > 50, "the load overloads the model");
+    // Measured here: 95.2% and 95.4% admitted, p99 2.2x and 3.1x the bound's, where HAProxy
+    // and nginx keep 1.01-1.16x. The ingress paces the places at the drain the agent measures
+    // at Serve's port (15 of the model's 20 requests a second, mid-run), which is the
+    // ingress's own admissions: its count of the model's queue (ServeQueue) includes the
+    // requests running, so it rarely sees the model idle and lets fresh arrivals fill it.
+    // docs/integrations/ray-serve.md states the miss; these guard what is kept.
+    assert!(kept.admitted_share() >= 0.9);
+    assert_eq!(kept.gave_up, 0);
+    assert!(p99 <= 4.0 * bound);
+    assert!(issued > 0.0, "the ingress reported its book");
     drop(serve);
 }
