@@ -2,7 +2,9 @@
 //! shared ticket vectors (`ticket_vectors.tsv`, which `ticket_vectors.rs` holds to the Rust
 //! answers), under the machine's `python3` (its standard library only: `hmac` and `hashlib`
 //! give HMAC-SHA1). The checker is `test_retry_after_client.TicketVectors`, which replays every
-//! line on the Python book and prints how many agreed.
+//! line on the Python book and prints how many agreed. `KeptReturnsInServe` checks the Ray
+//! Serve ingress's admission (`integrations/ray/retry_after_ray.py`, Serve's errors stood in
+//! for) on the same book.
 
 use std::{path::PathBuf, process::Command};
 
@@ -37,4 +39,23 @@ fn the_python_ticket_book_answers_as_the_rust_one_on_every_vector() {
         line,
         format!("{} ticket vectors agree (Python)", vectors.lines().count())
     );
+}
+
+#[test]
+fn the_ray_serve_ingress_keeps_places_on_the_python_book() {
+    let out = Command::new("python3")
+        .args([
+            "-m",
+            "unittest",
+            "-v",
+            "test_retry_after_client.KeptReturnsInServe",
+        ])
+        .current_dir(workspace().join("integrations/python"))
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+        .expect("python3 runs (the machine's own: nothing beyond its standard library is used)");
+    let report = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{report}");
+    assert!(out.status.success() && report.contains("\nOK"), "{report}");
+    assert!(!report.contains("Ran 0 tests"), "{report}");
 }
