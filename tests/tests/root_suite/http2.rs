@@ -231,12 +231,16 @@ fn haproxy_speaking_h2_to_nginx_is_counted_at_both_hops() {
             // TCPOFOQueue counts them) costs that direction the frame walk's place, and the
             // ends in the segment it skipped; a stream still open when 128 newer ones have
             // started on its connection (one delayed by a retransmission, while HAProxy
-            // answers the others) is forgotten, counted abandoned. What is lost stays under
-            // 1% here, and nothing is counted twice.
+            // answers the others) is forgotten, counted abandoned. Each loss of the walk's
+            // place costs at most the ends of the streams in flight on its connection (the
+            // 128-stream window): usually a few ends of 10,000, 201 once on a machine busy
+            // compiling beside the test (5 segments unframed). Nothing is counted twice.
+            let unframed = problems.get(ProbeStat::Http2SegmentsUnframed);
+            let forgotten = problems.get(ProbeStat::Http2StreamsForgotten);
             assert!(
                 c.responses_completed <= total
                     && c.responses_rejected <= rejected
-                    && (total - c.responses_completed) * 100 <= total,
+                    && total - c.responses_completed <= 128 * unframed + forgotten,
                 "{endpoint} {side:?}: {c:?} with {problems:?}"
             );
         }
