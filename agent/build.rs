@@ -1,14 +1,18 @@
 //! Compiles the eBPF programs (the `retry-after-ebpf` crate) for the BPF target, so the agent
-//! can embed the object file. Needs `bpf-linker` on PATH (`./dev setup` installs it).
+//! can embed the object file. Needs `bpf-linker` on PATH (`./dev setup` installs it). Also
+//! names the commit the binary is built from, for `--version` (`git_commit.rs`).
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, anyhow};
 use aya_build::Toolchain;
 
+mod git_commit;
+
 const EBPF_PACKAGE: &str = "retry-after-ebpf";
 
 fn main() -> anyhow::Result<()> {
+    emit_commit()?;
     let cargo_metadata::Metadata { packages, .. } = cargo_metadata::MetadataCommand::new()
         .no_deps()
         .exec()
@@ -50,6 +54,30 @@ fn main() -> anyhow::Result<()> {
     let object = shared.join(EBPF_PACKAGE);
     std::fs::copy(&object, out_dir.join(EBPF_PACKAGE))
         .with_context(|| format!("copying {}", object.display()))?;
+    Ok(())
+}
+
+/// `RETRY_AFTER_AGENT_COMMIT` for `--version`: as given in the environment, else the checkout's
+/// commit (`-dirty` if tracked files differ), else `unknown` (no git, or not a checkout: a
+/// tarball). This script runs again when HEAD moves, so the commit stays right; an edit alone
+/// does not run it again, so `-dirty` may lag behind the files until then: `./dev package`
+/// gives the variable, which runs it again whenever the value changes.
+fn emit_commit() -> anyhow::Result<()> {
+    println!("cargo::rerun-if-env-changed={}", git_commit::VARIABLE);
+    let given = std::env::var(git_commit::VARIABLE).unwrap_or_default();
+    let commit = if given.is_empty() {
+        let manifest_dir = PathBuf::from(
+            std::env::var_os("CARGO_MANIFEST_DIR").context("CARGO_MANIFEST_DIR not set")?,
+        );
+        let root = manifest_dir.parent().unwrap_or(&manifest_dir);
+        for file in git_commit::head_files(root) {
+            println!("cargo::rerun-if-changed={}", file.display());
+        }
+        git_commit::describe(root).unwrap_or_else(|| git_commit::UNKNOWN.to_owned())
+    } else {
+        given
+    };
+    println!("cargo::rustc-env={}={commit}", git_commit::VARIABLE);
     Ok(())
 }
 

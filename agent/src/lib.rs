@@ -15,6 +15,7 @@ pub mod run;
 pub mod server;
 pub mod shared;
 pub mod shutdown;
+pub mod status;
 
 /// An error and all its causes on one line (`what: why: deeper why`).
 pub fn error_chain(error: &dyn std::error::Error) -> String {

@@ -28,10 +28,18 @@ use retry_after_estimator::{
 };
 use tracing::info;
 
+/// What `--version` prints after the name: the version and the commit built from (build.rs).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("RETRY_AFTER_AGENT_COMMIT"),
+    ")"
+);
+
 /// Tells load-shedding proxies when to tell clients to come back: computes Retry-After from
 /// backend load observed in the kernel with eBPF, and serves it over a Unix socket.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(version = VERSION, about)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -67,6 +75,24 @@ enum Command {
         #[arg(long, default_value_t = 2000, value_name = "MS")]
         timeout_ms: u64,
     },
+    /// Watch every service live, refreshed each second from the socket: queue depth and its
+    /// source, drain rate, fresh arrivals, the answer with its rung and reason, returns
+    /// promised, the judge's admitted share. Once with --once, or when not on a terminal.
+    Status {
+        /// Print one snapshot and exit.
+        #[arg(long)]
+        once: bool,
+        /// The agent's socket (default: agent.socket_path of --config, or of the default
+        /// configuration).
+        #[arg(long, value_name = "PATH")]
+        socket: Option<PathBuf>,
+        /// Configuration file whose socket path to use.
+        #[arg(long, short, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Milliseconds between refreshes.
+        #[arg(long, default_value_t = 1000, value_name = "MS", value_parser = clap::value_parser!(u64).range(100..=60_000))]
+        interval_ms: u64,
+    },
     /// Validate a configuration and check that this machine has what the agent needs.
     Check {
         /// Configuration file (TOML); without it the embedded default is checked.
@@ -81,6 +107,15 @@ fn load(config: Option<&PathBuf>) -> anyhow::Result<Config> {
     Ok(match config {
         Some(path) => Config::from_file(path)?,
         None => Config::default_config(),
+    })
+}
+
+/// The socket a client command talks to: `--socket`, else `agent.socket_path` of `--config`
+/// or of the default configuration.
+fn socket_path(socket: Option<PathBuf>, config: Option<&PathBuf>) -> anyhow::Result<PathBuf> {
+    Ok(match socket {
+        Some(socket) => socket,
+        None => load(config)?.agent.socket_path,
     })
 }
 
@@ -175,10 +210,7 @@ async fn command(cli: Cli) -> anyhow::Result<ExitCode> {
             config,
             timeout_ms,
         } => {
-            let socket = match socket {
-                Some(socket) => socket,
-                None => load(config.as_ref())?.agent.socket_path,
-            };
+            let socket = socket_path(socket, config.as_ref())?;
             let answer = retry_after_client::query(
                 &socket,
                 &service,
@@ -188,6 +220,17 @@ async fn command(cli: Cli) -> anyhow::Result<ExitCode> {
             )
             .with_context(|| format!("query to {}", socket.display()))?;
             println!("{answer}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Status {
+            once,
+            socket,
+            config,
+            interval_ms,
+        } => {
+            let socket = socket_path(socket, config.as_ref())?;
+            retry_after_agent::status::run(&socket, once, Duration::from_millis(interval_ms))
+                .await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Check { config } => Ok(check(config.as_ref())),

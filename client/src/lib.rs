@@ -43,7 +43,8 @@ pub use own_returns::OwnReturns;
 pub use report::Reporter;
 pub use retry_after_protocol::policy::{FallbackReason, Rung};
 use retry_after_protocol::{
-    EstimatePush, MAX_RESPONSE_LEN, QueryResponse, Request, Response, Schedule,
+    EstimatePush, HealthResponse, MAX_RESPONSE_LEN, QueryResponse, Request, Response, Schedule,
+    StatusResponse,
 };
 use tokio::{
     io::{AsyncBufReadExt, AsyncWriteExt, BufReader as AsyncBufReader},
@@ -345,20 +346,82 @@ pub fn query(
     timeout: Duration,
 ) -> Result<QueryResponse, ClientError> {
     let deadline = Instant::now() + timeout;
+    let stream = connect_within(socket.as_ref(), deadline)?;
+    let request = Request::Query {
+        service,
+        queue_depth,
+        backoff_streak,
+    };
+    match round_trip(&stream, &request, deadline)? {
+        Response::RetryAfter(answer) => Ok(answer),
+        other => Err(unexpected(other)),
+    }
+}
+
+/// What `retry-after-agent status` shows: the agent's health and every service's numbers,
+/// in the agent's order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AgentStatus {
+    /// The answer to `HEALTH`.
+    pub health: HealthResponse,
+    /// The answers to `STATUS`, one per service.
+    pub services: Vec<StatusResponse>,
+}
+
+/// Ask the agent for its health and every service's status on one connection, within
+/// `timeout` for the whole call (`HEALTH`, then `STATUS` from the first service to the last).
+///
+/// # Errors
+/// [`ClientError`] on any failure, an agent that is not running included.
+pub fn status(socket: impl AsRef<Path>, timeout: Duration) -> Result<AgentStatus, ClientError> {
+    let deadline = Instant::now() + timeout;
+    let stream = connect_within(socket.as_ref(), deadline)?;
+    let health = match round_trip(&stream, &Request::Health, deadline)? {
+        Response::Health(health) => health,
+        other => return Err(unexpected(other)),
+    };
+    let mut services: Vec<StatusResponse> = Vec::with_capacity(health.services);
+    let mut next: Option<String> = None;
+    while services.len() < health.services {
+        let request = Request::Status {
+            service: next.as_deref(),
+        };
+        let status = match round_trip(&stream, &request, deadline)? {
+            Response::Status(status) => status,
+            other => return Err(unexpected(other)),
+        };
+        next.clone_from(&status.next);
+        services.push(status);
+        if next.is_none() {
+            break;
+        }
+    }
+    Ok(AgentStatus { health, services })
+}
+
+/// An answer that is not the one asked for: the agent's refusal, or a protocol error.
+fn unexpected(response: Response) -> ClientError {
+    match response {
+        Response::Err(error) => ClientError::Agent(error.to_string()),
+        other => ClientError::Protocol(other.to_string()),
+    }
+}
+
+/// Send `request` on `stream` and read its one answer line, both before `deadline`.
+fn round_trip(
+    stream: &StdUnixStream,
+    request: &Request<'_>,
+    deadline: Instant,
+) -> Result<Response, ClientError> {
     let remaining = || {
         deadline
             .checked_duration_since(Instant::now())
             .filter(|d| !d.is_zero())
             .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::TimedOut))
     };
-    let stream = connect_within(socket.as_ref(), deadline)?;
     stream.set_write_timeout(Some(remaining()?))?;
-    let request = Request::Query {
-        service,
-        queue_depth,
-        backoff_streak,
-    };
-    (&stream).write_all(format!("{request}\n").as_bytes())?;
+    let mut out = stream;
+    out.write_all(format!("{request}\n").as_bytes())?;
     let mut line = Vec::with_capacity(256);
     let mut chunk = [0u8; 256];
     while !line.ends_with(b"\n") {
@@ -368,7 +431,7 @@ pub fn query(
             )));
         }
         stream.set_read_timeout(Some(remaining()?))?;
-        let n = (&stream).read(&mut chunk)?;
+        let n = out.read(&mut chunk)?;
         if n == 0 {
             return Err(ClientError::Protocol(
                 "the agent closed the connection".into(),
@@ -377,11 +440,7 @@ pub fn query(
         line.extend_from_slice(&chunk[..n]);
     }
     let text = String::from_utf8_lossy(&line);
-    match Response::parse(&text).map_err(|e| ClientError::Protocol(e.reason))? {
-        Response::RetryAfter(answer) => Ok(answer),
-        Response::Err(error) => Err(ClientError::Agent(error.to_string())),
-        other => Err(ClientError::Protocol(other.to_string())),
-    }
+    Response::parse(&text).map_err(|e| ClientError::Protocol(e.reason))
 }
 
 /// Connect to a Unix socket before `deadline`. A blocking connect waits for as long as the

@@ -33,7 +33,7 @@ pub use retry_after_policy::{
     Answer, FallbackReason, PolicyConstants, QueueDepth, QueueDepthSource, RetryAfterPolicy, Rung,
     Signals,
 };
-use retry_after_protocol::{EstimatePush, Report};
+use retry_after_protocol::{EstimatePush, Report, StatusResponse};
 
 pub use self::{
     drain_rate::{DrainRate, DrainRateConstants},
@@ -283,6 +283,32 @@ impl ServiceEstimator {
         }
     }
 
+    /// Its numbers for people (`STATUS`): the agent's own answer now, the signals, the returns
+    /// promised and the judge's admitted share over both rungs; `next` names the service
+    /// after it. Recorded nowhere.
+    pub fn status(&self, next: Option<String>) -> StatusResponse {
+        let own = self.own_answer();
+        let judge = self.judge();
+        let judged = [&judge.computed, &judge.static_];
+        let admission_judged: u64 = judged.iter().map(|r| r.admission_judged).sum();
+        let admitted: f64 = judged.iter().map(|r| r.admitted).sum();
+        StatusResponse {
+            service: self.settings.name.clone(),
+            retry_after_policy: self.settings.policy,
+            seconds: own.seconds,
+            millis: own.millis,
+            rung: own.rung,
+            reason: own.reason,
+            queue_depth: own.signals.queue_depth,
+            drain_rate: own.signals.drain_rate,
+            arrival_rate: own.signals.arrival_rate,
+            returns_promised: own.signals.promised.total(),
+            admission_judged,
+            admitted_share: (admission_judged > 0).then(|| admitted / admission_judged as f64),
+            next,
+        }
+    }
+
     /// The drain rate EWMA, whether warm or not (for metrics).
     pub fn drain_rate_ewma(&self) -> f64 {
         self.drain.ewma()
@@ -377,5 +403,18 @@ impl Estimator {
     /// Every service, by name.
     pub fn services(&self) -> impl Iterator<Item = (&str, &ServiceEstimator)> {
         self.services.iter().map(|(name, s)| (name.as_str(), s))
+    }
+
+    /// `STATUS` for `name` (`None`: the first service, by name), naming the service after it;
+    /// `None` if there is no such service.
+    pub fn status(&self, name: Option<&str>) -> Option<StatusResponse> {
+        use std::ops::Bound::{Included, Unbounded};
+        let start = name.map_or(Unbounded, Included);
+        let mut from = self.services.range::<str, _>((start, Unbounded));
+        let (found, service) = from.next()?;
+        if name.is_some_and(|n| n != found) {
+            return None;
+        }
+        Some(service.status(from.next().map(|(next, _)| next.clone())))
     }
 }

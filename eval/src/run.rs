@@ -135,6 +135,7 @@ fn proxy_config(
         max_queued_requests: scenario.max_queued_requests,
         status_code: 429,
         header: policy.header(),
+        retry_after_ms: true,
         seed: seeds::proxy(seed, 0),
         record_rejections: true,
         keeping: policy.kept().map(|by| Keeping {

@@ -16,6 +16,7 @@
 --   setenv RETRY_AFTER_STATIC    5                # seconds, when no estimate is held
 --   setenv RETRY_AFTER_STALE_MS  5000
 --   setenv RETRY_AFTER_RECONNECT_MAX_MS 5000      # longest wait between reconnect attempts
+--   setenv RETRY_AFTER_MS_HEADER on               # off: no retry-after-ms beside Retry-After
 -- Kept returns, opt-in per service (the agent's policy kept_returns; see
 -- docs/integrations/haproxy.md, "Kept returns"):
 --   setenv RETRY_AFTER_KEEP        api=header:x-api-key   # service=header:<name>|source|cookie[,...]
@@ -25,15 +26,21 @@
 --          RETRY_AFTER_MAX_RETURNS_PER_KEY 1
 -- Actions:
 --   http-request lua.retry_after <service>           sets txn.retry_after, txn.retry_after_ms,
---                                                    txn.retry_after_status
+--                                                    txn.retry_after_status and, unless
+--                                                    RETRY_AFTER_MS_HEADER is off,
+--                                                    txn.retry_after_ms_header (the value of
+--                                                    the retry-after-ms header to stamp)
 --   http-request lua.retry_after_admit <service>     kept returns: after txn.reject says whether
 --                                                    the queue is at its bound, sets
 --                                                    txn.retry_after_kept (returned, queued,
 --                                                    early or rejected) and, on a rejection,
 --                                                    txn.retry_after, txn.retry_after_status
---                                                    and txn.retry_after_cookie (Set-Cookie)
+--                                                    and txn.retry_after_cookie (Set-Cookie),
+--                                                    with txn.retry_after_ms and
+--                                                    txn.retry_after_ms_header as above
 --   http-request lua.retry_after_admitted <service>  counts an admitted request
 --   http-response lua.retry_after_response <service> the agent's value on a server's 429/503
+--                                                    (Retry-After, and retry-after-ms)
 -- Service:
 --   http-request use-service lua.retry_after_grpc    a gRPC rejection carrying the value set
 --                                                    by lua.retry_after as grpc-retry-pushback-ms
@@ -57,6 +64,7 @@ local socket_path = "/run/retry-after-agent/agent.sock"
 local retry_after_s = 5
 local stale_ms = 5000
 local reconnect_max_ms = 5000
+local ms_header = true  -- RETRY_AFTER_MS_HEADER: stamp retry-after-ms beside Retry-After
 local services = {}   -- service name -> { backend, push, received_ms, admitted, rejected, kept }
 -- Kept returns: the secret (base64, as the hmac converter takes it) and the cookie's name.
 local secret_b64
@@ -244,6 +252,11 @@ core.register_init(function()
   retry_after_s = tonumber(os.getenv("RETRY_AFTER_STATIC") or "") or retry_after_s
   stale_ms = tonumber(os.getenv("RETRY_AFTER_STALE_MS") or "") or stale_ms
   reconnect_max_ms = tonumber(os.getenv("RETRY_AFTER_RECONNECT_MAX_MS") or "") or reconnect_max_ms
+  local ms_setting = os.getenv("RETRY_AFTER_MS_HEADER") or "on"
+  if ms_setting ~= "on" and ms_setting ~= "off" then
+    core.Alert("retry_after.lua: RETRY_AFTER_MS_HEADER is " .. ms_setting .. ", not on or off; retry-after-ms stays on")
+  end
+  ms_header = ms_setting ~= "off"
   for item in string.gmatch(os.getenv("RETRY_AFTER_SERVICES") or "", "[^,]+") do
     local name, backend = string.match(item, "^%s*([^:%s]+):([^%s]+)%s*$")
     if name then
@@ -285,9 +298,19 @@ local function count_rejection(state, seconds, rung)
   end
 end
 
--- http-request lua.retry_after <service>: the Retry-After for this rejection, in
--- txn.retry_after (seconds; unset when no header is to be sent), txn.retry_after_ms (the
--- same value in milliseconds, for gRPC's grpc-retry-pushback-ms) and txn.retry_after_status.
+-- The answer's variables: txn.retry_after (seconds), txn.retry_after_ms (the same time in
+-- milliseconds, for gRPC's grpc-retry-pushback-ms) and, unless RETRY_AFTER_MS_HEADER is off,
+-- txn.retry_after_ms_header (what the configuration stamps as retry-after-ms). None is set
+-- when there is no value to send.
+local function set_answer(txn, seconds, millis)
+  if not seconds then return end
+  txn:set_var("txn.retry_after", seconds)
+  txn:set_var("txn.retry_after_ms", millis)
+  if ms_header then txn:set_var("txn.retry_after_ms_header", millis) end
+end
+
+-- http-request lua.retry_after <service>: the Retry-After for this rejection (set_answer) and
+-- txn.retry_after_status.
 core.register_action("retry_after", { "http-req" }, function(txn, name)
   local state = services[name]
   local seconds, status, rung = retry_after_s, 429, "static"
@@ -298,10 +321,7 @@ core.register_action("retry_after", { "http-req" }, function(txn, name)
     if answered_rung then seconds, millis, rung = answered, answered_ms, answered_rung end
     count_rejection(state, seconds, rung)
   end
-  if seconds then
-    txn:set_var("txn.retry_after", seconds)
-    txn:set_var("txn.retry_after_ms", millis)
-  end
+  set_answer(txn, seconds, millis)
   txn:set_var("txn.retry_after_status", status)
 end, 1)
 
@@ -317,9 +337,16 @@ core.register_action("retry_after_response", { "http-res" }, function(txn, name)
     state.admitted = state.admitted + 1
     return
   end
-  local seconds, _millis, rung = computed_answer(state, nil, now_ms())
+  local seconds, millis, rung = computed_answer(state, nil, now_ms())
   count_rejection(state, seconds, rung)
-  if seconds then txn.http:res_set_header("Retry-After", string.format("%d", seconds)) end
+  if seconds then
+    txn.http:res_set_header("Retry-After", string.format("%d", seconds))
+    if ms_header then
+      txn.http:res_set_header("retry-after-ms", string.format("%d", millis))
+    else
+      txn.http:res_del_header("retry-after-ms")
+    end
+  end
 end, 1)
 
 -- gRPC's status for a rejection of HTTP status 429 (RESOURCE_EXHAUSTED) or 503 (UNAVAILABLE).
@@ -450,17 +477,22 @@ core.register_action("retry_after_admit", { "http-req" }, function(txn, name)
   end
   txn:set_var("txn.retry_after_kept", outcome)
   if outcome == "returned" or outcome == "queued" then return end
+  -- A kept place is a whole second: the seconds told bring the client back within it (at the
+  -- fraction of a second it left at), so its milliseconds are the same time.
   local seconds, rung = retry_after_s, "static"
+  local millis = seconds and seconds * 1000
   if state and outcome == "early" then
     seconds, rung = T.told(due, now // 1000, push_clamp(push)).seconds, "computed"
+    millis = seconds * 1000
   elseif state and state.kept then
     seconds, rung = reject_kept(txn, name, state, hasher, found, depth, drain, now)
+    millis = seconds and seconds * 1000
   elseif state then
-    local answered, _ms, answered_rung = computed_answer(state, depth, now)
-    if answered_rung then seconds, rung = answered, answered_rung end
+    local answered, answered_ms, answered_rung = computed_answer(state, depth, now)
+    if answered_rung then seconds, millis, rung = answered, answered_ms, answered_rung end
   end
   if state then count_rejection(state, seconds, rung) end
-  if seconds then txn:set_var("txn.retry_after", seconds) end
+  set_answer(txn, seconds, millis)
   txn:set_var("txn.retry_after_status", state and state.push and state.push.status_code or 429)
 end, 1)
 

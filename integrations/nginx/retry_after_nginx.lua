@@ -2,7 +2,8 @@
 --
 -- One worker keeps a subscription to the agent per service and stores each pushed estimate in
 -- the lua_shared_dict; the header filter of every worker stamps Retry-After on a 429 or 503
--- that has none (nginx's own limit_req / limit_conn rejections, or an upstream's), computed in
+-- that has none (nginx's own limit_req / limit_conn rejections, or an upstream's), with
+-- retry-after-ms beside it (the same time in milliseconds), computed in
 -- memory from that estimate by retry_after_policy.lua (the same ladder as the agent, checked
 -- against its vectors with LuaJIT), with the queue the agent sees at nginx's listener. With no
 -- estimate newer than stale_ms, the static retry_after_s. The same worker reports admissions,
@@ -20,7 +21,7 @@
 -- (stamp("api", { replace_upstream = true }) also replaces an upstream's own Retry-After).
 -- Options of start (defaults): socket ("/run/retry-after-agent/agent.sock"), retry_after_s (5,
 -- or false for no header without an estimate), stale_ms (5000), reconnect_max_ms (5000),
--- dict ("retry_after").
+-- dict ("retry_after"), retry_after_ms (true; false: no retry-after-ms header).
 --
 -- Kept returns (the agent's policy kept_returns; docs/integrations/nginx.md, "Kept returns"):
 -- start's option keep = { api = { key = "header:x-api-key" | "source" | "cookie",
@@ -45,6 +46,7 @@ local options = {
   dict = "retry_after",
   tickets_dict = "retry_after_tickets",
   cookie = "retry_after_return",
+  retry_after_ms = true,
 }
 -- Kept returns per service: { source, header, max_queued, book, room }; the secret.
 local kept = {}
@@ -85,11 +87,19 @@ local function own_ahead(service, second)
   return own
 end
 
+-- Stamps the answer on the response: Retry-After in seconds and, unless the retry_after_ms
+-- option is false, retry-after-ms (the same time in milliseconds; an upstream's is removed
+-- then, so the two never disagree).
+local function set_headers(seconds, millis)
+  ngx.header["Retry-After"] = string.format("%d", seconds)
+  ngx.header["retry-after-ms"] = options.retry_after_ms and string.format("%d", millis) or nil
+end
+
 -- The Retry-After for one rejection of service, from its fresh push (nil: none is held) of
--- age seconds: seconds (nil: no header) and rung.
+-- age seconds: seconds (nil: no header), rung and milliseconds.
 local function answer(service, push, age)
   if push == nil then
-    if options.retry_after_s then return options.retry_after_s, "static" end
+    if options.retry_after_s then return options.retry_after_s, "static", options.retry_after_s * 1000 end
     return nil, "none"
   end
   local seen
@@ -97,12 +107,12 @@ local function answer(service, push, age)
   if push.retry_after_policy == "scheduled_returns" then
     seen = policy.schedule(push, age, own_ahead(service, math.floor(now)))
   end
-  local seconds, _millis, rung = policy.answer(push, nil, 0, math.random(), seen)
+  local seconds, millis, rung = policy.answer(push, nil, 0, math.random(), seen)
   if seconds and seen and seconds <= policy.MAX_RETRY_AFTER_S then
     local due = math.floor(now + seconds)
     dict():incr(string.format("own:%s:%d", service, due), 1, 0, policy.RETURN_BINS + 10)
   end
-  return seconds, rung
+  return seconds, rung, millis
 end
 
 -- header_filter_by_lua: a 429 or 503 without Retry-After gets the agent's; every response
@@ -123,9 +133,9 @@ function M.stamp(service, stamp_options)
     local replace = stamp_options and stamp_options.replace_upstream
     if not (replace and push) then return end
   end
-  local seconds, rung = answer(service, push, age)
+  local seconds, rung, millis = answer(service, push, age)
   if seconds == nil then return end
-  ngx.header["Retry-After"] = string.format("%d", seconds)
+  set_headers(seconds, millis)
   shared:incr(handed_out_key(service, policy.handed_out_value(rung, seconds)), 1, 0)
 end
 
@@ -365,7 +375,9 @@ function M.admit(service)
   shared:incr("rejected:" .. service, 1, 0)
   ngx.ctx.retry_after_answered = true
   if seconds then
-    ngx.header["Retry-After"] = string.format("%d", seconds)
+    -- A kept place is a whole second: the seconds told bring the client back within it, so
+    -- its milliseconds are the same time.
+    set_headers(seconds, seconds * 1000)
     shared:incr(handed_out_key(service, policy.handed_out_value(rung, seconds)), 1, 0)
   end
   if cookie then ngx.header["Set-Cookie"] = cookie end

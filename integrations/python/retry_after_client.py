@@ -17,8 +17,8 @@ Example::
     chat = Subscription("/run/retry-after-agent/agent.sock", "chat", retry_after_s=5)
     ...
     decision = chat.retry_after(queue_depth=len(my_queue))
-    headers = {"Retry-After": str(decision.seconds)} if decision.seconds is not None else {}
-    return Response(status=decision.status_code, headers=headers)
+    # Retry-After, and retry-after-ms (the same time in milliseconds) unless told not to.
+    return Response(status=decision.status_code, headers=decision.headers())
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ __all__ = [
     "parse_fields",
     "query",
     "query_or_static",
+    "rejection_headers",
     "report",
     "report_lines",
     "schedule",
@@ -80,6 +81,24 @@ class Decision:
     reason: Optional[str]
     #: The status code to reject with.
     status_code: int
+
+    def headers(self, retry_after_ms: bool = True) -> Dict[str, str]:
+        """The rejection's headers for this answer (:func:`rejection_headers`)."""
+        return rejection_headers(self.seconds, self.millis, retry_after_ms)
+
+
+def rejection_headers(
+    seconds: Optional[int], millis: Optional[int] = None, retry_after_ms: bool = True
+) -> Dict[str, str]:
+    """The headers a rejection carries for an answer: ``Retry-After`` in seconds and, unless
+    ``retry_after_ms`` is false, ``retry-after-ms`` (the same time in milliseconds: ``millis``,
+    else the seconds'; the OpenAI and Anthropic SDKs read it first). None without a value."""
+    if seconds is None:
+        return {}
+    headers = {"Retry-After": str(seconds)}
+    if retry_after_ms:
+        headers["retry-after-ms"] = str(seconds * 1000 if millis is None else millis)
+    return headers
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,11 @@ class SharedVectors(unittest.TestCase):
                 self.assertEqual(
                     (got.seconds, got.millis, got.rung, got.reason), want, f"vector {number}: {line}"
                 )
+                # The headers stamped: both times, or Retry-After alone when switched off.
+                stamped = {} if seconds == "none" else {"Retry-After": seconds, "retry-after-ms": millis}
+                self.assertEqual(got.headers(), stamped, f"vector {number}")
+                stamped.pop("retry-after-ms", None)
+                self.assertEqual(got.headers(retry_after_ms=False), stamped, f"vector {number}")
                 checked += 1
         self.assertGreater(checked, 1000)
 
@@ -210,7 +215,7 @@ class KeptReturnsInServe(unittest.TestCase):
         # Serve refuses with its queue full (8 of 8): 8 queued and this one, 2 a second: the
         # end of second 4 from now.
         status, headers = ingress.rejection(BackPressure(8, 8, 429), a)
-        self.assertEqual((status, headers), (429, {"Retry-After": "4"}))
+        self.assertEqual((status, headers), (429, {"Retry-After": "4", "retry-after-ms": "4000"}))
         self.assertEqual(ingress.queue.state(), (8, True))
         self.at(ingress, 1004)
         self.assertIsNone(ingress.admission(a), "due: through, whatever the queue holds")
@@ -220,12 +225,17 @@ class KeptReturnsInServe(unittest.TestCase):
         counts = ingress.kept.counters()
         self.assertEqual((counts.get("issued"), counts.get("honoured")), (2, 1))
 
+    def test_retry_after_ms_goes_when_switched_off(self):
+        ingress = self.ingress(keep="header:x-api-key", retry_after_ms=False)
+        _, headers = ingress.rejection(BackPressure(8, 8, 429), {"x-api-key": "client-a"})
+        self.assertEqual(headers, {"Retry-After": "4"})
+
     def test_an_early_return_is_told_the_time_left(self):
         ingress = self.ingress(keep="header:x-api-key")
         a = {"x-api-key": "client-a"}
         ingress.rejection(BackPressure(8, 8, 429), a)
         self.at(ingress, 1001)
-        self.assertEqual(ingress.admission(a), (429, {"Retry-After": "3"}))
+        self.assertEqual(ingress.admission(a), (429, {"Retry-After": "3", "retry-after-ms": "3000"}))
         self.assertEqual(ingress.kept.counters().get("early"), 1)
         self.assertEqual(ingress.kept.counters().get("issued"), 1, "its place kept, no second one")
 

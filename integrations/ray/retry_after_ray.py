@@ -46,7 +46,7 @@ import threading
 import time
 from typing import Dict, List, Optional, Tuple
 
-from retry_after_client import Decision, Estimate, Reporter, Subscription, _clamp
+from retry_after_client import Decision, Estimate, Reporter, Subscription, _clamp, rejection_headers
 from retry_after_tickets import KeptReturns, KeptReturnsSettings, Returning
 
 __all__ = ["DEFAULT_SOCKET", "RetryAfter", "install"]
@@ -130,9 +130,11 @@ class RetryAfter:
         keep: Optional[str] = None,
         secret=None,
         kept_returns: KeptReturnsSettings = KeptReturnsSettings(),
+        retry_after_ms: bool = True,
     ):
         self.service = service
         self.retry_after_s = retry_after_s
+        self.retry_after_ms = retry_after_ms
         self.queue = ServeQueue()
         #: The book's clock, Unix seconds (return cookies name their second in it).
         self.clock = time.time
@@ -150,7 +152,7 @@ class RetryAfter:
         self._reporter.rejected()
         depth = _queued(error)
         if self.kept is None or headers is None:
-            return _headers(*self._decide(depth, error))
+            return self._headers(*self._decide(depth, error))
         push = self._subscription.push()
         return self._place(self.kept.returning(headers), self.clock(), depth or 0, push, error)
 
@@ -171,7 +173,7 @@ class RetryAfter:
         if arrival.kind == "early":
             seconds = self.kept.told(arrival.due, now, _clamp(push) if push else (1, 60))
             self._subscription.handed("computed", seconds)
-            return self._status(push, None), {"Retry-After": str(seconds)}
+            return self._status(push, None), rejection_headers(seconds, None, self.retry_after_ms)
         return self._place(returning, now, depth, push, None)
 
     def finished(self, rejected: bool) -> None:
@@ -184,7 +186,7 @@ class RetryAfter:
     ) -> Tuple[int, Dict[str, str]]:
         """A rejected request's answer with kept returns: its place's second (and cookie), or
         the hint when it gets no place."""
-        hinted: List[Tuple[int, Optional[int]]] = []
+        hinted: List[Tuple[int, Optional[int], Optional[int]]] = []
 
         def hint() -> Optional[int]:
             hinted.append(self._decide(depth, error))
@@ -194,26 +196,34 @@ class RetryAfter:
         clamp = _clamp(push) if push else (1, 60)
         place = self.kept.reject(key, now, depth, _drain_rate(push), clamp, hint)
         if place is None:
-            return _headers(*(hinted[0] if hinted else self._decide(depth, error)))
+            return self._headers(*(hinted[0] if hinted else self._decide(depth, error)))
         if not hinted:
             self._subscription.handed("computed", place.seconds)
-        headers = {"Retry-After": str(place.seconds)}
+        # A place is a whole second: the seconds told bring the client back within it, so its
+        # milliseconds are the same time.
+        headers = rejection_headers(place.seconds, None, self.retry_after_ms)
         cookie = self.kept.set_cookie(place, key)
         if cookie is not None:
             headers["Set-Cookie"] = cookie
         return self._status(push, error), headers
 
-    def _decide(self, depth: Optional[int], error) -> Tuple[int, Optional[int]]:
-        """The status and seconds without a place: the agent's value, else ``retry_after_s``,
-        else Serve's own from ``error``."""
+    def _decide(self, depth: Optional[int], error) -> Tuple[int, Optional[int], Optional[int]]:
+        """The status, seconds and milliseconds without a place: the agent's value, else
+        ``retry_after_s``, else Serve's own from ``error``."""
         decision: Decision = self._subscription.retry_after(queue_depth=depth)
         if decision.seconds is not None:
-            return decision.status_code, decision.seconds
+            return decision.status_code, decision.seconds, decision.millis
         fallback = self.retry_after_s
         if fallback is None:
             serve_s = getattr(error, "retry_after_s", None)
             fallback = None if serve_s is None else max(1, int(-(-float(serve_s) // 1)))
-        return self._status(None, error), fallback
+        return self._status(None, error), fallback, None
+
+    def _headers(
+        self, status: int, seconds: Optional[int], millis: Optional[int]
+    ) -> Tuple[int, Dict[str, str]]:
+        """A rejection's status and headers (``rejection_headers``)."""
+        return status, rejection_headers(seconds, millis, self.retry_after_ms)
 
     def _status(self, push: Optional[Estimate], error) -> int:
         """The status to reject with: the service's, else Serve's."""
@@ -322,7 +332,3 @@ def _counter(service: str, options: Tuple):
 
     return count
 
-
-def _headers(status: int, seconds: Optional[int]) -> Tuple[int, Dict[str, str]]:
-    """A rejection's status and headers, ``Retry-After`` when there is a value."""
-    return status, ({} if seconds is None else {"Retry-After": str(seconds)})

@@ -32,7 +32,9 @@ mod wire;
 
 pub use error::{ErrorCode, ProtocolError};
 pub use request::{HandedOut, Report, Request};
-pub use response::{EstimatePush, HealthResponse, QueryResponse, Response, Schedule};
+pub use response::{
+    EstimatePush, HealthResponse, QueryResponse, Response, Schedule, StatusResponse,
+};
 pub use retry_after_policy as policy;
 
 /// Longest request line accepted, in bytes, without its newline.

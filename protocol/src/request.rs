@@ -29,6 +29,12 @@ pub enum Request<'a> {
     Report(Report<'a>),
     /// The agent's state.
     Health,
+    /// One service's numbers for people (`retry-after-agent status`): `service`'s, or the first
+    /// service's; each answer names the next service, so a viewer walks them all.
+    Status {
+        /// The service; `None`: the first.
+        service: Option<&'a str>,
+    },
 }
 
 /// What a proxy did for one service since its previous `REPORT` on this connection.
@@ -191,9 +197,14 @@ impl<'a> Request<'a> {
                 options(words, "HEALTH takes no options", |_, _| None)?;
                 Ok(Request::Health)
             }
+            "STATUS" => {
+                let service = words.next().map(|w| service(Some(w))).transpose()?;
+                options(words, "STATUS takes no options", |_, _| None)?;
+                Ok(Request::Status { service })
+            }
             other => Err(ProtocolError::new(
                 ErrorCode::UnknownCommand,
-                format!("{other:?} is not QUERY, SUBSCRIBE, REPORT or HEALTH"),
+                format!("{other:?} is not QUERY, SUBSCRIBE, REPORT, HEALTH or STATUS"),
             )),
         }
     }
@@ -218,14 +229,15 @@ impl<'a> Request<'a> {
         })
     }
 
-    /// The command's name in lower case (`query`, `subscribe`, `report`, `health`), for logs
-    /// and metrics.
+    /// The command's name in lower case (`query`, `subscribe`, `report`, `health`,
+    /// `status`), for logs and metrics.
     pub const fn command(&self) -> &'static str {
         match self {
             Request::Query { .. } => "query",
             Request::Subscribe { .. } => "subscribe",
             Request::Report(_) => "report",
             Request::Health => "health",
+            Request::Status { .. } => "status",
         }
     }
 
@@ -234,6 +246,7 @@ impl<'a> Request<'a> {
         match self {
             Request::Query { service, .. } | Request::Subscribe { service } => Some(service),
             Request::Report(report) => Some(report.service),
+            Request::Status { service } => *service,
             Request::Health => None,
         }
     }
@@ -283,6 +296,10 @@ impl fmt::Display for Request<'_> {
                 Ok(())
             }
             Request::Health => f.write_str("HEALTH"),
+            Request::Status { service: None } => f.write_str("STATUS"),
+            Request::Status {
+                service: Some(service),
+            } => write!(f, "STATUS {service}"),
         }
     }
 }

@@ -21,6 +21,8 @@ pub enum Response {
     Estimate(Box<EstimatePush>),
     /// The answer to `HEALTH`.
     Health(HealthResponse),
+    /// The answer to `STATUS`.
+    Status(StatusResponse),
     /// The answer to `REPORT`.
     Ok,
     /// A refused request.
@@ -38,6 +40,7 @@ impl Response {
             Some("RETRY-AFTER") => QueryResponse::parse(line).map(Self::RetryAfter),
             Some("ESTIMATE") => EstimatePush::parse(line).map(|p| Self::Estimate(Box::new(p))),
             Some("HEALTH") => HealthResponse::parse(line).map(Self::Health),
+            Some("STATUS") => StatusResponse::parse(line).map(Self::Status),
             Some("OK") if line == "OK" => Ok(Self::Ok),
             Some("ERR") => {
                 let mut parts = line.splitn(3, ' ').skip(1);
@@ -61,6 +64,7 @@ impl fmt::Display for Response {
             Self::RetryAfter(r) => r.fmt(f),
             Self::Estimate(e) => e.fmt(f),
             Self::Health(h) => h.fmt(f),
+            Self::Status(s) => s.fmt(f),
             Self::Ok => f.write_str("OK"),
             Self::Err(e) => e.fmt(f),
         }
@@ -451,6 +455,129 @@ impl fmt::Display for HealthResponse {
             self.services,
             self.endpoints,
             self.connections
+        )
+    }
+}
+
+/// The answer to `STATUS`: one service's numbers as a person watching the agent wants them
+/// (`retry-after-agent status`), one line:
+///
+/// ```text
+/// STATUS <service> retry_after_policy=<name> seconds=<s|none> millis=<n|none>
+///   rung=<computed|static|none> reason=<reason|none> queue_depth=<n|none>
+///   queue_depth_source=<src|none> drain_rate=<f|none> arrival_rate=<f|none>
+///   returns_promised=<n> admission_judged=<n> admitted_share=<f|none> next=<service|none>
+/// ```
+/// `seconds` to `reason` are the agent's own answer now (its own view of the queue, no
+/// streak, no jitter), recorded nowhere; `returns_promised` the clients told to come back
+/// whose second has not come; `admission_judged` and `admitted_share` the judge's answers
+/// judged for admission so far and the share after which a retry at the suggested time was
+/// admitted (both rungs); `next` the service after this one (`none` after the last).
+#[derive(Clone, Debug, PartialEq)]
+pub struct StatusResponse {
+    /// The service.
+    pub service: String,
+    /// Its policy.
+    pub retry_after_policy: RetryAfterPolicy,
+    /// The agent's own answer now, seconds (`None`: no header).
+    pub seconds: Option<u64>,
+    /// The same in milliseconds.
+    pub millis: Option<u64>,
+    /// The rung it came from.
+    pub rung: Rung,
+    /// Why it is not computed.
+    pub reason: Option<FallbackReason>,
+    /// The queue as the agent sees it, if it can.
+    pub queue_depth: Option<QueueDepth>,
+    /// Drain rate, responses per second, if warm.
+    pub drain_rate: Option<f64>,
+    /// Fresh arrivals per second, if proxies report them.
+    pub arrival_rate: Option<f64>,
+    /// Clients told to come back whose second has not come yet.
+    pub returns_promised: u64,
+    /// Answers the judge has judged for admission.
+    pub admission_judged: u64,
+    /// Of those, the share after which a retry at the suggested time was admitted.
+    pub admitted_share: Option<f64>,
+    /// The next service, in the agent's order.
+    pub next: Option<String>,
+}
+
+impl StatusResponse {
+    /// Parse a `STATUS` line.
+    ///
+    /// # Errors
+    /// The line is not a well-formed `STATUS` line.
+    pub fn parse(line: &str) -> Result<Self, ProtocolError> {
+        const WHAT: &str = "STATUS";
+        let mut fields = Fields::new(line, WHAT, WHAT)?;
+        let mut s = StatusResponse {
+            service: fields.word(WHAT)?.to_owned(),
+            retry_after_policy: RetryAfterPolicy::Static,
+            seconds: None,
+            millis: None,
+            rung: Rung::None,
+            reason: None,
+            queue_depth: None,
+            drain_rate: None,
+            arrival_rate: None,
+            returns_promised: 0,
+            admission_judged: 0,
+            admitted_share: None,
+            next: None,
+        };
+        let (mut depth, mut source) = (None, None);
+        fields.options(WHAT, |key, v| {
+            Some(match key {
+                "retry_after_policy" => req(v).map(|x| s.retry_after_policy = x),
+                "seconds" => opt(v).map(|x| s.seconds = x),
+                "millis" => opt(v).map(|x| s.millis = x),
+                "rung" => req(v).map(|x| s.rung = x),
+                "reason" => opt(v).map(|x| s.reason = x),
+                "queue_depth" => opt(v).map(|x| depth = x),
+                "queue_depth_source" => opt(v).map(|x| source = x),
+                "drain_rate" => opt_float(v).map(|x| s.drain_rate = x),
+                "arrival_rate" => opt_float(v).map(|x| s.arrival_rate = x),
+                "returns_promised" => req(v).map(|x| s.returns_promised = x),
+                "admission_judged" => req(v).map(|x| s.admission_judged = x),
+                "admitted_share" => opt_float(v).map(|x| s.admitted_share = x),
+                "next" => opt(v).map(|x| s.next = x),
+                _ => return None,
+            })
+        })?;
+        s.queue_depth = match (depth, source) {
+            (Some(depth), Some(source)) => Some(QueueDepth { depth, source }),
+            (None, None) => None,
+            _ => {
+                return Err(ProtocolError::malformed(
+                    "STATUS: queue_depth and queue_depth_source go together",
+                    line,
+                ));
+            }
+        };
+        Ok(s)
+    }
+}
+
+impl fmt::Display for StatusResponse {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "STATUS {} retry_after_policy={} seconds={} millis={} rung={} reason={} queue_depth={} queue_depth_source={} drain_rate={} arrival_rate={} returns_promised={} admission_judged={} admitted_share={} next={}",
+            self.service,
+            self.retry_after_policy,
+            Opt(&self.seconds),
+            Opt(&self.millis),
+            self.rung,
+            Opt(&self.reason),
+            Opt(&self.queue_depth.map(|q| q.depth)),
+            Opt(&self.queue_depth.map(|q| q.source)),
+            Float(self.drain_rate),
+            Float(self.arrival_rate),
+            self.returns_promised,
+            self.admission_judged,
+            Float(self.admitted_share),
+            Opt(&self.next),
         )
     }
 }

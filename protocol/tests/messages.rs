@@ -3,7 +3,7 @@
 use proptest::prelude::*;
 use retry_after_protocol::{
     ErrorCode, EstimatePush, HealthResponse, MAX_LINE_LEN, MAX_REPORT_COUNT, MAX_SERVICE_NAME_LEN,
-    ProtocolError, QueryResponse, Report, Request, Response,
+    ProtocolError, QueryResponse, Report, Request, Response, StatusResponse,
     policy::{
         FallbackReason, OverloadRule, PolicyConstants, PromisedReturns, QueueDepth,
         QueueDepthSource, RetryAfterPolicy, Rung, TicketOutcome,
@@ -43,6 +43,16 @@ fn parses_every_request() {
         }))
     );
     assert_eq!(Request::parse(b"HEALTH"), Ok(Request::Health));
+    assert_eq!(
+        Request::parse(b"STATUS"),
+        Ok(Request::Status { service: None })
+    );
+    assert_eq!(
+        Request::parse(b"STATUS chat"),
+        Ok(Request::Status {
+            service: Some("chat")
+        })
+    );
     let Ok(Request::Report(kept)) =
         Request::parse(b"REPORT chat admitted=3 rejected=1 tickets=issued:4,early:2,expired:1")
     else {
@@ -205,6 +215,47 @@ fn responses_print_as_documented() {
     };
     assert!(full.to_string().len() < retry_after_protocol::MAX_RESPONSE_LEN);
     assert_eq!(EstimatePush::parse(&full.to_string()), Ok(full));
+    let status = StatusResponse {
+        service: "chat".into(),
+        retry_after_policy: RetryAfterPolicy::ScheduledReturns,
+        seconds: Some(5),
+        millis: Some(4350),
+        rung: Rung::Computed,
+        reason: None,
+        queue_depth: Some(QueueDepth {
+            depth: 12,
+            source: QueueDepthSource::BeyondCapacity,
+        }),
+        drain_rate: Some(16.0),
+        arrival_rate: None,
+        returns_promised: 40,
+        admission_judged: 1204,
+        admitted_share: Some(0.91),
+        next: Some("search".into()),
+    };
+    assert_eq!(
+        status.to_string(),
+        "STATUS chat retry_after_policy=scheduled_returns seconds=5 millis=4350 rung=computed reason=none queue_depth=12 queue_depth_source=beyond_capacity drain_rate=16 arrival_rate=none returns_promised=40 admission_judged=1204 admitted_share=0.91 next=search"
+    );
+    // The longest status fits a response line.
+    let longest = StatusResponse {
+        service: "s".repeat(retry_after_protocol::MAX_SERVICE_NAME_LEN),
+        next: Some("n".repeat(retry_after_protocol::MAX_SERVICE_NAME_LEN)),
+        seconds: Some(u64::MAX),
+        millis: Some(u64::MAX),
+        queue_depth: status.queue_depth.map(|q| QueueDepth {
+            depth: u64::MAX,
+            ..q
+        }),
+        drain_rate: Some(f64::MIN_POSITIVE / 3.0),
+        arrival_rate: Some(-f64::MAX),
+        returns_promised: u64::MAX,
+        admission_judged: u64::MAX,
+        admitted_share: Some(1.0 / 3.0),
+        reason: Some(FallbackReason::EstimateUnusable),
+        ..status.clone()
+    };
+    assert!(longest.to_string().len() < retry_after_protocol::MAX_RESPONSE_LEN);
     // A schedule is counts only, at most one per bin.
     for bad in ["returns=1,,2", "returns=-1", "returns=1.5", "returns="] {
         let line = format!("{push} {bad}");
@@ -349,11 +400,52 @@ fn health() -> impl Strategy<Value = HealthResponse> {
         )
 }
 
+fn status() -> impl Strategy<Value = StatusResponse> {
+    (
+        (
+            service(),
+            prop::sample::select(RetryAfterPolicy::ALL.to_vec()),
+            prop::option::of(any::<u64>()),
+            prop::option::of(any::<u64>()),
+            prop::sample::select(Rung::ALL),
+            prop::option::of(prop::sample::select(FallbackReason::ALL)),
+        ),
+        prop::option::of((any::<u64>(), prop::sample::select(QueueDepthSource::ALL))),
+        (prop::option::of(finite()), prop::option::of(finite())),
+        (any::<u64>(), any::<u64>(), prop::option::of(finite())),
+        prop::option::of(service()),
+    )
+        .prop_map(
+            |(
+                (service, retry_after_policy, seconds, millis, rung, reason),
+                queue,
+                (drain_rate, arrival_rate),
+                (returns_promised, admission_judged, admitted_share),
+                next,
+            )| StatusResponse {
+                service,
+                retry_after_policy,
+                seconds,
+                millis,
+                rung,
+                reason,
+                queue_depth: queue.map(|(depth, source)| QueueDepth { depth, source }),
+                drain_rate,
+                arrival_rate,
+                returns_promised,
+                admission_judged,
+                admitted_share,
+                next,
+            },
+        )
+}
+
 fn response() -> impl Strategy<Value = Response> {
     prop_oneof![
         query_response().prop_map(Response::RetryAfter),
         push().prop_map(|p| Response::Estimate(Box::new(p))),
         health().prop_map(Response::Health),
+        status().prop_map(Response::Status),
         Just(Response::Ok),
         (prop::sample::select(ErrorCode::ALL.to_vec()), "[ -~]{0,40}")
             .prop_map(|(code, reason)| Response::Err(ProtocolError::new(code, reason))),
@@ -375,7 +467,7 @@ proptest! {
         streak in prop::option::of(any::<u32>()),
         counts in (0..=MAX_REPORT_COUNT, 0..=MAX_REPORT_COUNT, prop::option::of(0..=MAX_REPORT_COUNT), prop::option::of(0..=MAX_REPORT_COUNT)),
         handed in prop::collection::vec((any::<bool>(), 0..=60u64, 0..=MAX_REPORT_COUNT), 0..4),
-        which in 0..4u8,
+        which in 0..6u8,
     ) {
         let handed_out: Vec<String> = handed
             .iter()
@@ -396,7 +488,9 @@ proptest! {
                 handed_out: (!handed.is_empty()).then_some(handed_out.as_str()),
                 tickets: (counts.0 % 2 == 1).then_some("issued:3,honoured:2,replayed:1"),
             }),
-            _ => Request::Health,
+            3 => Request::Health,
+            4 => Request::Status { service: None },
+            _ => Request::Status { service: Some(&service) },
         };
         let line = request.to_string();
         prop_assert_eq!(Request::parse(line.as_bytes()), Ok(request));
@@ -415,7 +509,7 @@ proptest! {
 
     #[test]
     fn request_like_lines_never_panic_the_parser(
-        line in "(QUERY|SUBSCRIBE|REPORT|HEALTH|query)( [a-z=0-9\\-]{0,12}){0,8}\r?",
+        line in "(QUERY|SUBSCRIBE|REPORT|HEALTH|STATUS|query)( [a-z=0-9\\-]{0,12}){0,8}\r?",
     ) {
         if let Ok(request) = Request::parse(line.as_bytes()) {
             // What parses, prints back to a line that parses to the same request.

@@ -44,6 +44,10 @@ struct Cli {
     /// What rejections carry.
     #[arg(long, value_enum, default_value_t = Header::Agent)]
     header: Header,
+    /// Leave `retry-after-ms` off rejections (by default it goes beside `Retry-After`, the
+    /// same time in milliseconds).
+    #[arg(long)]
+    no_retry_after_ms: bool,
     /// Seed of the placement and jitter draws.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -136,6 +140,7 @@ async fn main() -> Result<()> {
             Header::Agent => HeaderPolicy::FromAgent,
             Header::AgentWithRetryBacklog => HeaderPolicy::FromAgentWithRetryBacklog,
         },
+        retry_after_ms: !cli.no_retry_after_ms,
         seed: cli.seed,
         record_rejections: false,
         keeping: match cli.keep {

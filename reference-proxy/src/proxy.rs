@@ -69,6 +69,10 @@ pub struct ProxyConfig {
     pub status_code: u16,
     /// Whether rejections carry `Retry-After`.
     pub header: HeaderPolicy,
+    /// Whether a rejection with `Retry-After` carries `retry-after-ms` beside it: the same
+    /// time in milliseconds (the answer's `millis`), which the OpenAI and Anthropic SDKs read
+    /// first.
+    pub retry_after_ms: bool,
     /// Seed of the placement draws and the jitter draws.
     pub seed: u64,
     /// Keep every rejection for [`Proxy::rejections`] (an evaluation's access log; memory
@@ -396,13 +400,7 @@ fn arrive_kept(
             let seconds = told(due, now_s, clamp).seconds;
             report_tickets(state, &mut routing);
             drop(routing);
-            return Some(rejection(
-                state,
-                0,
-                0,
-                (Some(seconds), Rung::Computed),
-                None,
-            ));
+            return Some(rejection(state, 0, 0, kept_answer(seconds), None));
         }
         KeptArrival::Rejected {
             queue_depth,
@@ -438,9 +436,20 @@ fn arrive_kept(
         state,
         depth,
         streak,
-        (Some(place.seconds), Rung::Computed),
+        kept_answer(place.seconds),
         cookie,
     ))
+}
+
+/// The answer that tells a client its kept place, `seconds` away: a place is a whole second,
+/// and the seconds told bring the client back within it, so its milliseconds are the same
+/// time.
+fn kept_answer(seconds: u64) -> Answered {
+    Answered {
+        seconds: Some(seconds),
+        millis: Some(seconds.saturating_mul(1000)),
+        rung: Rung::Computed,
+    }
 }
 
 /// Hand the book's counters since the last report to the reporter.
@@ -462,7 +471,7 @@ fn unix_now() -> Duration {
 /// The rejection of a request that found the queue at `depth` with placement at `streak`.
 fn reject(state: &State, depth: usize, streak: u32) -> Response<Body> {
     let with_backlog = state.config.header == HeaderPolicy::FromAgentWithRetryBacklog;
-    let (seconds, rung) = {
+    let answered = {
         let mut routing = state.routing();
         let now = Instant::now();
         let counted = if with_backlog {
@@ -475,27 +484,45 @@ fn reject(state: &State, depth: usize, streak: u32) -> Response<Body> {
             Some(streak),
             &mut routing.rng,
         );
-        let (seconds, rung) = match state.config.header {
-            HeaderPolicy::FromAgent | HeaderPolicy::FromAgentWithRetryBacklog => {
-                (decision.seconds, decision.rung)
-            }
-            HeaderPolicy::None => (None, Rung::None),
+        let answered = match state.config.header {
+            HeaderPolicy::FromAgent | HeaderPolicy::FromAgentWithRetryBacklog => Answered {
+                seconds: decision.seconds,
+                millis: decision.millis,
+                rung: decision.rung,
+            },
+            HeaderPolicy::None => Answered {
+                seconds: None,
+                millis: None,
+                rung: Rung::None,
+            },
         };
-        if with_backlog && let Some(s) = seconds {
+        if with_backlog && let Some(s) = answered.seconds {
             routing.backlog.promise(now + Duration::from_secs(s));
         }
-        (seconds, rung)
+        answered
     };
-    rejection(state, depth, streak, (seconds, rung), None)
+    rejection(state, depth, streak, answered, None)
 }
 
-/// The response to a rejection that carries `answer` (seconds and rung) and, for a place
-/// kept by cookie, `set_cookie`; counted and logged.
+/// What a rejection tells the client: seconds (`None`: no header), the same in milliseconds,
+/// and the rung it came from.
+struct Answered {
+    seconds: Option<u64>,
+    millis: Option<u64>,
+    rung: Rung,
+}
+
+/// The response to a rejection that carries `answered` and, for a place kept by cookie,
+/// `set_cookie`; counted and logged.
 fn rejection(
     state: &State,
     depth: usize,
     streak: u32,
-    (seconds, rung): (Option<u64>, Rung),
+    Answered {
+        seconds,
+        millis,
+        rung,
+    }: Answered,
     set_cookie: Option<String>,
 ) -> Response<Body> {
     state.reporter.handed_out(rung, seconds.unwrap_or(0));
@@ -518,9 +545,16 @@ fn rejection(
         StatusCode::from_u16(state.config.status_code).unwrap_or(StatusCode::TOO_MANY_REQUESTS);
     let mut response = reply(status, b"overloaded\n");
     if let Some(seconds) = seconds {
-        response
-            .headers_mut()
-            .insert("retry-after", seconds.to_string().parse().expect("digits"));
+        let headers = response.headers_mut();
+        headers.insert("retry-after", seconds.to_string().parse().expect("digits"));
+        if state.config.retry_after_ms
+            && let Some(millis) = millis
+        {
+            headers.insert(
+                "retry-after-ms",
+                millis.to_string().parse().expect("digits"),
+            );
+        }
     }
     if let Some(value) = set_cookie.and_then(|c| c.parse().ok()) {
         response

@@ -54,7 +54,14 @@ pub struct ServerOptions {
     pub workers: Option<Arc<Workers>>,
     /// Time a worker spends on one request.
     pub service_time: Duration,
+    /// If set, the body is this JSON document (`Content-Type: application/json`), in place of
+    /// `response_body` bytes.
+    pub json: Option<&'static str>,
 }
+
+/// An OpenAI chat completion, as an OpenAI-compatible server answers
+/// `POST /v1/chat/completions` (what the OpenAI SDK's clients parse).
+pub const CHAT_COMPLETION: &str = r#"{"id":"chatcmpl-test","object":"chat.completion","created":0,"model":"test-model","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}"#;
 
 /// A fixed number of workers (a counting semaphore).
 pub struct Workers {
@@ -162,7 +169,15 @@ fn serve_connection(
     stream.set_nodelay(true)?;
     let mut reader = BufReader::new(stream.try_clone()?);
     let mut writer = stream;
-    let body = vec![b'x'; options.response_body];
+    let body = match options.json {
+        Some(json) => json.as_bytes().to_vec(),
+        None => vec![b'x'; options.response_body],
+    };
+    let content_type = if options.json.is_some() {
+        "Content-Type: application/json\r\n"
+    } else {
+        ""
+    };
     while let Some(request) = read_request(&mut reader)? {
         if let Some(gate) = &options.gate {
             gate.pass();
@@ -176,7 +191,7 @@ fn serve_connection(
             None => {}
         }
         let mut response = format!(
-            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n{}\r\n",
+            "HTTP/1.1 200 OK\r\n{content_type}Content-Length: {}\r\n{}\r\n",
             body.len(),
             if request.close {
                 "Connection: close\r\n"

@@ -1,6 +1,6 @@
 //! Rejections seen from outside a proxy: a probe sends one request at a time on its own
-//! connection and records each rejection with its status and its `Retry-After`, as a client
-//! sees them.
+//! connection and records each rejection with its status, its `Retry-After` and its
+//! `retry-after-ms`, as a client sees them.
 
 use crate::AgentProcess;
 
@@ -24,6 +24,23 @@ pub struct Rejection {
     pub status: u16,
     /// Its `Retry-After`, as sent.
     pub retry_after: Option<String>,
+    /// Its `retry-after-ms`, as sent.
+    pub retry_after_ms: Option<String>,
+}
+
+impl Rejection {
+    /// Whether its `retry-after-ms` says the time its `Retry-After` says: both present, and
+    /// the milliseconds rounded up to whole seconds are the seconds (each is the answer's
+    /// value rounded up in its unit and clamped alike).
+    pub fn millis_agree(&self) -> bool {
+        let (Some(seconds), Some(millis)) = (&self.retry_after, &self.retry_after_ms) else {
+            return false;
+        };
+        match (seconds.parse::<u64>(), millis.parse::<u64>()) {
+            (Ok(seconds), Ok(millis)) => millis.div_ceil(1000) == seconds,
+            _ => false,
+        }
+    }
 }
 
 /// How long a probe waits for an answer from a proxy written in C (nginx, HAProxy), which
@@ -48,17 +65,20 @@ pub fn probe(target: SocketAddr, path: &str, wait: Duration) -> Option<Rejection
     if status == 200 {
         return None;
     }
-    let retry_after = text
-        .lines()
-        .find_map(|l| {
-            let (name, value) = l.split_once(':')?;
-            name.eq_ignore_ascii_case("retry-after").then_some(value)
-        })
-        .map(|v| v.trim().to_owned());
+    let header = |wanted: &str| {
+        text.lines()
+            .take_while(|l| !l.is_empty())
+            .find_map(|l| {
+                let (name, value) = l.split_once(':')?;
+                name.eq_ignore_ascii_case(wanted).then_some(value)
+            })
+            .map(|v| v.trim().to_owned())
+    };
     Some(Rejection {
         at: Instant::now(),
         status,
-        retry_after,
+        retry_after: header("retry-after"),
+        retry_after_ms: header("retry-after-ms"),
     })
 }
 

@@ -18,8 +18,18 @@
 //! * `evaluate`: setup, then `retry-after-eval` with the arguments given; with none, the
 //!   five scenarios under eight policies on real sockets and in the simulator, side by side
 //!   (writes docs/evaluation-run/, see docs/evaluation.md).
+//! * `package`: bpf-linker, the pinned cargo-deb and dpkg-dev, then the Debian package: the
+//!   release agent (with its eBPF object, `--version` naming the commit), the systemd unit and
+//!   sysusers file, the configuration under /etc and the docs, in `target/debian/`. Prints the
+//!   package's path (docs/deploy.md, "Debian package"). `--profile dev` packages the debug
+//!   build instead (the package's test does, with the suite's build).
 
 mod bench;
+// The build script's file: `--version`'s commit, said the same way here (`head_files` is the
+// build script's alone).
+#[allow(dead_code)]
+#[path = "../../agent/git_commit.rs"]
+mod git_commit;
 mod setup;
 mod timings;
 
@@ -81,6 +91,14 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Install cargo-deb (pinned), then build the Debian package (release agent, systemd unit,
+    /// sysusers file, configuration, docs) in target/debian/ and print its path.
+    Package {
+        /// The cargo profile whose agent is packaged: `release`, or `dev` (the package's test
+        /// packages the debug build the suite already has).
+        #[arg(long, default_value = "release", value_parser = ["release", "dev"])]
+        profile: String,
+    },
 }
 
 /// Build the agent (release), then run the evaluation crate's binary `bin` with `args`: the
@@ -109,6 +127,7 @@ fn main() -> Result<()> {
     let needs = match &cli.task {
         Task::Run { .. } | Task::Check => setup::Needs::Run,
         Task::Setup { purpose } if purpose == "run" => setup::Needs::Run,
+        Task::Package { .. } => setup::Needs::Package,
         _ => setup::Needs::Everything,
     };
     let mut timings = Timings::default();
@@ -148,7 +167,57 @@ fn main() -> Result<()> {
             };
             run_eval_binary(&root, &env, "retry-after-eval", &args)
         }
+        Task::Package { profile } => {
+            let deb = package(&root, &env, &profile)?;
+            // Alone on standard output, the last line: what scripts and the package's test read.
+            println!("{}", deb.display());
+            Ok(())
+        }
     }
+}
+
+/// Build the agent with `profile` (`release`, `dev`), then package it with cargo-deb
+/// (`[package.metadata.deb]` in agent/Cargo.toml); the package's path.
+fn package(root: &Path, env: &setup::Env, profile: &str) -> Result<PathBuf> {
+    // Given to the build script, so `--version` names this tree even when only files changed
+    // since the script last ran (a changed value runs it again).
+    let commit = git_commit::describe(root).unwrap_or_else(|| git_commit::UNKNOWN.to_owned());
+    eprintln!("+ {}={commit}", git_commit::VARIABLE);
+    let mut build = env.cargo(root);
+    build.env(git_commit::VARIABLE, &commit).args([
+        "build",
+        "--profile",
+        profile,
+        "--locked",
+        "--package",
+        "retry-after-agent",
+        "--bin",
+        "retry-after-agent",
+    ]);
+    run(build)?;
+    let mut deb = env.cargo(root);
+    deb.env(git_commit::VARIABLE, &commit).args([
+        "deb",
+        "--no-build",
+        "--profile",
+        profile,
+        "--locked",
+        "--package",
+        "retry-after-agent",
+    ]);
+    // cargo-deb prints the package's path on standard output.
+    let printed = capture(&mut deb)?;
+    let path = printed
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|line| line.ends_with(".deb"))
+        .map(|line| root.join(line))
+        .with_context(|| format!("cargo deb printed no package path: {printed:?}"))?;
+    if !path.is_file() {
+        bail!("cargo deb named {}, which is not there", path.display());
+    }
+    Ok(path)
 }
 
 /// What `./dev evaluate` runs without arguments: every scenario of `eval/scenarios/` under

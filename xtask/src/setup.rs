@@ -6,6 +6,8 @@
 //! * bpf-linker, built against the pinned toolchain's own LLVM (no system LLVM is new enough),
 //!   into `.tools/` of the workspace. A stamp records which rustc it was built for, so a
 //!   toolchain change rebuilds it and an unchanged one costs nothing.
+//! * cargo-deb, pinned (`CARGO_DEB_VERSION`), into `.tools/` too, for `./dev package` and the
+//!   package's test; with `dpkg-dev`, whose dpkg-shlibdeps finds the package's dependencies.
 //! * Debian packages: `wrk` (load generator for the benchmark and the proxy tests),
 //!   `nghttp2-client` (h2load, the HTTP/2 load of the tests and the benchmark), `bpftool`
 //!   (the tests check with it that nothing stays attached), `haproxy` (the real proxy the
@@ -13,7 +15,10 @@
 //!   one-request connections whose own counters judge the kernel's, and with
 //!   `libnginx-mod-http-lua` the nginx integration; `lua5.3` and `luajit2` (the LuaJIT that
 //!   nginx's Lua module links) check the Lua policy module against the agent's answers under
-//!   both interpreters; `openssl` makes the certificates of the TLS tests.
+//!   both interpreters; `openssl` makes the certificates of the TLS tests; `systemd` (its
+//!   `systemd-analyze` and `systemd-sysusers`) judges the unit and the sysusers file, and
+//!   `dpkg-dev` serves cargo-deb; `tmux` is the terminal the status view is tested in;
+//!   `prometheus` (and its `promtool`) checks, unit-tests and runs the shipped rules.
 //! * Python packages, pinned (`PYTHON_PACKAGES`), with the machine's python3; Ray Serve,
 //!   pinned (`SERVE_PACKAGES`), in the project's own virtual environment `.tools/serve-venv`
 //!   (`python3-venv` makes it on a Debian python3).
@@ -40,13 +45,21 @@ mod kernels;
 
 /// bpf-linker release built here.
 const BPF_LINKER_VERSION: &str = "0.13.0";
+/// cargo-deb release that builds the Debian package (`./dev package`).
+const CARGO_DEB_VERSION: &str = "3.8.0";
+/// Debian packages `./dev package` needs besides cargo-deb: dpkg-shlibdeps, which names the
+/// libraries the binary links as the package's dependencies.
+const PACKAGING_DEBIAN_PACKAGES: [&str; 1] = ["dpkg-dev"];
 /// Python packages the tests run (pinned): the Kubernetes schema validator for deploy/,
-/// urllib3, whose own Retry (honouring Retry-After) is the client of the end-to-end tests, and
-/// grpcio, the gRPC server and clients of the HTTP/2 tests.
-const PYTHON_PACKAGES: [(&str, &str, &str); 3] = [
+/// urllib3, whose own Retry (honouring Retry-After) is the client of the end-to-end tests,
+/// grpcio, the gRPC server and clients of the HTTP/2 tests, and the official OpenAI SDK, whose
+/// own retries (`retry-after-ms`, then `Retry-After`) are the LLM clients of the
+/// `retry-after-ms` tests.
+const PYTHON_PACKAGES: [(&str, &str, &str); 4] = [
     ("kubernetes-validate", "1.37.0", "kubernetes_validate"),
     ("urllib3", "2.7.0", "urllib3"),
     ("grpcio", "1.85.3", "grpc"),
+    ("openai", "3.51.0", "openai"),
 ];
 
 /// Ray Serve, the proposal's own system, for its end-to-end tests (pinned), in the project's
@@ -54,7 +67,7 @@ const PYTHON_PACKAGES: [(&str, &str, &str); 3] = [
 const SERVE_PACKAGES: [(&str, &str, &str); 1] = [("ray[serve]", "2.60.0", "ray.serve")];
 
 /// Debian packages the tests and benchmarks run.
-const DEBIAN_PACKAGES: [&str; 14] = [
+const DEBIAN_PACKAGES: [&str; 18] = [
     "wrk",
     "nghttp2-client",
     "bpftool",
@@ -69,6 +82,10 @@ const DEBIAN_PACKAGES: [&str; 14] = [
     "qemu-system-x86",
     "busybox-static",
     "xz-utils",
+    "systemd",
+    "dpkg-dev",
+    "tmux",
+    "prometheus",
 ];
 
 /// The archive the kernel packages come from.
@@ -151,7 +168,10 @@ impl Env {
 pub enum Needs {
     /// Building and running the agent: bpf-linker.
     Run,
-    /// The tests, benchmarks and evaluation: bpf-linker, the Debian and the Python packages.
+    /// Building the Debian package: bpf-linker, cargo-deb and dpkg-dev.
+    Package,
+    /// The tests, benchmarks and evaluation: bpf-linker, cargo-deb (the package's test builds
+    /// the package), the Debian and the Python packages.
     Everything,
 }
 
@@ -164,17 +184,24 @@ pub fn setup(root: &Path, needs: Needs) -> Result<Env> {
         path.push(":");
         path.push(existing);
     }
-    // bpf-linker compiles (CPU) while the packages download and unpack (network, disk).
+    // bpf-linker and cargo-deb compile (CPU), one after the other, while the packages download
+    // and unpack (network, disk).
     std::thread::scope(|scope| {
-        let linker = scope.spawn(|| ensure_bpf_linker(root, &tools));
-        let packages = if needs == Needs::Everything {
-            ensure_packages(&tools)
-        } else {
-            Ok(())
+        let linker = scope.spawn(|| {
+            ensure_bpf_linker(root, &tools)?;
+            if needs == Needs::Run {
+                return Ok(());
+            }
+            ensure_cargo_deb(root, &tools)
+        });
+        let packages = match needs {
+            Needs::Run => Ok(()),
+            Needs::Package => ensure_debian_packages(&PACKAGING_DEBIAN_PACKAGES),
+            Needs::Everything => ensure_packages(&tools),
         };
         let linker = linker
             .join()
-            .unwrap_or_else(|_| bail!("building bpf-linker panicked"));
+            .unwrap_or_else(|_| bail!("building bpf-linker or cargo-deb panicked"));
         packages.and(linker)
     })?;
     Ok(Env { path })
@@ -182,7 +209,7 @@ pub fn setup(root: &Path, needs: Needs) -> Result<Env> {
 
 /// The Debian packages, the Python packages, Ray Serve's environment and the kernels.
 fn ensure_packages(tools: &Path) -> Result<()> {
-    ensure_debian_packages()?;
+    ensure_debian_packages(&DEBIAN_PACKAGES)?;
     ensure_pip_packages(Path::new("python3"), &PYTHON_PACKAGES)?;
     ensure_serve_venv(tools)?;
     ensure_kernels(tools)
@@ -225,6 +252,43 @@ fn ensure_bpf_linker(root: &Path, tools: &Path) -> Result<()> {
         bail!("building bpf-linker failed ({status})");
     }
     fs::write(&stamp_path, stamp)?;
+    Ok(())
+}
+
+/// cargo-deb at `CARGO_DEB_VERSION` in `.tools/bin`, installed (with its locked dependencies)
+/// unless that version answers there already.
+fn ensure_cargo_deb(root: &Path, tools: &Path) -> Result<()> {
+    let cargo_deb = tools.join("bin/cargo-deb");
+    let installed = Command::new(&cargo_deb)
+        .arg("--version")
+        .output()
+        .is_ok_and(|out| {
+            out.status.success()
+                && String::from_utf8_lossy(&out.stdout)
+                    .split_whitespace()
+                    .any(|word| word == CARGO_DEB_VERSION)
+        });
+    if installed {
+        return Ok(());
+    }
+    eprintln!("+ cargo install cargo-deb --version {CARGO_DEB_VERSION} --locked");
+    let status = Command::new("cargo")
+        .current_dir(root)
+        .args([
+            "install",
+            "cargo-deb",
+            "--version",
+            CARGO_DEB_VERSION,
+            "--locked",
+            "--force",
+        ])
+        .arg("--root")
+        .arg(tools)
+        .status()
+        .context("cannot run cargo install")?;
+    if !status.success() {
+        bail!("installing cargo-deb {CARGO_DEB_VERSION} failed ({status})");
+    }
     Ok(())
 }
 
@@ -278,9 +342,11 @@ fn llvm_prefix(tools: &Path, llvm_lib: &Path) -> Result<PathBuf> {
     Ok(prefix)
 }
 
-fn ensure_debian_packages() -> Result<()> {
-    let missing: Vec<&str> = DEBIAN_PACKAGES
-        .into_iter()
+/// Install those of `packages` that are missing, with apt.
+fn ensure_debian_packages(packages: &[&str]) -> Result<()> {
+    let missing: Vec<&str> = packages
+        .iter()
+        .copied()
         .filter(|package| {
             Command::new("dpkg-query")
                 .args(["-W", "-f=${Status}", package])

@@ -51,6 +51,14 @@ pub fn health(shared: &Shared, connections: usize) -> Response {
     Response::Health(shared.health(connections))
 }
 
+/// `STATUS`: `service`'s numbers for people (`None`: the first service's), naming the next.
+pub fn status(shared: &Shared, service: Option<&str>) -> Response {
+    match shared.estimator().status(service) {
+        Some(status) => Response::Status(status),
+        None => unknown_service(service.unwrap_or("")),
+    }
+}
+
 /// The estimate pushed to a subscriber of `service`, or `None` if it is not configured.
 pub fn push(shared: &Shared, service: &str, seq: u64) -> Option<EstimatePush> {
     shared.estimator().service(service).map(|s| s.push(seq))

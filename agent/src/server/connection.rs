@@ -142,6 +142,10 @@ impl<'a> Connection<'a> {
                 self.slot.touch();
                 command::health(self.shared, self.slot.registry().len())
             }
+            Request::Status { service } => {
+                self.slot.touch();
+                command::status(self.shared, service)
+            }
         };
         out.respond(response).await?;
         Ok(None)

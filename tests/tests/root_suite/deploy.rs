@@ -72,7 +72,7 @@ fn the_systemd_unit_passes_systemds_verifier_and_grants_only_the_verified_capabi
     std::fs::write(
         &copy,
         unit.replace(
-            "/usr/local/bin/retry-after-agent",
+            "/usr/bin/retry-after-agent",
             &retry_after_testkit::agent_binary().display().to_string(),
         ),
     )

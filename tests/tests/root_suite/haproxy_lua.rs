@@ -1,6 +1,7 @@
 //! The HAProxy integration end to end: the distribution's HAProxy running
 //! integrations/haproxy/retry_after.lua, the real agent, real replicas on loopback, wrk as the
-//! load. Every rejection must carry an integer Retry-After within the clamp; the value follows
+//! load. Every rejection must carry an integer Retry-After within the clamp, and beside it
+//! `retry-after-ms` saying the same time (rounded up in its unit); the value follows
 //! the load (a longer queue, a longer value); once the agent is stopped the rejections carry
 //! the static value, and the computed one again after it restarts, with no rejection left
 //! without a header in between.
@@ -47,7 +48,12 @@ fn service(name: &str, replicas: &[&HttpServer]) -> String {
 /// taken once per request (`txn.reject`), so every rule after it agrees even while the queue
 /// moves (HAProxy runs several threads). HAProxy keeps its server connections alive and
 /// reuses them: after the restart, the new agent adopts those it did not see open.
-fn frontend(name: &str, bind: SocketAddr, limit: u32, replicas: &[&HttpServer]) -> String {
+pub(crate) fn frontend(
+    name: &str,
+    bind: SocketAddr,
+    limit: u32,
+    replicas: &[&HttpServer],
+) -> String {
     let servers: String = replicas
         .iter()
         .enumerate()
@@ -62,6 +68,7 @@ fn frontend(name: &str, bind: SocketAddr, limit: u32, replicas: &[&HttpServer]) 
          \x20   http-request return status 429 content-type text/plain string \"busy\" hdr Retry-After %[var(txn.retry_after)] if reject {{ var(txn.retry_after) -m found }}\n\
          \x20   http-request return status 429 content-type text/plain string \"busy\" if reject\n\
          \x20   http-request lua.retry_after_admitted {name}\n\
+         \x20   http-after-response set-header retry-after-ms %[var(txn.retry_after_ms_header)] if {{ var(txn.retry_after_ms_header) -m found }}\n\
          \x20   default_backend be_{name}\n\
          backend be_{name}\n    balance roundrobin\n{servers}"
     )
@@ -134,6 +141,10 @@ fn haproxy_rejections_carry_the_computed_value_then_the_static_one_then_the_comp
                 .parse()
                 .unwrap_or_else(|_| panic!("{name}: not delta-seconds: {value:?}"));
             assert!((1..=60).contains(&seconds), "{name}: {seconds}");
+            assert!(
+                r.millis_agree(),
+                "{name}: retry-after-ms does not say the Retry-After's time: {r:?}"
+            );
         }
     }
     // While the agent computes: 10 queued over 16/s × 1.25 → 1 s; 50 queued → 3.9 → 4 s.
@@ -222,45 +233,29 @@ impl ClientRun {
     }
 }
 
-/// Clients arriving at 1.5× the capacity of two replicas (2 × 2 places, 250 ms: 16/s) for
-/// 20 s, through HAProxy and the Lua, each retrying up to 3 times as urllib3's Retry does,
-/// honouring Retry-After; the agent configured with `backpressure` for the service.
-fn urllib3_clients_through_haproxy(backpressure: &str) -> ClientRun {
-    let (r1, r2) = (replica(), replica());
-    let fe = free_port();
-    let agent = AgentProcess::start(
-        "",
-        &format!(
-            "[[service]]\nname = \"api\"\nbackends = [{{ address = \"{}\", max_ongoing_requests = 2 }}, {{ address = \"{}\", max_ongoing_requests = 2 }}]\n[service.backpressure]\n{backpressure}",
-            r1.addr(),
-            r2.addr()
-        ),
-    );
-    let lua =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../integrations/haproxy/retry_after.lua");
-    let haproxy = Haproxy::start_with_global(
-        &format!(
-            "    lua-load {}\n    setenv RETRY_AFTER_SOCKET {}\n    setenv RETRY_AFTER_SERVICES api:be_api\n    setenv RETRY_AFTER_STATIC 5\n",
-            lua.canonicalize().unwrap().display(),
-            agent.socket.display()
-        ),
-        &frontend("api", fe, 8, &[&r1, &r2]),
-        None,
-    );
+/// The urllib3 clients of `tests/clients/retrying_clients.py` arriving at 1.5× the capacity of
+/// two replicas (2 × 2 places, 250 ms: 16/s) for 20 s at `front`, each retrying up to 3 times
+/// as urllib3's Retry does, honouring Retry-After: their record as JSON.
+fn urllib3_clients(front: SocketAddr) -> String {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients/retrying_clients.py");
-    let out = retry_after_testkit::run_ok(
+    retry_after_testkit::run_ok(
         std::process::Command::new("python3")
             .arg(script)
             .args([
                 "--url",
-                &format!("http://{fe}/"),
+                &format!("http://{front}/"),
                 "--rate",
                 "24",
                 "--seconds",
                 "20",
             ])
             .args(["--retries", "3", "--seed", "7"]),
-    );
+    )
+}
+
+/// One run's figures from the clients' record `out`, HAProxy's counters for frontend `name`
+/// and the agent's judge.
+fn client_run(out: &str, name: &str, haproxy: &Haproxy, metrics: &str) -> ClientRun {
     let record: serde_json::Value = serde_json::from_str(out.trim()).expect("the clients' record");
     let count = |key: &str| {
         record[key]
@@ -273,7 +268,8 @@ fn urllib3_clients_through_haproxy(backpressure: &str) -> ClientRun {
         .iter()
         .map(|t| t.as_f64().unwrap())
         .collect();
-    let run = ClientRun {
+    assert_eq!(count("errors"), 0, "{out}");
+    ClientRun {
         clients: count("clients"),
         succeeded: count("succeeded"),
         gave_up: count("gave_up"),
@@ -283,24 +279,71 @@ fn urllib3_clients_through_haproxy(backpressure: &str) -> ClientRun {
             .get((times.len() * 99 / 100).min(times.len().saturating_sub(1)))
             .copied()
             .unwrap_or(f64::NAN),
-        haproxy_2xx: haproxy.stat("fe_api", "FRONTEND", "hrsp_2xx"),
-        haproxy_4xx: haproxy.stat("fe_api", "FRONTEND", "hrsp_4xx"),
+        haproxy_2xx: haproxy.stat(&format!("fe_{name}"), "FRONTEND", "hrsp_2xx"),
+        haproxy_4xx: haproxy.stat(&format!("fe_{name}"), "FRONTEND", "hrsp_4xx"),
         judged_computed: sample(
-            &agent.metrics(),
-            "retry_after_judge_admitted_ratio{rung=\"computed\",service=\"api\"}",
+            metrics,
+            &format!("retry_after_judge_admitted_ratio{{rung=\"computed\",service=\"{name}\"}}"),
         ),
-    };
-    assert_eq!(count("errors"), 0, "{out}");
-    run
+    }
+}
+
+/// The same clients (same seed) through HAProxy and the Lua to two services at once, each
+/// with its own replicas and frontend, the agent configured with a policy per service: static
+/// 5 s and `scheduled_returns`.
+fn urllib3_clients_through_haproxy() -> (ClientRun, ClientRun) {
+    const NAMES: [&str; 2] = ["static_5s", "scheduled"];
+    let replicas = [[replica(), replica()], [replica(), replica()]];
+    let fronts = [free_port(), free_port()];
+    let policies = ["static", "scheduled_returns"];
+    let services: String = NAMES
+        .iter()
+        .zip(&replicas)
+        .zip(policies)
+        .map(|((name, [r1, r2]), policy)| {
+            format!(
+                "[[service]]\nname = \"{name}\"\nbackends = [{{ address = \"{}\", max_ongoing_requests = 2 }}, {{ address = \"{}\", max_ongoing_requests = 2 }}]\n[service.backpressure]\nretry_after_policy = \"{policy}\"\nretry_after_s = 5\n",
+                r1.addr(),
+                r2.addr()
+            )
+        })
+        .collect();
+    let agent = AgentProcess::start("", &services);
+    let lua =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../integrations/haproxy/retry_after.lua");
+    let haproxy = Haproxy::start_with_global(
+        &format!(
+            "    lua-load {}\n    setenv RETRY_AFTER_SOCKET {}\n    setenv RETRY_AFTER_SERVICES static_5s:be_static_5s,scheduled:be_scheduled\n    setenv RETRY_AFTER_STATIC 5\n",
+            lua.canonicalize().unwrap().display(),
+            agent.socket.display()
+        ),
+        &NAMES
+            .iter()
+            .zip(&fronts)
+            .zip(&replicas)
+            .map(|((name, front), [r1, r2])| frontend(name, *front, 8, &[r1, r2]))
+            .collect::<String>(),
+        None,
+    );
+    let outs: Vec<String> = std::thread::scope(|s| {
+        let running: Vec<_> = fronts
+            .iter()
+            .map(|front| s.spawn(move || urllib3_clients(*front)))
+            .collect();
+        running.into_iter().map(|r| r.join().unwrap()).collect()
+    });
+    // The last report reaches the agent within a second or two.
+    std::thread::sleep(Duration::from_secs(2));
+    let metrics = agent.metrics();
+    (
+        client_run(&outs[0], NAMES[0], &haproxy, &metrics),
+        client_run(&outs[1], NAMES[1], &haproxy, &metrics),
+    )
 }
 
 #[test]
 fn urllib3_clients_told_scheduled_returns_get_in_and_fewer_give_up_than_with_static_5s() {
-    let static_5s =
-        urllib3_clients_through_haproxy("retry_after_policy = \"static\"\nretry_after_s = 5\n");
-    let scheduled = urllib3_clients_through_haproxy(
-        "retry_after_policy = \"scheduled_returns\"\nretry_after_s = 5\n",
-    );
+    let (static_5s, scheduled) = urllib3_clients_through_haproxy();
     for (name, run) in [
         ("static 5 s", &static_5s),
         ("scheduled_returns", &scheduled),

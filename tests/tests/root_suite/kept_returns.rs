@@ -34,16 +34,16 @@ use retry_after_testkit::{
 };
 
 /// Each replica's service time; two replicas of two places each: 16 requests a second.
-const SERVICE_TIME: Duration = Duration::from_millis(250);
+pub(crate) const SERVICE_TIME: Duration = Duration::from_millis(250);
 /// Request places per replica (`max_ongoing_requests`, HAProxy's `maxconn`).
-const PLACES: usize = 2;
+pub(crate) const PLACES: usize = 2;
 /// Replicas per run.
-const REPLICAS: usize = 2;
+pub(crate) const REPLICAS: usize = 2;
 /// The fleet's capacity, requests a second.
-const CAPACITY: f64 = (REPLICAS * PLACES) as f64 / 0.25;
+pub(crate) const CAPACITY: f64 = (REPLICAS * PLACES) as f64 / 0.25;
 /// The proxies' queue bound for fresh arrivals (the proposal's max_queued_requests, scaled
 /// down): HAProxy's queue, nginx's `limit_req` burst.
-const QUEUE_LIMIT: u32 = 8;
+pub(crate) const QUEUE_LIMIT: u32 = 8;
 
 fn integrations() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../integrations")
@@ -99,7 +99,7 @@ pub(crate) struct Record {
 
 impl Record {
     /// Parse the clients' JSON line.
-    fn parse(out: &str) -> Self {
+    pub(crate) fn parse(out: &str) -> Self {
         let v: serde_json::Value = serde_json::from_str(out.trim()).expect("the clients' record");
         let count = |key: &str| v[key].as_u64().unwrap_or_else(|| panic!("{key} in {out}"));
         let list = |key: &str| -> Vec<f64> {
@@ -123,6 +123,14 @@ impl Record {
             times: list("time_to_success_s"),
             arrivals: list("arrivals_s"),
         }
+    }
+
+    /// The proxy's own counters (`proxy_2xx`, `proxy_4xx`) agree with the clients' record:
+    /// the successes as 2xx, every rejection as 4xx, every attempt answered.
+    pub(crate) fn agrees_with_the_proxy(&self, proxy_2xx: u64, proxy_4xx: u64, line: &str) {
+        assert_eq!(proxy_2xx, self.answered_200, "{line}");
+        assert_eq!(proxy_4xx, self.answered_429, "{line}");
+        assert_eq!(proxy_2xx + proxy_4xx, self.clients + self.retries, "{line}");
     }
 
     /// The share of retries answered 200.
@@ -178,7 +186,7 @@ fn agent_service(name: &str, replicas: &[HttpServer], frontend: Option<SocketAdd
 
 /// A frontend keeping returns for `name`: the queue's bound as in the example configuration,
 /// then `lua.retry_after_admit`; a return goes ahead in HAProxy's queue (priority class).
-fn haproxy_frontend(name: &str, bind: SocketAddr, replicas: &[HttpServer]) -> String {
+pub(crate) fn haproxy_frontend(name: &str, bind: SocketAddr, replicas: &[HttpServer]) -> String {
     let servers: String = replicas
         .iter()
         .enumerate()
@@ -194,6 +202,7 @@ fn haproxy_frontend(name: &str, bind: SocketAddr, replicas: &[HttpServer]) -> St
          \x20   http-request return status 429 content-type text/plain string \"busy\" hdr Retry-After %[var(txn.retry_after)] if reject {{ var(txn.retry_after) -m found }}\n\
          \x20   http-request return status 429 content-type text/plain string \"busy\" if reject\n\
          \x20   http-request lua.retry_after_admitted {name}\n\
+         \x20   http-after-response set-header retry-after-ms %[var(txn.retry_after_ms_header)] if {{ var(txn.retry_after_ms_header) -m found }}\n\
          \x20   default_backend be_{name}\n\
          backend be_{name}\n    balance roundrobin\n{servers}"
     )
@@ -292,16 +301,8 @@ impl Figures {
         assert_eq!(r.gave_up, 0, "{line}");
         assert!(r.admitted_share() >= 0.95, "{line}");
         assert!(self.p99() <= 1.5 * self.bound_p99, "{line}");
-        // The proxy's own counters agree with the clients' record: the successes as 2xx,
-        // every rejection as 4xx, every attempt answered.
         assert_eq!(self.proxy_2xx, r.succeeded, "{line}");
-        assert_eq!(self.proxy_2xx, r.answered_200, "{line}");
-        assert_eq!(self.proxy_4xx, r.answered_429, "{line}");
-        assert_eq!(
-            self.proxy_2xx + self.proxy_4xx,
-            r.clients + r.retries,
-            "{line}"
-        );
+        r.agrees_with_the_proxy(self.proxy_2xx, self.proxy_4xx, &line);
         // The proxy reported its book to the agent (REPORT's tickets=).
         assert!(self.issued > 0.0 && self.honoured > 0.0, "{line}");
     }
@@ -456,7 +457,7 @@ fn nginx_http(
 }
 
 /// nginx's own record of a server's responses (its access log): (2xx, 4xx).
-fn nginx_logged(logs: &Path, name: &str) -> (u64, u64) {
+pub(crate) fn nginx_logged(logs: &Path, name: &str) -> (u64, u64) {
     let log = std::fs::read_to_string(logs.join(format!("{name}.log"))).unwrap_or_default();
     let count = |class: char| log.lines().filter(|l| l.starts_with(class)).count() as u64;
     (count('2'), count('4'))

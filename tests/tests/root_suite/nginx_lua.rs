@@ -4,8 +4,8 @@
 //! the load. nginx's `limit_req` holds what exceeds its rate in its own queue (requests at its
 //! listener not yet forwarded, which the kernel sees) and rejects beyond the burst with 429.
 //!
-//! nginx's own access log records every response's status and Retry-After: every rejection
-//! must carry one. While the agent runs the value is the agent's own answer for that queue
+//! nginx's own access log records every response's status, Retry-After and retry-after-ms:
+//! every rejection must carry both, saying the same time. While the agent runs the value is the agent's own answer for that queue
 //! (its `QUERY`), with the agent stopped nginx's static value, and the agent's again after it
 //! restarts. An upstream's 503 without a header gets one too.
 
@@ -66,7 +66,7 @@ fn nginx_rejections_carry_the_computed_value_then_the_static_one_then_the_comput
          lua_shared_dict retry_after 1m;\n\
          init_worker_by_lua_block {{ require(\"retry_after_nginx\").start({{ services = {{ \"api\" }}, socket = \"{}\", retry_after_s = {LUA_STATIC}, stale_ms = 1500, reconnect_max_ms = 1000 }}) }}\n\
          limit_req_zone $server_name zone=api:1m rate=12r/s;\n\
-         log_format rejections \"$status $sent_http_retry_after\";\n\
+         log_format rejections \"$status $sent_http_retry_after $sent_http_retry_after_ms\";\n\
          upstream replicas {{ server {}; server {}; keepalive 16; }}\n\
          server {{ listen {busy}; return 503; }}\n\
          server {{\n  listen {front};\n  server_name api;\n  access_log {} rejections;\n\
@@ -147,26 +147,29 @@ fn nginx_rejections_carry_the_computed_value_then_the_static_one_then_the_comput
         });
         let seconds: u64 = value.parse().expect("delta-seconds");
         assert!((1..=60).contains(&seconds), "{seconds}");
+        assert!(
+            r.millis_agree(),
+            "retry-after-ms does not say the Retry-After's time: {r:?}"
+        );
     }
     // nginx's own record of every response: no rejection left without the header.
     let log = std::fs::read_to_string(&access_log).unwrap();
     let rejections: Vec<&str> = log.lines().filter(|l| l.starts_with("429 ")).collect();
-    let without: Vec<&&str> = rejections
-        .iter()
-        .filter(|l| l.trim_end() == "429 -")
-        .collect();
+    let lacking = |field: usize| {
+        rejections
+            .iter()
+            .filter(|l| l.split(' ').nth(field) == Some("-"))
+            .count()
+    };
+    let (without, without_ms) = (lacking(1), lacking(2));
     eprintln!(
-        "nginx logged {} responses, {} rejections, {} without Retry-After",
+        "nginx logged {} responses, {} rejections, {without} without Retry-After, {without_ms} without retry-after-ms",
         log.lines().count(),
         rejections.len(),
-        without.len()
     );
     assert!(rejections.len() > 1000, "wrk overloads nginx");
-    assert!(
-        without.is_empty(),
-        "{} rejections without the header",
-        without.len()
-    );
+    assert_eq!(without, 0, "rejections without Retry-After");
+    assert_eq!(without_ms, 0, "rejections without retry-after-ms");
 
     // While the agent computes: nginx's queue over the replicas' drain, the agent's own value.
     let computed = values(&seen, outage.computed);

@@ -159,6 +159,9 @@ struct Cycle {
     fallback: Vec<u64>,
     again: Vec<u64>,
     agent_after: u64,
+    /// Rejections carrying the agent's value whose `retry-after-ms` is missing or says
+    /// another time.
+    millis_disagree: Vec<Rejection>,
 }
 
 /// Load `target`, probe `path` there, and kill and restart the agent; `agent_says` is the
@@ -179,7 +182,15 @@ fn kill_and_restart(
     stop.store(true, Ordering::SeqCst);
     let seen: Vec<Rejection> = probes.into_iter().flat_map(|p| p.join().unwrap()).collect();
     drop(load);
+    let within = |r: &Rejection, (from, to): (Instant, Instant)| r.at >= from && r.at <= to;
+    let millis_disagree = seen
+        .iter()
+        .filter(|r| within(r, outage.computed) || within(r, outage.again))
+        .filter(|r| !r.millis_agree())
+        .cloned()
+        .collect();
     Cycle {
+        millis_disagree,
         computed: values(&seen, outage.computed),
         fallback: values(&seen, outage.fallback),
         again: values(&seen, outage.again),
@@ -215,6 +226,14 @@ impl Cycle {
             let seconds: u64 = value.parse().expect("delta-seconds");
             assert!((1..=60).contains(&seconds), "{layout}: {seconds}");
         }
+        // The agent's answers carry retry-after-ms too (Serve's own, with the agent stopped,
+        // are left as Serve sent them).
+        assert!(
+            self.millis_disagree.is_empty(),
+            "{layout}: {} rejections without a retry-after-ms saying their Retry-After's time: {:?}",
+            self.millis_disagree.len(),
+            self.millis_disagree.first()
+        );
         assert!(self.computed.iter().all(|v| *v != SERVE_STATIC_S));
         assert!(median(self.computed.clone()).abs_diff(self.agent_before) <= 1);
         assert!(!self.fallback.is_empty() && self.fallback.iter().all(|v| *v == SERVE_STATIC_S));

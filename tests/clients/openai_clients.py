@@ -1,0 +1,104 @@
+"""Open-loop clients of the official OpenAI Python SDK, retrying as the SDK does by itself.
+
+Clients arrive at ``--rate`` per second (Poisson, seeded: retrying_clients.open_loop) for
+``--seconds``; each makes one ``chat.completions.create`` call through one shared
+``openai.OpenAI`` client (``base_url`` ``--url``, ``max_retries`` ``--max-retries``: the SDK's
+default is 2), on a thread of its own. On a 429 the SDK waits what the rejection says
+(``retry-after-ms`` first, then ``Retry-After``, up to 120 s; its own backoff without either)
+and retries; after its last retry it raises ``RateLimitError``.
+
+What each client saw comes from the SDK's own record: the waits it chose are those it logs
+("Retrying request in %f seconds"), attributed to the client by its thread; the outcome is
+the call's return or the error it raised. Prints one JSON object: clients, succeeded, gave_up,
+errors, retries, retries_admitted, answered (statuses of every attempt), the time to success
+of each client that succeeded, the arrival times, and the waits the SDK chose.
+"""
+
+import argparse
+import json
+import logging
+import os
+import sys
+import threading
+import time
+
+import openai
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from retrying_clients import open_loop  # noqa: E402
+
+
+class Waits(logging.Handler):
+    """The SDK's retry log, by client thread: the seconds it waited before each retry."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.by_thread = {}
+        self.guard = threading.Lock()
+
+    def emit(self, record):
+        if not record.getMessage().startswith("Retrying request in"):
+            return
+        with self.guard:
+            self.by_thread.setdefault(threading.current_thread().name, []).append(float(record.args[0]))
+
+
+def call(sdk, waits, index, results, lock):
+    """One client: one completion, the SDK retrying by itself."""
+    threading.current_thread().name = f"client-{index}"
+    started = time.monotonic()
+    try:
+        sdk.chat.completions.create(model="test-model", messages=[{"role": "user", "content": "hello"}])
+        outcome = "ok"
+    except openai.RateLimitError:
+        outcome = "gave_up"
+    except openai.OpenAIError:
+        outcome = "error"
+    elapsed = time.monotonic() - started
+    with waits.guard:
+        waited = list(waits.by_thread.get(f"client-{index}", ()))
+    with lock:
+        results.append((outcome, waited, elapsed))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--url", required=True, help="the SDK's base_url, e.g. http://127.0.0.1:8000/v1")
+    parser.add_argument("--rate", type=float, required=True)
+    parser.add_argument("--seconds", type=float, required=True)
+    parser.add_argument("--max-retries", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+
+    waits = Waits()
+    sdk_log = logging.getLogger("openai")
+    sdk_log.setLevel(logging.INFO)
+    sdk_log.addHandler(waits)
+    sdk_log.propagate = False
+    sdk = openai.OpenAI(base_url=args.url, api_key="test", max_retries=args.max_retries, timeout=120)
+    results, lock = [], threading.Lock()
+    arrivals = open_loop(args.rate, args.seconds, args.seed, lambda i: call(sdk, waits, i, results, lock))
+
+    ok = [r for r in results if r[0] == "ok"]
+    retries = sum(len(r[1]) for r in results if r[0] != "error")
+    attempts = sum(1 + len(r[1]) for r in results if r[0] != "error")
+    print(
+        json.dumps(
+            {
+                "clients": len(results),
+                "succeeded": len(ok),
+                "gave_up": sum(1 for r in results if r[0] == "gave_up"),
+                "errors": sum(1 for r in results if r[0] == "error"),
+                "retries": retries,
+                "retries_admitted": sum(1 for r in ok if r[1]),
+                "answered": {"200": len(ok), "429": attempts - len(ok)},
+                "time_to_success_s": sorted(r[2] for r in ok),
+                "arrivals_s": arrivals,
+                "waits_s": [w for r in results for w in r[1]],
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
