@@ -180,6 +180,14 @@ impl Drop for Wrk {
 /// The `load_module` lines the distribution's nginx needs for Lua (libnginx-mod-http-lua).
 pub const NGINX_LUA_MODULES: &str = "load_module /usr/lib/nginx/modules/ndk_http_module.so;\nload_module /usr/lib/nginx/modules/ngx_http_lua_module.so;\n";
 
+/// The HAProxy integration's script of this checkout (`lua-load` it), as an absolute path.
+pub fn haproxy_lua_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../integrations/haproxy/retry_after.lua")
+        .canonicalize()
+        .unwrap()
+}
+
 /// nginx's `lua_package_path` for the nginx integration and the policy module of this
 /// checkout.
 pub fn nginx_lua_package_path() -> String {

@@ -20,10 +20,12 @@ use retry_after_protocol::{Response, policy::Rung};
 use retry_after_testkit::{
     AgentProcess, free_port,
     http::HttpServer,
-    proxies::{Haproxy, Wrk},
+    proxies::{Haproxy, Wrk, haproxy_lua_script},
     rejections::{PROBE_WAIT, median, outage, prober, values},
     sample,
 };
+
+use crate::kept_returns::agent_service;
 
 /// HAProxy's own fallback: the computed values here stay far below it (31 s would take a drain
 /// under 2/s against a queue of 50).
@@ -82,12 +84,11 @@ fn haproxy_rejections_carry_the_computed_value_then_the_static_one_then_the_comp
         "",
         &(service("short", &[&r1, &r2]) + &service("long", &[&r3, &r4])),
     );
-    let lua =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../integrations/haproxy/retry_after.lua");
+    let lua = haproxy_lua_script();
     let haproxy = Haproxy::start_with_global(
         &format!(
             "    lua-load {}\n    setenv RETRY_AFTER_SOCKET {}\n    setenv RETRY_AFTER_SERVICES short:be_short,long:be_long\n    setenv RETRY_AFTER_STATIC {LUA_STATIC}\n    setenv RETRY_AFTER_STALE_MS 1500\n    setenv RETRY_AFTER_RECONNECT_MAX_MS 1000\n",
-            lua.canonicalize().unwrap().display(),
+            lua.display(),
             agent.socket.display()
         ),
         &(frontend("short", short_fe, 10, &[&r1, &r2])
@@ -300,21 +301,17 @@ fn urllib3_clients_through_haproxy() -> (ClientRun, ClientRun) {
         .iter()
         .zip(&replicas)
         .zip(policies)
-        .map(|((name, [r1, r2]), policy)| {
-            format!(
-                "[[service]]\nname = \"{name}\"\nbackends = [{{ address = \"{}\", max_ongoing_requests = 2 }}, {{ address = \"{}\", max_ongoing_requests = 2 }}]\n[service.backpressure]\nretry_after_policy = \"{policy}\"\nretry_after_s = 5\n",
-                r1.addr(),
-                r2.addr()
-            )
+        .map(|((name, replicas), policy)| {
+            let backpressure = format!("retry_after_policy = \"{policy}\"\nretry_after_s = 5\n");
+            agent_service(name, replicas, None, &backpressure)
         })
         .collect();
     let agent = AgentProcess::start("", &services);
-    let lua =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../integrations/haproxy/retry_after.lua");
+    let lua = haproxy_lua_script();
     let haproxy = Haproxy::start_with_global(
         &format!(
             "    lua-load {}\n    setenv RETRY_AFTER_SOCKET {}\n    setenv RETRY_AFTER_SERVICES static_5s:be_static_5s,scheduled:be_scheduled\n    setenv RETRY_AFTER_STATIC 5\n",
-            lua.canonicalize().unwrap().display(),
+            lua.display(),
             agent.socket.display()
         ),
         &NAMES

@@ -27,7 +27,7 @@ use retry_after_estimator::endpoint::Endpoint;
 use retry_after_protocol::{Response, policy::Rung};
 use retry_after_testkit::{
     AgentProcess, AttachedProbe, SETTLE, free_port,
-    proxies::{Haproxy, Nginx, NginxStatus},
+    proxies::{Haproxy, Nginx, NginxStatus, haproxy_lua_script},
     run_ok,
 };
 
@@ -513,7 +513,7 @@ fn haproxy_answers_grpc_rejections_with_the_agent_pushback() {
         ],
         stats.port(),
     );
-    let lua = repo().join("integrations/haproxy/retry_after.lua");
+    let lua = haproxy_lua_script();
     let haproxy = Haproxy::start_with_global(
         &format!(
             "    lua-load {}\n    setenv RETRY_AFTER_SERVICES calls:be_calls\n    \

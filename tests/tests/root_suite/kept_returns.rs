@@ -28,7 +28,8 @@ use retry_after_testkit::{
     AgentProcess, free_port,
     http::{HttpServer, ServerOptions, Workers},
     proxies::{
-        Haproxy, NGINX_LUA_MODULES, Nginx, nginx_lua_package_path, nginx_workers_may_connect,
+        Haproxy, NGINX_LUA_MODULES, Nginx, haproxy_lua_script, nginx_lua_package_path,
+        nginx_workers_may_connect,
     },
     run_ok,
 };
@@ -165,9 +166,18 @@ pub(crate) fn clairvoyant_p99(arrivals: &[f64], places: usize, service: Duration
     quantile(&times, 0.99)
 }
 
-/// The agent's service for a run's replicas (and the proxy's listener, where the agent reads
-/// the queue from it: nginx's).
-fn agent_service(name: &str, replicas: &[HttpServer], frontend: Option<SocketAddr>) -> String {
+/// The `[service.backpressure]` lines of a `kept_returns` service.
+const KEPT_RETURNS: &str = "retry_after_policy = \"kept_returns\"\nretry_after_s = 5\n";
+
+/// An agent service `name` over `replicas` (each with `PLACES` places), the proxy's listener as
+/// its `frontend` where the agent reads the queue from it (nginx's, or HAProxy's when the
+/// test wants the agent to see it), and `backpressure` as its `[service.backpressure]` lines.
+pub(crate) fn agent_service(
+    name: &str,
+    replicas: &[HttpServer],
+    frontend: Option<SocketAddr>,
+    backpressure: &str,
+) -> String {
     let backends: Vec<String> = replicas
         .iter()
         .map(|r| {
@@ -179,7 +189,7 @@ fn agent_service(name: &str, replicas: &[HttpServer], frontend: Option<SocketAdd
         .collect();
     let frontend = frontend.map_or(String::new(), |f| format!("frontend = \"{f}\"\n"));
     format!(
-        "[[service]]\nname = \"{name}\"\n{frontend}backends = [{}]\n[service.backpressure]\nretry_after_policy = \"kept_returns\"\nretry_after_s = 5\n",
+        "[[service]]\nname = \"{name}\"\n{frontend}backends = [{}]\n[service.backpressure]\n{backpressure}",
         backends.join(", ")
     )
 }
@@ -474,7 +484,14 @@ fn clients_told_their_kept_place_get_in_at_it_through_haproxy_and_nginx() {
     let services: String = runs
         .iter()
         .enumerate()
-        .map(|(i, spec)| agent_service(spec.name, &replicas[i], is_nginx(i).then_some(fronts[i])))
+        .map(|(i, spec)| {
+            agent_service(
+                spec.name,
+                &replicas[i],
+                is_nginx(i).then_some(fronts[i]),
+                KEPT_RETURNS,
+            )
+        })
         .collect();
     let agent = AgentProcess::start(&nginx_workers_may_connect(), &services);
     // nginx's workers (nobody) read the secret too.
@@ -484,10 +501,7 @@ fn clients_told_their_kept_place_get_in_at_it_through_haproxy_and_nginx() {
     for (path, mode) in [(shared.path(), 0o755), (secret.as_path(), 0o644)] {
         std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode)).unwrap();
     }
-    let lua = integrations()
-        .join("haproxy/retry_after.lua")
-        .canonicalize()
-        .unwrap();
+    let lua = haproxy_lua_script();
     let names: Vec<String> = HAPROXY_RUNS
         .iter()
         .map(|s| format!("{0}:be_{0}", s.name))

@@ -19,7 +19,7 @@ use retry_after_testkit::{
     AgentProcess, free_port,
     http::{CHAT_COMPLETION, HttpServer, ServerOptions, Workers},
     proxies::{
-        Haproxy, NGINX_LUA_MODULES, Nginx, NginxStatus, nginx_lua_package_path,
+        Haproxy, NGINX_LUA_MODULES, Nginx, NginxStatus, haproxy_lua_script, nginx_lua_package_path,
         nginx_workers_may_connect,
     },
     run_ok,
@@ -28,8 +28,8 @@ use retry_after_testkit::{
 use crate::{
     haproxy_lua::frontend,
     kept_returns::{
-        CAPACITY, PLACES, QUEUE_LIMIT, REPLICAS, Record, SERVICE_TIME, clairvoyant_p99,
-        nginx_logged, quantile,
+        CAPACITY, PLACES, QUEUE_LIMIT, REPLICAS, Record, SERVICE_TIME, agent_service,
+        clairvoyant_p99, nginx_logged, quantile,
     },
 };
 
@@ -93,35 +93,12 @@ fn chat_replica() -> HttpServer {
     )
 }
 
-/// The agent's service for a run: `scheduled_returns`; nginx's listener as the frontend whose
-/// queue the agent reads (HAProxy gives its own queue to the Lua).
-fn agent_service(run: &Run, replicas: &[HttpServer], front: SocketAddr) -> String {
-    let backends: Vec<String> = replicas
-        .iter()
-        .map(|r| {
-            format!(
-                "{{ address = \"{}\", max_ongoing_requests = {PLACES} }}",
-                r.addr()
-            )
-        })
-        .collect();
-    let frontend = match run.proxy {
-        Proxy::Nginx => format!("frontend = \"{front}\"\n"),
-        Proxy::Haproxy => String::new(),
-    };
-    format!(
-        "[[service]]\nname = \"{}\"\n{frontend}backends = [{}]\n[service.backpressure]\nretry_after_policy = \"scheduled_returns\"\nretry_after_s = 5\n",
-        run.name,
-        backends.join(", ")
-    )
-}
+/// The `[service.backpressure]` lines of every run's service.
+const SCHEDULED_RETURNS: &str = "retry_after_policy = \"scheduled_returns\"\nretry_after_s = 5\n";
 
 /// HAProxy for one run, as integrations/haproxy/haproxy.cfg sets it up.
 fn haproxy(run: &Run, agent: &AgentProcess, front: SocketAddr, replicas: &[HttpServer]) -> Haproxy {
-    let lua = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../integrations/haproxy/retry_after.lua")
-        .canonicalize()
-        .unwrap();
+    let lua = haproxy_lua_script();
     let servers: Vec<&HttpServer> = replicas.iter().collect();
     Haproxy::start_with_global(
         &format!(
@@ -264,7 +241,12 @@ fn the_openai_sdk_retries_behind_haproxy_and_nginx_with_and_without_retry_after_
         .iter()
         .zip(&replicas)
         .zip(&fronts)
-        .map(|((run, r), front)| agent_service(run, r, *front))
+        .map(|((run, r), front)| {
+            // nginx's listener is the frontend whose queue the agent reads; HAProxy gives its
+            // own queue to the Lua.
+            let frontend = (run.proxy == Proxy::Nginx).then_some(*front);
+            agent_service(run.name, r, frontend, SCHEDULED_RETURNS)
+        })
         .collect();
     let agent = AgentProcess::start(&nginx_workers_may_connect(), &services);
     let logs = tempfile::tempdir().unwrap();

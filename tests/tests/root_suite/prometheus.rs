@@ -21,11 +21,14 @@ use std::{
 use retry_after_testkit::{
     AgentProcess, free_port,
     http::HttpServer,
-    proxies::{Haproxy, Wrk},
+    proxies::{Haproxy, Wrk, haproxy_lua_script},
 };
 use serde_json::Value;
 
-use crate::{haproxy_lua::frontend, kept_returns::haproxy_frontend};
+use crate::{
+    haproxy_lua::frontend,
+    kept_returns::{agent_service, haproxy_frontend},
+};
 
 /// The services: the alert's, and the one whose proxy keeps places.
 const SERVICES: [&str; 2] = ["static_1s", "kept"];
@@ -195,23 +198,13 @@ fn the_shipped_rules_and_dashboard_work_on_a_real_prometheus_scraping_a_loaded_a
         .zip(policies)
         .zip(&fronts)
         .map(|(((name, replicas), policy), front)| {
-            let backends: Vec<String> = replicas
-                .iter()
-                .map(|r| format!("{{ address = \"{}\", max_ongoing_requests = 2 }}", r.addr()))
-                .collect();
-            format!(
-                "[[service]]\nname = \"{name}\"\nfrontend = \"{front}\"\nbackends = [{}]\n[service.backpressure]\n{policy}",
-                backends.join(", ")
-            )
+            agent_service(name, replicas, Some(*front), policy)
         })
         .collect();
     let agent = AgentProcess::start("", &services);
     let secret = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(secret.path(), "the proxies' secret\n").unwrap();
-    let lua = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../integrations/haproxy/retry_after.lua")
-        .canonicalize()
-        .unwrap();
+    let lua = haproxy_lua_script();
     let _haproxy = Haproxy::start_with_global(
         &format!(
             "    lua-load {}\n    setenv RETRY_AFTER_SOCKET {}\n    setenv RETRY_AFTER_SERVICES static_1s:be_static_1s,kept:be_kept\n    setenv RETRY_AFTER_STATIC 5\n    setenv RETRY_AFTER_KEEP kept=source\n    setenv RETRY_AFTER_SECRET_FILE {}\n",

@@ -35,7 +35,8 @@ use retry_after_protocol::{
 use retry_after_testkit::{
     AgentProcess, free_port,
     proxies::{
-        Haproxy, NGINX_LUA_MODULES, Nginx, Wrk, nginx_lua_package_path, nginx_workers_may_connect,
+        Haproxy, NGINX_LUA_MODULES, Nginx, Wrk, haproxy_lua_script, nginx_lua_package_path,
+        nginx_workers_may_connect,
     },
     rejections::{Rejection, median, outage, prober, values},
     sample,
@@ -262,11 +263,11 @@ fn front(serve: SocketAddr, agent_socket: &Path) -> (Nginx, SocketAddr) {
 /// (`http-response lua.retry_after_response`).
 fn haproxy_front(serve: SocketAddr, agent_socket: &Path) -> (Haproxy, SocketAddr) {
     let front = free_port();
-    let lua = repo().join("integrations/haproxy/retry_after.lua");
+    let lua = haproxy_lua_script();
     let haproxy = Haproxy::start_with_global(
         &format!(
             "    lua-load {}\n    setenv RETRY_AFTER_SOCKET {}\n    setenv RETRY_AFTER_SERVICES serve-direct:be_serve\n    setenv RETRY_AFTER_STALE_MS 1500\n    setenv RETRY_AFTER_RECONNECT_MAX_MS 1000\n",
-            lua.canonicalize().unwrap().display(),
+            lua.display(),
             agent_socket.display()
         ),
         &format!(

@@ -6,7 +6,6 @@
 //! with no agent, `--once` fails with one line.
 
 use std::{
-    path::PathBuf,
     process::Command,
     thread,
     time::{Duration, Instant},
@@ -15,11 +14,11 @@ use std::{
 use retry_after_testkit::{
     AgentProcess, agent_binary, free_port,
     http::HttpServer,
-    proxies::{Haproxy, Wrk},
+    proxies::{Haproxy, Wrk, haproxy_lua_script},
     run_ok,
 };
 
-use crate::haproxy_lua::frontend;
+use crate::{haproxy_lua::frontend, kept_returns::agent_service};
 
 /// The tmux session of this test.
 const SESSION: &str = "retry-after-status-view";
@@ -71,23 +70,18 @@ fn the_status_view_shows_a_loaded_agent_live_in_80_columns_and_says_when_it_stop
         HttpServer::replica(Duration::from_millis(100)),
         HttpServer::replica(Duration::from_millis(100)),
     ];
-    let backends: Vec<String> = replicas
-        .iter()
-        .map(|r| format!("{{ address = \"{}\", max_ongoing_requests = 2 }}", r.addr()))
-        .collect();
     // HAProxy's listener is the service's frontend: the agent sees the queue HAProxy holds.
     let front = free_port();
     let mut agent = AgentProcess::start(
         "",
-        &format!(
-            "[[service]]\nname = \"chat\"\nfrontend = \"{front}\"\nbackends = [{}]\n[service.backpressure]\nretry_after_policy = \"scheduled_returns\"\nretry_after_s = 5\n",
-            backends.join(", ")
+        &agent_service(
+            "chat",
+            &replicas,
+            Some(front),
+            "retry_after_policy = \"scheduled_returns\"\nretry_after_s = 5\n",
         ),
     );
-    let lua = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../integrations/haproxy/retry_after.lua")
-        .canonicalize()
-        .unwrap();
+    let lua = haproxy_lua_script();
     let _haproxy = Haproxy::start_with_global(
         &format!(
             "    lua-load {}\n    setenv RETRY_AFTER_SOCKET {}\n    setenv RETRY_AFTER_SERVICES chat:be_chat\n    setenv RETRY_AFTER_STATIC 5\n",
