@@ -477,22 +477,20 @@ core.register_action("retry_after_admit", { "http-req" }, function(txn, name)
   end
   txn:set_var("txn.retry_after_kept", outcome)
   if outcome == "returned" or outcome == "queued" then return end
-  -- A kept place is a whole second: the seconds told bring the client back within it (at the
-  -- fraction of a second it left at), so its milliseconds are the same time.
-  local seconds, rung = retry_after_s, "static"
-  local millis = seconds and seconds * 1000
+  local seconds, millis, rung = retry_after_s, nil, "static"
   if state and outcome == "early" then
     seconds, rung = T.told(due, now // 1000, push_clamp(push)).seconds, "computed"
-    millis = seconds * 1000
   elseif state and state.kept then
     seconds, rung = reject_kept(txn, name, state, hasher, found, depth, drain, now)
-    millis = seconds and seconds * 1000
   elseif state then
     local answered, answered_ms, answered_rung = computed_answer(state, depth, now)
     if answered_rung then seconds, millis, rung = answered, answered_ms, answered_rung end
   end
   if state then count_rejection(state, seconds, rung) end
-  set_answer(txn, seconds, millis)
+  -- A kept place (and the static value) is a whole second: the seconds told bring the client
+  -- back within it, at the fraction of a second it left at, so its milliseconds are the same
+  -- time. Only a computed answer has milliseconds of its own.
+  set_answer(txn, seconds, millis or (seconds and seconds * 1000))
   txn:set_var("txn.retry_after_status", state and state.push and state.push.status_code or 429)
 end, 1)
 

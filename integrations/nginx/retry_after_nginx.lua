@@ -96,10 +96,10 @@ local function set_headers(seconds, millis)
 end
 
 -- The Retry-After for one rejection of service, from its fresh push (nil: none is held) of
--- age seconds: seconds (nil: no header), rung and milliseconds.
+-- age seconds: seconds (nil: no header), milliseconds and rung, as policy.answer gives them.
 local function answer(service, push, age)
   if push == nil then
-    if options.retry_after_s then return options.retry_after_s, "static", options.retry_after_s * 1000 end
+    if options.retry_after_s then return options.retry_after_s, options.retry_after_s * 1000, "static" end
     return nil, "none"
   end
   local seen
@@ -112,7 +112,7 @@ local function answer(service, push, age)
     local due = math.floor(now + seconds)
     dict():incr(string.format("own:%s:%d", service, due), 1, 0, policy.RETURN_BINS + 10)
   end
-  return seconds, rung, millis
+  return seconds, millis, rung
 end
 
 -- header_filter_by_lua: a 429 or 503 without Retry-After gets the agent's; every response
@@ -133,7 +133,7 @@ function M.stamp(service, stamp_options)
     local replace = stamp_options and stamp_options.replace_upstream
     if not (replace and push) then return end
   end
-  local seconds, rung, millis = answer(service, push, age)
+  local seconds, millis, rung = answer(service, push, age)
   if seconds == nil then return end
   set_headers(seconds, millis)
   shared:incr(handed_out_key(service, policy.handed_out_value(rung, seconds)), 1, 0)

@@ -350,16 +350,7 @@ impl EstimatePush {
             })
         })?;
         p.constants = c;
-        p.queue_depth = match (depth, source) {
-            (Some(depth), Some(source)) => Some(QueueDepth { depth, source }),
-            (None, None) => None,
-            _ => {
-                return Err(ProtocolError::malformed(
-                    "ESTIMATE: queue_depth and queue_depth_source go together",
-                    line,
-                ));
-            }
-        };
+        p.queue_depth = queue_depth(depth, source, "ESTIMATE", line)?;
         Ok(p)
     }
 }
@@ -545,16 +536,7 @@ impl StatusResponse {
                 _ => return None,
             })
         })?;
-        s.queue_depth = match (depth, source) {
-            (Some(depth), Some(source)) => Some(QueueDepth { depth, source }),
-            (None, None) => None,
-            _ => {
-                return Err(ProtocolError::malformed(
-                    "STATUS: queue_depth and queue_depth_source go together",
-                    line,
-                ));
-            }
-        };
+        s.queue_depth = queue_depth(depth, source, "STATUS", line)?;
         Ok(s)
     }
 }
@@ -579,5 +561,22 @@ impl fmt::Display for StatusResponse {
             Float(self.admitted_share),
             Opt(&self.next),
         )
+    }
+}
+
+/// A line's `queue_depth` and `queue_depth_source` as one value: both or neither.
+fn queue_depth(
+    depth: Option<u64>,
+    source: Option<QueueDepthSource>,
+    what: &str,
+    line: &str,
+) -> Result<Option<QueueDepth>, ProtocolError> {
+    match (depth, source) {
+        (Some(depth), Some(source)) => Ok(Some(QueueDepth { depth, source })),
+        (None, None) => Ok(None),
+        _ => Err(ProtocolError::malformed(
+            &format!("{what}: queue_depth and queue_depth_source go together"),
+            line,
+        )),
     }
 }
