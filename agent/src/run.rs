@@ -126,6 +126,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
              CAP_BPF is kept, and no other capability, so the counters stay readable"
         );
     }
+    // The first tick before the first client: a query or a scrape right after start finds
+    // every service's series and the kernel's first snapshot.
+    tick_once(&probe, &shared, &mut 0)?;
     let (stop, _) = broadcast::channel::<()>(1);
     let server = tokio::spawn(server::serve(
         listener,
@@ -264,41 +267,49 @@ fn log_serving(probe: &Probe, agent: &AgentConfig) {
     );
 }
 
-/// Read the counters and update the estimates every `interval` until `shutdown` completes.
-/// A failed read is counted and retried next tick; only a probe whose maps stay unreadable
-/// (the programs are gone) ends the daemon.
+/// Read the counters and update the estimates every `interval` until `shutdown` completes
+/// (the first tick was taken before serving). A failed read is counted and retried next
+/// tick; only a probe whose maps stay unreadable (the programs are gone) ends the daemon.
 async fn tick_until(
     shutdown: impl Future<Output = ()>,
     probe: &Probe,
     shared: &Shared,
     interval: Duration,
 ) -> Result<(), RunError> {
-    let mut tick = tokio::time::interval(interval);
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(shutdown);
     let mut failed_reads = 0u32;
     loop {
         tokio::select! {
             _ = &mut shutdown => return Ok(()),
-            _ = tick.tick() => {
-                let started = Instant::now();
-                match probe.read() {
-                    Ok(snapshot) => {
-                        failed_reads = 0;
-                        update(shared, &snapshot, started);
-                    }
-                    Err(error) => {
-                        shared.metrics().record_tick_error("counters");
-                        failed_reads += 1;
-                        warn!(error = %error_chain(&error), failed_reads, "cannot read the kernel counters");
-                        if failed_reads >= MAX_FAILED_READS {
-                            return Err(RunError::ProbeGone { ticks: failed_reads, source: error });
-                        }
-                    }
-                }
+            _ = tick.tick() => tick_once(probe, shared, &mut failed_reads)?,
+        }
+    }
+}
+
+/// One tick: read the counters and update the estimates, or count a failed read (`failed_reads`
+/// in a row; too many and the probe is gone).
+fn tick_once(probe: &Probe, shared: &Shared, failed_reads: &mut u32) -> Result<(), RunError> {
+    let started = Instant::now();
+    match probe.read() {
+        Ok(snapshot) => {
+            *failed_reads = 0;
+            update(shared, &snapshot, started);
+        }
+        Err(error) => {
+            shared.metrics().record_tick_error("counters");
+            *failed_reads += 1;
+            warn!(error = %error_chain(&error), failed_reads = *failed_reads, "cannot read the kernel counters");
+            if *failed_reads >= MAX_FAILED_READS {
+                return Err(RunError::ProbeGone {
+                    ticks: *failed_reads,
+                    source: error,
+                });
             }
         }
     }
+    Ok(())
 }
 
 /// One tick's work on a fresh snapshot: the estimates, the metrics, then the subscribers.
