@@ -121,7 +121,20 @@ fn run_eval_binary(root: &Path, env: &setup::Env, bin: &str, args: &[String]) ->
     run(command)
 }
 
-fn main() -> Result<()> {
+/// Errors end the task as one message (its causes after colons) and exit 1: no backtrace,
+/// so a failed test run's last lines are the failed tests' messages.
+fn main() -> std::process::ExitCode {
+    match task() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// The task the command line names.
+fn task() -> Result<()> {
     let cli = Cli::parse();
     let root = workspace_root();
     let needs = match &cli.task {

@@ -87,9 +87,11 @@ pub fn run_timed_tests(commands: Vec<Command>, timings: &mut Timings) -> Result<
 /// A libtest binary's outcome and the time of each of its tests, by module.
 type TestRun = (Result<()>, Vec<(String, Duration)>);
 
-/// One libtest binary to its end.
+/// One libtest binary to its end; when it fails, its error ends with each failed test's
+/// panic message, so the last lines of a long log say what failed.
 fn run_one(mut command: Command) -> TestRun {
     let mut modules = Vec::new();
+    let mut failures = Failures::default();
     let outcome = (|| {
         let line = crate::command_line(&command);
         eprintln!("+ {line}");
@@ -106,14 +108,68 @@ fn run_one(mut command: Command) -> TestRun {
             if let Some((module, elapsed)) = test_time(&text) {
                 modules.push((module.to_owned(), elapsed));
             }
+            failures.read(&text);
         }
         let status = child.wait()?;
         if !status.success() {
-            bail!("`{line}` failed ({status})");
+            bail!("`{line}` failed ({status}){}", failures.summary());
         }
         Ok(())
     })();
     (outcome, modules)
+}
+
+/// The panic messages in libtest's `failures:` section, a few lines each.
+#[derive(Debug, Default)]
+struct Failures {
+    /// Each failed test's name and the first lines of its panic message.
+    tests: Vec<(String, Vec<String>)>,
+    /// Inside a panic message (from `thread '…' panicked at` to a backtrace's note).
+    reading: bool,
+}
+
+impl Failures {
+    /// Lines kept of each failed test's panic message.
+    const LINES: usize = 8;
+    /// Characters kept of each line.
+    const WIDTH: usize = 1_000;
+
+    /// Take in one line of libtest's output.
+    fn read(&mut self, line: &str) {
+        if let Some(name) = line
+            .strip_prefix("---- ")
+            .and_then(|rest| rest.strip_suffix(" stdout ----"))
+        {
+            self.tests.push((name.to_owned(), Vec::new()));
+            self.reading = false;
+        } else if line.starts_with("thread '") && line.contains("' panicked at ") {
+            self.reading = true;
+        } else if line == "failures:"
+            || line.starts_with("stack backtrace:")
+            || line.starts_with("note: run with `RUST_BACKTRACE")
+        {
+            self.reading = false;
+            return;
+        }
+        if let Some((_, lines)) = self.tests.last_mut().filter(|_| self.reading)
+            && lines.len() < Self::LINES
+            && !line.trim().is_empty()
+        {
+            lines.push(line.chars().take(Self::WIDTH).collect());
+        }
+    }
+
+    /// The failed tests and their messages, after a newline; empty if none was read.
+    fn summary(&self) -> String {
+        let mut text = String::new();
+        for (name, lines) in &self.tests {
+            text.push_str(&format!("\n{name}:"));
+            for line in lines {
+                text.push_str(&format!("\n    {line}"));
+            }
+        }
+        text
+    }
 }
 
 /// The module and time of a libtest line `test module::name ... ok <1.234s>`.
@@ -128,6 +184,34 @@ fn test_time(line: &str) -> Option<(&str, Duration)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn failures_keep_each_failed_tests_first_lines_until_the_list() {
+        let mut failures = Failures::default();
+        for line in [
+            "test a::b ... FAILED <1.000s>",
+            "failures:",
+            "",
+            "---- a::b stdout ----",
+            "figures: 90% admitted",
+            "thread 'a::b' panicked at tests/a.rs:3:5:",
+            "assertion failed",
+            "note: run with `RUST_BACKTRACE=1` environment variable to display a backtrace",
+            "---- c::d stdout ----",
+            "thread 'c::d' panicked at tests/c.rs:1:1:",
+            "stack backtrace:",
+            "   0: frames",
+            "",
+            "failures:",
+            "    a::b",
+        ] {
+            failures.read(line);
+        }
+        assert_eq!(
+            failures.summary(),
+            "\na::b:\n    thread 'a::b' panicked at tests/a.rs:3:5:\n    assertion failed\nc::d:\n    thread 'c::d' panicked at tests/c.rs:1:1:"
+        );
+    }
 
     #[test]
     fn a_test_line_gives_its_module_and_time() {
