@@ -4,7 +4,8 @@
 //! `retry-after-ms` saying the same time (rounded up in its unit); the value follows
 //! the load (a longer queue, a longer value); once the agent is stopped the rejections carry
 //! the static value, and the computed one again after it restarts, with no rejection left
-//! without a header in between.
+//! without a header in between. Real urllib3 clients through it, told static 5 s or
+//! `scheduled_returns`, run as a scenario of `one_agent` ([`Urllib3ThroughHaproxy`]).
 
 use std::{
     net::SocketAddr,
@@ -25,7 +26,7 @@ use retry_after_testkit::{
     sample,
 };
 
-use crate::kept_returns::agent_service;
+use crate::{kept_returns::agent_service, one_agent::Scenario};
 
 /// HAProxy's own fallback: the computed values here stay far below it (31 s would take a drain
 /// under 2/s against a queue of 50).
@@ -291,98 +292,123 @@ fn client_run(out: &str, name: &str, haproxy: &Haproxy, metrics: &str) -> Client
 
 /// The same clients (same seed) through HAProxy and the Lua to two services at once, each
 /// with its own replicas and frontend, the agent configured with a policy per service: static
-/// 5 s and `scheduled_returns`.
-fn urllib3_clients_through_haproxy() -> (ClientRun, ClientRun) {
-    const NAMES: [&str; 2] = ["static_5s", "scheduled"];
-    let replicas = [[replica(), replica()], [replica(), replica()]];
-    let fronts = [free_port(), free_port()];
-    let policies = ["static", "scheduled_returns"];
-    let services: String = NAMES
-        .iter()
-        .zip(&replicas)
-        .zip(policies)
-        .map(|((name, replicas), policy)| {
-            let backpressure = format!("retry_after_policy = \"{policy}\"\nretry_after_s = 5\n");
-            agent_service(name, replicas, None, &backpressure)
-        })
-        .collect();
-    let agent = AgentProcess::start("", &services);
-    let lua = haproxy_lua_script();
-    let haproxy = Haproxy::start_with_global(
-        &format!(
-            "    lua-load {}\n    setenv RETRY_AFTER_SOCKET {}\n    setenv RETRY_AFTER_SERVICES static_5s:be_static_5s,scheduled:be_scheduled\n    setenv RETRY_AFTER_STATIC 5\n",
-            lua.display(),
-            agent.socket.display()
-        ),
-        &NAMES
-            .iter()
-            .zip(&fronts)
-            .zip(&replicas)
-            .map(|((name, front), [r1, r2])| frontend(name, *front, 8, &[r1, r2]))
-            .collect::<String>(),
-        None,
-    );
-    let outs: Vec<String> = std::thread::scope(|s| {
-        let running: Vec<_> = fronts
-            .iter()
-            .map(|front| s.spawn(move || urllib3_clients(*front)))
-            .collect();
-        running.into_iter().map(|r| r.join().unwrap()).collect()
-    });
-    // The last report reaches the agent within a second or two.
-    std::thread::sleep(Duration::from_secs(2));
-    let metrics = agent.metrics();
-    (
-        client_run(&outs[0], NAMES[0], &haproxy, &metrics),
-        client_run(&outs[1], NAMES[1], &haproxy, &metrics),
-    )
+/// 5 s and `scheduled_returns`. Those told `scheduled_returns` get in and fewer give up than
+/// those told static 5 s. A scenario of `one_agent`.
+pub(crate) struct Urllib3ThroughHaproxy {
+    replicas: [[HttpServer; 2]; 2],
+    fronts: [SocketAddr; 2],
 }
 
-#[test]
-fn urllib3_clients_told_scheduled_returns_get_in_and_fewer_give_up_than_with_static_5s() {
-    let (static_5s, scheduled) = urllib3_clients_through_haproxy();
-    for (name, run) in [
-        ("static 5 s", &static_5s),
-        ("scheduled_returns", &scheduled),
-    ] {
-        eprintln!(
-            "{name}: {:.0}% of retries admitted, {} of {} clients gave up, p99 to success {:.1} s ({run:?})",
-            100.0 * run.admitted_share(),
-            run.gave_up,
-            run.clients,
-            run.p99_to_success_s
+impl Urllib3ThroughHaproxy {
+    /// The services, by policy.
+    const NAMES: [&str; 2] = ["static_5s", "scheduled"];
+
+    pub(crate) fn new() -> Self {
+        Self {
+            replicas: [[replica(), replica()], [replica(), replica()]],
+            fronts: [free_port(), free_port()],
+        }
+    }
+
+    /// Both runs' clients to their end, then HAProxy's counters and the agent's judge.
+    fn client_runs(&self, agent: &AgentProcess) -> (ClientRun, ClientRun) {
+        let lua = haproxy_lua_script();
+        let haproxy = Haproxy::start_with_global(
+            &format!(
+                "    lua-load {}\n    setenv RETRY_AFTER_SOCKET {}\n    setenv RETRY_AFTER_SERVICES static_5s:be_static_5s,scheduled:be_scheduled\n    setenv RETRY_AFTER_STATIC 5\n",
+                lua.display(),
+                agent.socket.display()
+            ),
+            &Self::NAMES
+                .iter()
+                .zip(&self.fronts)
+                .zip(&self.replicas)
+                .map(|((name, front), [r1, r2])| frontend(name, *front, 8, &[r1, r2]))
+                .collect::<String>(),
+            None,
+        );
+        let outs: Vec<String> = std::thread::scope(|s| {
+            let running: Vec<_> = self
+                .fronts
+                .iter()
+                .map(|front| s.spawn(move || urllib3_clients(*front)))
+                .collect();
+            running.into_iter().map(|r| r.join().unwrap()).collect()
+        });
+        // The last report reaches the agent within a second or two.
+        std::thread::sleep(Duration::from_secs(2));
+        let metrics = agent.metrics();
+        (
+            client_run(&outs[0], Self::NAMES[0], &haproxy, &metrics),
+            client_run(&outs[1], Self::NAMES[1], &haproxy, &metrics),
+        )
+    }
+}
+
+impl Scenario for Urllib3ThroughHaproxy {
+    fn name(&self) -> &'static str {
+        "haproxy_lua"
+    }
+
+    fn services(&self) -> String {
+        let policies = ["static", "scheduled_returns"];
+        Self::NAMES
+            .iter()
+            .zip(&self.replicas)
+            .zip(policies)
+            .map(|((name, replicas), policy)| {
+                let backpressure =
+                    format!("retry_after_policy = \"{policy}\"\nretry_after_s = 5\n");
+                agent_service(name, replicas, None, &backpressure)
+            })
+            .collect()
+    }
+
+    fn run(&self, agent: &AgentProcess) {
+        let (static_5s, scheduled) = self.client_runs(agent);
+        for (name, run) in [
+            ("static 5 s", &static_5s),
+            ("scheduled_returns", &scheduled),
+        ] {
+            eprintln!(
+                "{name}: {:.0}% of retries admitted, {} of {} clients gave up, p99 to success {:.1} s ({run:?})",
+                100.0 * run.admitted_share(),
+                run.gave_up,
+                run.clients,
+                run.p99_to_success_s
+            );
+        }
+        for run in [&static_5s, &scheduled] {
+            // HAProxy's own counters agree with the clients' record: every attempt answered, the
+            // successes as 2xx, every rejection as 4xx.
+            assert_eq!(run.haproxy_2xx, run.succeeded, "{run:?}");
+            assert_eq!(
+                run.haproxy_2xx + run.haproxy_4xx,
+                run.clients + run.retries,
+                "{run:?}"
+            );
+            assert!(run.retries > 50, "the load overloads: {run:?}");
+        }
+        // The Lua computed the values it handed out and reported them (a static answer could pass
+        // the shares below too), and the agent's judge saw them mostly admitted; static 5 s
+        // handed out none.
+        assert!(
+            scheduled.judged_computed.is_some_and(|share| share >= 0.5),
+            "{scheduled:?}"
+        );
+        assert_eq!(static_5s.judged_computed, None, "{static_5s:?}");
+        assert!(
+            scheduled.admitted_share() >= 0.8,
+            "retries admitted at the suggested time: {:.0}%",
+            100.0 * scheduled.admitted_share()
+        );
+        assert!(
+            scheduled.gave_up < static_5s.gave_up,
+            "clients giving up: {} with scheduled_returns, {} with static 5 s",
+            scheduled.gave_up,
+            static_5s.gave_up
         );
     }
-    for run in [&static_5s, &scheduled] {
-        // HAProxy's own counters agree with the clients' record: every attempt answered, the
-        // successes as 2xx, every rejection as 4xx.
-        assert_eq!(run.haproxy_2xx, run.succeeded, "{run:?}");
-        assert_eq!(
-            run.haproxy_2xx + run.haproxy_4xx,
-            run.clients + run.retries,
-            "{run:?}"
-        );
-        assert!(run.retries > 50, "the load overloads: {run:?}");
-    }
-    // The Lua computed the values it handed out and reported them (a static answer could pass
-    // the shares below too), and the agent's judge saw them mostly admitted; static 5 s
-    // handed out none.
-    assert!(
-        scheduled.judged_computed.is_some_and(|share| share >= 0.5),
-        "{scheduled:?}"
-    );
-    assert_eq!(static_5s.judged_computed, None, "{static_5s:?}");
-    assert!(
-        scheduled.admitted_share() >= 0.8,
-        "retries admitted at the suggested time: {:.0}%",
-        100.0 * scheduled.admitted_share()
-    );
-    assert!(
-        scheduled.gave_up < static_5s.gave_up,
-        "clients giving up: {} with scheduled_returns, {} with static 5 s",
-        scheduled.gave_up,
-        static_5s.gave_up
-    );
 }
 
 #[test]

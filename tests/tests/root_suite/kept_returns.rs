@@ -9,9 +9,9 @@
 //! served over the fleet's request places, as `eval/src/bound.rs` serves its clients): nearly
 //! every retry is admitted at its place, no client gives up, the p99 time to success stays
 //! within 1.5× the bound's, and the proxy's own counters (HAProxy's stats; nginx's access log
-//! and stub_status) agree with the clients' record. The runs share one agent and go on at once
-//! (separate replicas, ports and frontends), so the module takes about as long as its longest
-//! run.
+//! and stub_status) agree with the clients' record. The runs go on at once (separate
+//! replicas, ports and frontends) as one scenario of `one_agent`, beside the suite's other long
+//! load runs under the same agent.
 //!
 //! The Lua book under LuaJIT (nginx's interpreter) is checked against the Rust answers too.
 
@@ -27,12 +27,11 @@ use std::{
 use retry_after_testkit::{
     AgentProcess, free_port,
     http::{HttpServer, ServerOptions, Workers},
-    proxies::{
-        Haproxy, NGINX_LUA_MODULES, Nginx, haproxy_lua_script, nginx_lua_package_path,
-        nginx_workers_may_connect,
-    },
+    proxies::{Haproxy, NGINX_LUA_MODULES, Nginx, haproxy_lua_script, nginx_lua_package_path},
     run_ok,
 };
+
+use crate::one_agent::Scenario;
 
 /// Each replica's service time; two replicas of two places each: 16 requests a second.
 pub(crate) const SERVICE_TIME: Duration = Duration::from_millis(250);
@@ -473,120 +472,152 @@ pub(crate) fn nginx_logged(logs: &Path, name: &str) -> (u64, u64) {
     (count('2'), count('4'))
 }
 
-#[test]
-fn clients_told_their_kept_place_get_in_at_it_through_haproxy_and_nginx() {
-    let runs: Vec<Spec> = HAPROXY_RUNS.iter().chain(&NGINX_RUNS).copied().collect();
-    let is_nginx = |i: usize| i >= HAPROXY_RUNS.len();
-    let replicas: Vec<Vec<HttpServer>> = (0..runs.len())
-        .map(|i| (0..REPLICAS).map(|_| capped_replica(is_nginx(i))).collect())
-        .collect();
-    let fronts: Vec<SocketAddr> = runs.iter().map(|_| free_port()).collect();
-    let services: String = runs
-        .iter()
-        .enumerate()
-        .map(|(i, spec)| {
-            agent_service(
-                spec.name,
-                &replicas[i],
-                is_nginx(i).then_some(fronts[i]),
-                KEPT_RETURNS,
-            )
-        })
-        .collect();
-    let agent = AgentProcess::start(&nginx_workers_may_connect(), &services);
-    // nginx's workers (nobody) read the secret too.
-    let shared = tempfile::tempdir().unwrap();
-    let secret = shared.path().join("secret");
-    std::fs::write(&secret, "the proxies' secret\n").unwrap();
-    for (path, mode) in [(shared.path(), 0o755), (secret.as_path(), 0o644)] {
-        std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode)).unwrap();
-    }
-    let lua = haproxy_lua_script();
-    let names: Vec<String> = HAPROXY_RUNS
-        .iter()
-        .map(|s| format!("{0}:be_{0}", s.name))
-        .collect();
-    let keep: Vec<String> = HAPROXY_RUNS
-        .iter()
-        .map(|s| format!("{}={}", s.name, key_kind(s)))
-        .collect();
-    let haproxy = Haproxy::start_with_global(
-        &format!(
-            "    lua-load {}\n    setenv RETRY_AFTER_SOCKET {}\n    setenv RETRY_AFTER_SERVICES {}\n    setenv RETRY_AFTER_STATIC 5\n    setenv RETRY_AFTER_KEEP {}\n    setenv RETRY_AFTER_SECRET_FILE {}\n",
-            lua.display(),
-            agent.socket.display(),
-            names.join(","),
-            keep.join(","),
-            secret.display(),
-        ),
-        &HAPROXY_RUNS
-            .iter()
-            .zip(&fronts)
-            .zip(&replicas)
-            .map(|((spec, front), r)| haproxy_frontend(spec.name, *front, r))
-            .collect::<String>(),
-        None,
-    );
-    let nginx_runs: Vec<(Spec, SocketAddr, &[HttpServer])> = (HAPROXY_RUNS.len()..runs.len())
-        .map(|i| (runs[i], fronts[i], replicas[i].as_slice()))
-        .collect();
-    let nginx = Nginx::start_with(
-        &format!("{NGINX_LUA_MODULES}worker_processes 2;\n"),
-        &nginx_http(&nginx_runs, &agent.socket, &secret, shared.path()),
-        None,
-    );
-    let nginx_before = nginx.status();
-    let records: Vec<Record> = std::thread::scope(|s| {
-        let running: Vec<_> = runs
-            .iter()
-            .zip(&fronts)
-            .map(|(spec, front)| s.spawn(move || clients(*spec, *front)))
+/// The runs of [`HAPROXY_RUNS`] and [`NGINX_RUNS`] at once, each with its replicas and
+/// frontend, one HAProxy and one nginx (two workers) for them; a scenario of `one_agent`.
+pub(crate) struct KeptReturnsThroughProxies {
+    runs: Vec<Spec>,
+    replicas: Vec<Vec<HttpServer>>,
+    fronts: Vec<SocketAddr>,
+}
+
+impl KeptReturnsThroughProxies {
+    pub(crate) fn new() -> Self {
+        let runs: Vec<Spec> = HAPROXY_RUNS.iter().chain(&NGINX_RUNS).copied().collect();
+        let replicas = (0..runs.len())
+            .map(|i| (0..REPLICAS).map(|_| capped_replica(is_nginx(i))).collect())
             .collect();
-        running.into_iter().map(|r| r.join().unwrap()).collect()
-    });
-    // The last report reaches the agent within a second or two.
-    std::thread::sleep(Duration::from_secs(3));
-    let metrics = agent.metrics();
-    let nginx_after = nginx.status();
-    let figures: Vec<Figures> = runs
-        .iter()
-        .zip(records)
-        .enumerate()
-        .map(|(i, (spec, record))| {
-            let (proxy_2xx, proxy_4xx) = if is_nginx(i) {
-                nginx_logged(shared.path(), spec.name)
-            } else {
-                let stat = |field| haproxy.stat(&format!("fe_{}", spec.name), "FRONTEND", field);
-                (stat("hrsp_2xx"), stat("hrsp_4xx"))
-            };
-            Figures {
-                spec: *spec,
-                bound_p99: clairvoyant_p99(&record.arrivals, REPLICAS * PLACES, SERVICE_TIME),
-                proxy_2xx,
-                proxy_4xx,
-                issued: tickets(&metrics, spec.name, "issued"),
-                honoured: tickets(&metrics, spec.name, "honoured"),
-                record,
-            }
-        })
-        .collect();
-    for f in &figures {
-        eprintln!("{}", f.describe());
+        let fronts = runs.iter().map(|_| free_port()).collect();
+        Self {
+            runs,
+            replicas,
+            fronts,
+        }
     }
-    // stub_status counted every attempt of nginx's clients (and the one read before).
-    let nginx_attempts: u64 = figures[HAPROXY_RUNS.len()..]
-        .iter()
-        .map(|f| f.record.clients + f.record.retries)
-        .sum();
-    eprintln!(
-        "nginx stub_status: {} requests during the runs, the clients made {nginx_attempts} attempts",
-        nginx_after.requests - nginx_before.requests - 1
-    );
-    assert_eq!(
-        nginx_after.requests - nginx_before.requests - 1,
-        nginx_attempts
-    );
-    for f in &figures {
-        f.check();
+}
+
+/// Whether run `i` goes through nginx (the runs after HAProxy's).
+fn is_nginx(i: usize) -> bool {
+    i >= HAPROXY_RUNS.len()
+}
+
+impl Scenario for KeptReturnsThroughProxies {
+    fn name(&self) -> &'static str {
+        "kept_returns"
+    }
+
+    fn services(&self) -> String {
+        self.runs
+            .iter()
+            .enumerate()
+            .map(|(i, spec)| {
+                agent_service(
+                    spec.name,
+                    &self.replicas[i],
+                    is_nginx(i).then_some(self.fronts[i]),
+                    KEPT_RETURNS,
+                )
+            })
+            .collect()
+    }
+
+    fn run(&self, agent: &AgentProcess) {
+        let (runs, replicas, fronts) = (&self.runs, &self.replicas, &self.fronts);
+        // nginx's workers (nobody) read the secret too.
+        let shared = tempfile::tempdir().unwrap();
+        let secret = shared.path().join("secret");
+        std::fs::write(&secret, "the proxies' secret\n").unwrap();
+        for (path, mode) in [(shared.path(), 0o755), (secret.as_path(), 0o644)] {
+            std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode))
+                .unwrap();
+        }
+        let lua = haproxy_lua_script();
+        let names: Vec<String> = HAPROXY_RUNS
+            .iter()
+            .map(|s| format!("{0}:be_{0}", s.name))
+            .collect();
+        let keep: Vec<String> = HAPROXY_RUNS
+            .iter()
+            .map(|s| format!("{}={}", s.name, key_kind(s)))
+            .collect();
+        let haproxy = Haproxy::start_with_global(
+            &format!(
+                "    lua-load {}\n    setenv RETRY_AFTER_SOCKET {}\n    setenv RETRY_AFTER_SERVICES {}\n    setenv RETRY_AFTER_STATIC 5\n    setenv RETRY_AFTER_KEEP {}\n    setenv RETRY_AFTER_SECRET_FILE {}\n",
+                lua.display(),
+                agent.socket.display(),
+                names.join(","),
+                keep.join(","),
+                secret.display(),
+            ),
+            &HAPROXY_RUNS
+                .iter()
+                .zip(fronts)
+                .zip(replicas)
+                .map(|((spec, front), r)| haproxy_frontend(spec.name, *front, r))
+                .collect::<String>(),
+            None,
+        );
+        let nginx_runs: Vec<(Spec, SocketAddr, &[HttpServer])> = (HAPROXY_RUNS.len()..runs.len())
+            .map(|i| (runs[i], fronts[i], replicas[i].as_slice()))
+            .collect();
+        let nginx = Nginx::start_with(
+            &format!("{NGINX_LUA_MODULES}worker_processes 2;\n"),
+            &nginx_http(&nginx_runs, &agent.socket, &secret, shared.path()),
+            None,
+        );
+        let nginx_before = nginx.status();
+        let records: Vec<Record> = std::thread::scope(|s| {
+            let running: Vec<_> = runs
+                .iter()
+                .zip(fronts)
+                .map(|(spec, front)| s.spawn(move || clients(*spec, *front)))
+                .collect();
+            running.into_iter().map(|r| r.join().unwrap()).collect()
+        });
+        // The last report reaches the agent within a second or two.
+        std::thread::sleep(Duration::from_secs(3));
+        let metrics = agent.metrics();
+        let nginx_after = nginx.status();
+        let figures: Vec<Figures> = runs
+            .iter()
+            .zip(records)
+            .enumerate()
+            .map(|(i, (spec, record))| {
+                let (proxy_2xx, proxy_4xx) = if is_nginx(i) {
+                    nginx_logged(shared.path(), spec.name)
+                } else {
+                    let stat =
+                        |field| haproxy.stat(&format!("fe_{}", spec.name), "FRONTEND", field);
+                    (stat("hrsp_2xx"), stat("hrsp_4xx"))
+                };
+                Figures {
+                    spec: *spec,
+                    bound_p99: clairvoyant_p99(&record.arrivals, REPLICAS * PLACES, SERVICE_TIME),
+                    proxy_2xx,
+                    proxy_4xx,
+                    issued: tickets(&metrics, spec.name, "issued"),
+                    honoured: tickets(&metrics, spec.name, "honoured"),
+                    record,
+                }
+            })
+            .collect();
+        for f in &figures {
+            eprintln!("{}", f.describe());
+        }
+        // stub_status counted every attempt of nginx's clients (and the one read before).
+        let nginx_attempts: u64 = figures[HAPROXY_RUNS.len()..]
+            .iter()
+            .map(|f| f.record.clients + f.record.retries)
+            .sum();
+        eprintln!(
+            "nginx stub_status: {} requests during the runs, the clients made {nginx_attempts} attempts",
+            nginx_after.requests - nginx_before.requests - 1
+        );
+        assert_eq!(
+            nginx_after.requests - nginx_before.requests - 1,
+            nginx_attempts
+        );
+        for f in &figures {
+            f.check();
+        }
     }
 }

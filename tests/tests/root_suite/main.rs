@@ -21,6 +21,7 @@ mod kept_returns;
 mod kernel_matrix;
 mod least_privilege;
 mod nginx_lua;
+mod one_agent;
 mod openai_sdk;
 mod package;
 mod prometheus;

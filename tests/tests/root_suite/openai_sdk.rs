@@ -11,7 +11,8 @@
 //! (milliseconds: waits within the second; seconds: whole seconds). Printed side by side:
 //! admitted share of retries, clients giving up, p99 time to success against the clairvoyant
 //! bound of the same arrivals; the proxies' own counters (HAProxy's stats, nginx's access log
-//! and stub_status) must agree with the SDK's record.
+//! and stub_status) must agree with the SDK's record. A scenario of `one_agent`, beside the
+//! suite's other long load runs under the same agent.
 
 use std::{net::SocketAddr, path::PathBuf, process::Command};
 
@@ -20,7 +21,6 @@ use retry_after_testkit::{
     http::{CHAT_COMPLETION, HttpServer, ServerOptions, Workers},
     proxies::{
         Haproxy, NGINX_LUA_MODULES, Nginx, NginxStatus, haproxy_lua_script, nginx_lua_package_path,
-        nginx_workers_may_connect,
     },
     run_ok,
 };
@@ -31,6 +31,7 @@ use crate::{
         CAPACITY, PLACES, QUEUE_LIMIT, REPLICAS, Record, SERVICE_TIME, agent_service,
         clairvoyant_p99, nginx_logged, quantile,
     },
+    one_agent::Scenario,
 };
 
 /// Load, as a multiple of the fleet's capacity, and for how long.
@@ -230,86 +231,107 @@ impl Figures {
     }
 }
 
-#[test]
-fn the_openai_sdk_retries_behind_haproxy_and_nginx_with_and_without_retry_after_ms() {
-    let replicas: Vec<Vec<HttpServer>> = RUNS
-        .iter()
-        .map(|_| (0..REPLICAS).map(|_| chat_replica()).collect())
-        .collect();
-    let fronts: Vec<SocketAddr> = RUNS.iter().map(|_| free_port()).collect();
-    let services: String = RUNS
-        .iter()
-        .zip(&replicas)
-        .zip(&fronts)
-        .map(|((run, r), front)| {
-            // nginx's listener is the frontend whose queue the agent reads; HAProxy gives its
-            // own queue to the Lua.
-            let frontend = (run.proxy == Proxy::Nginx).then_some(*front);
-            agent_service(run.name, r, frontend, SCHEDULED_RETURNS)
-        })
-        .collect();
-    let agent = AgentProcess::start(&nginx_workers_may_connect(), &services);
-    let logs = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(
-        logs.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o777),
-    )
-    .unwrap();
-    enum Running {
-        Haproxy(Haproxy),
-        Nginx(Nginx, NginxStatus),
+/// The four runs of [`RUNS`] at once, each with its replicas, frontend and proxy; a scenario
+/// of `one_agent`.
+pub(crate) struct OpenAiSdkBehindProxies {
+    replicas: Vec<Vec<HttpServer>>,
+    fronts: Vec<SocketAddr>,
+}
+
+impl OpenAiSdkBehindProxies {
+    pub(crate) fn new() -> Self {
+        Self {
+            replicas: RUNS
+                .iter()
+                .map(|_| (0..REPLICAS).map(|_| chat_replica()).collect())
+                .collect(),
+            fronts: RUNS.iter().map(|_| free_port()).collect(),
+        }
     }
-    let proxies: Vec<Running> = RUNS
-        .iter()
-        .enumerate()
-        .map(|(i, run)| match run.proxy {
-            Proxy::Haproxy => Running::Haproxy(haproxy(run, &agent, fronts[i], &replicas[i])),
-            Proxy::Nginx => {
-                let nginx = nginx(run, &agent, fronts[i], &replicas[i], logs.path());
-                let before = nginx.status();
-                Running::Nginx(nginx, before)
-            }
-        })
-        .collect();
-    let records: Vec<(Record, Vec<f64>)> = std::thread::scope(|s| {
-        let running: Vec<_> = RUNS
+}
+
+impl Scenario for OpenAiSdkBehindProxies {
+    fn name(&self) -> &'static str {
+        "openai_sdk"
+    }
+
+    fn services(&self) -> String {
+        RUNS.iter()
+            .zip(&self.replicas)
+            .zip(&self.fronts)
+            .map(|((run, r), front)| {
+                // nginx's listener is the frontend whose queue the agent reads; HAProxy gives
+                // its own queue to the Lua.
+                let frontend = (run.proxy == Proxy::Nginx).then_some(*front);
+                agent_service(run.name, r, frontend, SCHEDULED_RETURNS)
+            })
+            .collect()
+    }
+
+    fn run(&self, agent: &AgentProcess) {
+        let (replicas, fronts) = (&self.replicas, &self.fronts);
+        let logs = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(
+            logs.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o777),
+        )
+        .unwrap();
+        enum Running {
+            Haproxy(Haproxy),
+            Nginx(Nginx, NginxStatus),
+        }
+        let proxies: Vec<Running> = RUNS
             .iter()
-            .zip(&fronts)
-            .map(|(run, front)| s.spawn(move || clients(run, *front)))
+            .enumerate()
+            .map(|(i, run)| match run.proxy {
+                Proxy::Haproxy => Running::Haproxy(haproxy(run, agent, fronts[i], &replicas[i])),
+                Proxy::Nginx => {
+                    let nginx = nginx(run, agent, fronts[i], &replicas[i], logs.path());
+                    let before = nginx.status();
+                    Running::Nginx(nginx, before)
+                }
+            })
             .collect();
-        running.into_iter().map(|r| r.join().unwrap()).collect()
-    });
-    let figures: Vec<Figures> = RUNS
-        .iter()
-        .zip(records)
-        .zip(&proxies)
-        .map(|((run, (record, waits)), proxy)| {
-            let (proxy_2xx, proxy_4xx) = match proxy {
-                Running::Haproxy(h) => {
-                    let stat = |field| h.stat(&format!("fe_{}", run.name), "FRONTEND", field);
-                    (stat("hrsp_2xx"), stat("hrsp_4xx"))
+        let records: Vec<(Record, Vec<f64>)> = std::thread::scope(|s| {
+            let running: Vec<_> = RUNS
+                .iter()
+                .zip(fronts)
+                .map(|(run, front)| s.spawn(move || clients(run, *front)))
+                .collect();
+            running.into_iter().map(|r| r.join().unwrap()).collect()
+        });
+        let figures: Vec<Figures> = RUNS
+            .iter()
+            .zip(records)
+            .zip(&proxies)
+            .map(|((run, (record, waits)), proxy)| {
+                let (proxy_2xx, proxy_4xx) = match proxy {
+                    Running::Haproxy(h) => {
+                        let stat = |field| h.stat(&format!("fe_{}", run.name), "FRONTEND", field);
+                        (stat("hrsp_2xx"), stat("hrsp_4xx"))
+                    }
+                    Running::Nginx(n, before) => {
+                        // stub_status counted every attempt (and the one read before).
+                        let during = n.status().requests - before.requests - 1;
+                        assert_eq!(during, record.clients + record.retries, "{}", run.name);
+                        nginx_logged(logs.path(), run.name)
+                    }
+                };
+                Figures {
+                    run: *run,
+                    bound_p99: clairvoyant_p99(&record.arrivals, REPLICAS * PLACES, SERVICE_TIME),
+                    record,
+                    waits,
+                    proxy_2xx,
+                    proxy_4xx,
                 }
-                Running::Nginx(n, before) => {
-                    // stub_status counted every attempt (and the one read before).
-                    let during = n.status().requests - before.requests - 1;
-                    assert_eq!(during, record.clients + record.retries, "{}", run.name);
-                    nginx_logged(logs.path(), run.name)
-                }
-            };
-            Figures {
-                run: *run,
-                bound_p99: clairvoyant_p99(&record.arrivals, REPLICAS * PLACES, SERVICE_TIME),
-                record,
-                waits,
-                proxy_2xx,
-                proxy_4xx,
-            }
-        })
-        .collect();
-    for f in &figures {
-        eprintln!("{}", f.describe());
-    }
-    for f in &figures {
-        f.check();
+            })
+            .collect();
+        for f in &figures {
+            eprintln!("{}", f.describe());
+        }
+        for f in &figures {
+            f.check();
+        }
     }
 }

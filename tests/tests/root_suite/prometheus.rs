@@ -7,7 +7,9 @@
 //!
 //! Two services, so that every panel has something to show: `static_1s` (the alert's), and
 //! `kept` (`kept_returns`, HAProxy keeping places by source address, so that tickets are
-//! reported), both behind the distribution's HAProxy with the Lua integration and loaded by wrk.
+//! reported), both behind the distribution's HAProxy with the Lua integration and loaded at
+//! 1.5× their capacity by urllib3 clients that honour Retry-After. A scenario of `one_agent`:
+//! the agent Prometheus scrapes carries the other scenarios' services too.
 
 use std::{
     io::{Read, Write},
@@ -21,13 +23,17 @@ use std::{
 use retry_after_testkit::{
     AgentProcess, free_port,
     http::HttpServer,
-    proxies::{Haproxy, Wrk, haproxy_lua_script},
+    proxies::{Haproxy, haproxy_lua_script},
 };
 use serde_json::Value;
 
 use crate::{
     haproxy_lua::frontend,
-    kept_returns::{agent_service, haproxy_frontend},
+    kept_returns::{
+        CAPACITY, Keep, QUEUE_LIMIT, REPLICAS, SERVICE_TIME, agent_service, haproxy_frontend,
+        kept_clients,
+    },
+    one_agent::Scenario,
 };
 
 /// The services: the alert's, and the one whose proxy keeps places.
@@ -176,64 +182,96 @@ fn alert_state(prometheus: &Prometheus, alert: &str) -> Option<String> {
         .map(|a| a["state"].as_str().unwrap().to_owned())
 }
 
-#[test]
-fn the_shipped_rules_and_dashboard_work_on_a_real_prometheus_scraping_a_loaded_agent() {
-    let replicas: Vec<Vec<HttpServer>> = SERVICES
-        .iter()
-        .map(|_| {
-            (0..2)
-                .map(|_| HttpServer::replica(Duration::from_millis(100)))
-                .collect()
-        })
-        .collect();
-    let policies = [
-        "retry_after_policy = \"static\"\nretry_after_s = 1\n",
-        "retry_after_policy = \"kept_returns\"\nretry_after_s = 5\n",
-    ];
-    // HAProxy's listeners are the services' frontends: the agent sees the queues it holds.
-    let fronts = [free_port(), free_port()];
-    let services: String = SERVICES
-        .iter()
-        .zip(&replicas)
-        .zip(policies)
-        .zip(&fronts)
-        .map(|(((name, replicas), policy), front)| {
-            agent_service(name, replicas, Some(*front), policy)
-        })
-        .collect();
-    let agent = AgentProcess::start("", &services);
-    let secret = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(secret.path(), "the proxies' secret\n").unwrap();
-    let lua = haproxy_lua_script();
-    let _haproxy = Haproxy::start_with_global(
-        &format!(
-            "    lua-load {}\n    setenv RETRY_AFTER_SOCKET {}\n    setenv RETRY_AFTER_SERVICES static_1s:be_static_1s,kept:be_kept\n    setenv RETRY_AFTER_STATIC 5\n    setenv RETRY_AFTER_KEEP kept=source\n    setenv RETRY_AFTER_SECRET_FILE {}\n",
-            lua.display(),
-            agent.socket.display(),
-            secret.path().display(),
-        ),
-        &(frontend(
-            "static_1s",
-            fronts[0],
-            8,
-            &replicas[0].iter().collect::<Vec<_>>(),
-        ) + &haproxy_frontend("kept", fronts[1], &replicas[1])),
-        None,
-    );
-    let prometheus = Prometheus::start(agent.metrics);
-    // Two replicas of 2 places at 100 ms: 40 requests a second; wrk's 64 connections keep far
-    // more than that waiting.
-    let _load = [
-        Wrk::start(fronts[0], 1, 64, 120),
-        Wrk::start(fronts[1], 1, 64, 120),
-    ];
+/// The two services of [`SERVICES`] behind one HAProxy, loaded at 1.5× their capacity by
+/// urllib3 clients that honour Retry-After, and Prometheus scraping the agent they share with
+/// the other scenarios of `one_agent`.
+pub(crate) struct ShippedRulesOnPrometheus {
+    replicas: [Vec<HttpServer>; 2],
+    fronts: [SocketAddr; 2],
+}
 
+impl ShippedRulesOnPrometheus {
+    /// How long the clients keep arriving: the alert's `for` (1m) after the judge's first
+    /// verdicts, and a margin.
+    const LOAD_SECONDS: u32 = 100;
+
+    pub(crate) fn new() -> Self {
+        let replicas = || {
+            (0..REPLICAS)
+                .map(|_| HttpServer::replica(SERVICE_TIME))
+                .collect()
+        };
+        Self {
+            replicas: [replicas(), replicas()],
+            // HAProxy's listeners are the services' frontends: the agent sees its queues.
+            fronts: [free_port(), free_port()],
+        }
+    }
+}
+
+impl Scenario for ShippedRulesOnPrometheus {
+    fn name(&self) -> &'static str {
+        "prometheus"
+    }
+
+    fn services(&self) -> String {
+        let policies = [
+            "retry_after_policy = \"static\"\nretry_after_s = 1\n",
+            "retry_after_policy = \"kept_returns\"\nretry_after_s = 5\n",
+        ];
+        SERVICES
+            .iter()
+            .zip(&self.replicas)
+            .zip(policies)
+            .zip(&self.fronts)
+            .map(|(((name, replicas), policy), front)| {
+                agent_service(name, replicas, Some(*front), policy)
+            })
+            .collect()
+    }
+
+    fn run(&self, agent: &AgentProcess) {
+        let (replicas, fronts) = (&self.replicas, &self.fronts);
+        let secret = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(secret.path(), "the proxies' secret\n").unwrap();
+        let lua = haproxy_lua_script();
+        let _haproxy = Haproxy::start_with_global(
+            &format!(
+                "    lua-load {}\n    setenv RETRY_AFTER_SOCKET {}\n    setenv RETRY_AFTER_SERVICES static_1s:be_static_1s,kept:be_kept\n    setenv RETRY_AFTER_STATIC 5\n    setenv RETRY_AFTER_KEEP kept=source\n    setenv RETRY_AFTER_SECRET_FILE {}\n",
+                lua.display(),
+                agent.socket.display(),
+                secret.path().display(),
+            ),
+            &(frontend(
+                "static_1s",
+                fronts[0],
+                QUEUE_LIMIT,
+                &replicas[0].iter().collect::<Vec<_>>(),
+            ) + &haproxy_frontend("kept", fronts[1], &replicas[1])),
+            None,
+        );
+        let prometheus = Prometheus::start(agent.metrics);
+        thread::scope(|s| {
+            for (front, seed) in fronts.iter().zip([51, 52]) {
+                s.spawn(move || {
+                    let url = format!("http://{front}/");
+                    kept_clients(&url, 1.5 * CAPACITY, Self::LOAD_SECONDS, seed, Keep::Header)
+                });
+            }
+            check(&prometheus);
+        });
+    }
+}
+
+/// What Prometheus says of the loaded agent: the alert fires, every rule is healthy, every
+/// recording rule and dashboard query has series, the broken-agent alerts stay quiet.
+fn check(prometheus: &Prometheus) {
     // The alert meant to fire: the judge sees retries told "1 s" rejected again. Its `for` is
     // 1m: pending first, then firing.
     let deadline = Instant::now() + Duration::from_secs(110);
     let mut pending_at = None;
     loop {
-        let state = alert_state(&prometheus, "RetryAfterJudgeAdmittedShareLow");
+        let state = alert_state(prometheus, "RetryAfterJudgeAdmittedShareLow");
         if state.as_deref() == Some("pending") && pending_at.is_none() {
             pending_at = Some(Instant::now());
         }
@@ -283,7 +321,7 @@ fn the_shipped_rules_and_dashboard_work_on_a_real_prometheus_scraping_a_loaded_a
         "RetryAfterTickErrors",
         "RetryAfterSocketWriteTimeouts",
     ] {
-        assert_eq!(alert_state(&prometheus, quiet), None, "{quiet}");
+        assert_eq!(alert_state(prometheus, quiet), None, "{quiet}");
     }
 
     // Every dashboard query returns series for one of the services (tickets exist only for
