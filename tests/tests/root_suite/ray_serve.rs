@@ -3,16 +3,18 @@
 //! this binary, the real agent watching Serve's HTTP port from the kernel, wrk as the load.
 //! Both places a Serve rejection happens:
 //!
-//! * **Serve's proxy rejects** (`/direct`: the ingress deployment's queue is full). nginx, then
-//!   HAProxy, in front replace Serve's static `Retry-After` with the agent's while it runs; Serve's
-//!   own value passes through with the agent stopped; the agent's again after it restarts. The
+//! * **Serve's proxy rejects** (`/direct`: the ingress deployment's queue is full). nginx and
+//!   HAProxy in front (both at once, through one restart of the agent) replace Serve's static
+//!   `Retry-After` with the agent's while it runs; Serve's own value passes through with the
+//!   agent stopped; the agent's again after it restarts. The
 //!   queue is the one the kernel sees at Serve's port beyond the replicas' capacity, and the
 //!   drain Serve's completed work, not its rejections.
 //! * **A DeploymentHandle rejects inside an ingress** (`/ingress`: a FastAPI ingress calling
 //!   the model): `retry_after_ray` answers the `BackPressureError` with the agent's value for
 //!   the depth Serve states in it, Serve's own value with the agent stopped.
 //!
-//! Then urllib3 clients honouring Retry-After get in through nginx, and, with a key each, at
+//! Then urllib3 clients honouring Retry-After get in through nginx, and (once those stop
+//! arriving, while they wait out their answers) urllib3 clients with a key each get in at
 //! the places an ingress keeps (`retry_after_ray` with `keep`, policy `kept_returns`).
 
 use std::{
@@ -38,7 +40,7 @@ use retry_after_testkit::{
         Haproxy, NGINX_LUA_MODULES, Nginx, Wrk, haproxy_lua_script, nginx_lua_package_path,
         nginx_workers_may_connect,
     },
-    rejections::{Rejection, median, outage, prober, values},
+    rejections::{Outage, Rejection, median, outage, prober, values},
     sample,
 };
 
@@ -165,43 +167,63 @@ struct Cycle {
     millis_disagree: Vec<Rejection>,
 }
 
-/// Load `target`, probe `path` there, and kill and restart the agent; `agent_says` is the
-/// agent's own answer for the queue the layout answers for.
+/// Load each of `layouts` (a target and a path there), probe each, and kill and restart the
+/// agent once for all of them; `agent_says` is the agent's own answer for the queue the
+/// layouts answer for. One cycle a layout, in their order.
 fn kill_and_restart(
     agent: &mut AgentProcess,
-    target: SocketAddr,
-    path: &'static str,
+    layouts: &[(SocketAddr, &'static str)],
     agent_says: impl Fn(&AgentProcess) -> u64,
-) -> Cycle {
-    // Longer than the outage's schedule (about 25 s).
-    let load = Wrk::start_url(&format!("http://{target}{path}"), 1, 30, 60);
+) -> Vec<Cycle> {
+    // Longer than the outage's schedule (about 25 s); 30 connections in all.
+    let connections = 30 / layouts.len() as u32;
+    let loads: Vec<Wrk> = layouts
+        .iter()
+        .map(|(target, path)| Wrk::start_url(&format!("http://{target}{path}"), 1, connections, 60))
+        .collect();
     let stop = Arc::new(AtomicBool::new(false));
-    let probes: Vec<_> = (0..PROBERS)
-        .map(|_| prober(target, path, SERVE_PROBE_WAIT, stop.clone()))
+    let probes: Vec<Vec<_>> = layouts
+        .iter()
+        .map(|(target, path)| {
+            (0..PROBERS)
+                .map(|_| prober(*target, path, SERVE_PROBE_WAIT, stop.clone()))
+                .collect()
+        })
         .collect();
     let outage = outage(agent, agent_says);
     stop.store(true, Ordering::SeqCst);
-    let seen: Vec<Rejection> = probes.into_iter().flat_map(|p| p.join().unwrap()).collect();
-    drop(load);
-    let within = |r: &Rejection, (from, to): (Instant, Instant)| r.at >= from && r.at <= to;
-    let millis_disagree = seen
-        .iter()
-        .filter(|r| within(r, outage.computed) || within(r, outage.again))
-        .filter(|r| !r.millis_agree())
-        .cloned()
+    let cycles = probes
+        .into_iter()
+        .map(|probes| {
+            let seen: Vec<Rejection> = probes.into_iter().flat_map(|p| p.join().unwrap()).collect();
+            Cycle::of(seen, &outage)
+        })
         .collect();
-    Cycle {
-        millis_disagree,
-        computed: values(&seen, outage.computed),
-        fallback: values(&seen, outage.fallback),
-        again: values(&seen, outage.again),
-        seen,
-        agent_before: outage.before,
-        agent_after: outage.after,
-    }
+    drop(loads);
+    cycles
 }
 
 impl Cycle {
+    /// What `seen` says about each part of `outage`.
+    fn of(seen: Vec<Rejection>, outage: &Outage<u64>) -> Self {
+        let within = |r: &Rejection, (from, to): (Instant, Instant)| r.at >= from && r.at <= to;
+        let millis_disagree = seen
+            .iter()
+            .filter(|r| within(r, outage.computed) || within(r, outage.again))
+            .filter(|r| !r.millis_agree())
+            .cloned()
+            .collect();
+        Self {
+            millis_disagree,
+            computed: values(&seen, outage.computed),
+            fallback: values(&seen, outage.fallback),
+            again: values(&seen, outage.again),
+            seen,
+            agent_before: outage.before,
+            agent_after: outage.after,
+        }
+    }
+
     /// Every rejection carried an integer Retry-After; the agent's value while it ran, Serve's
     /// own with it stopped, the agent's again after the restart.
     fn check(&self, layout: &str) {
@@ -296,30 +318,25 @@ fn serve_rejections_carry_the_agents_retry_after_in_both_places_serve_rejects() 
     let mut agent = AgentProcess::start(&nginx_workers_may_connect(), &services(serve_addr));
     let serve = ServeApps::start(serve_addr, &agent.socket);
 
-    // Serve's proxy rejects; nginx in front answers with the agent's value for the queue the
-    // kernel sees at Serve's port beyond its replicas' capacity.
+    // Serve's proxy rejects; nginx and HAProxy in front answer with the agent's value for the
+    // queue the kernel sees at Serve's port beyond its replicas' capacity.
     let (nginx, front) = front(serve.addr, &agent.socket);
-    let direct = kill_and_restart(&mut agent, front, "/direct", |agent| {
-        let (seconds, depth) = computed(
-            agent,
-            "QUERY serve-direct",
-            QueueDepthSource::BeyondCapacity,
-        );
-        eprintln!("serve-direct: the agent sees a queue of {depth}");
-        seconds
-    });
-    direct.check("Serve's proxy, nginx in front");
-    // The same with HAProxy in front.
     let (haproxy, haproxy_front) = haproxy_front(serve.addr, &agent.socket);
-    let direct = kill_and_restart(&mut agent, haproxy_front, "/direct", |agent| {
-        computed(
-            agent,
-            "QUERY serve-direct",
-            QueueDepthSource::BeyondCapacity,
-        )
-        .0
-    });
-    direct.check("Serve's proxy, HAProxy in front");
+    let direct = kill_and_restart(
+        &mut agent,
+        &[(front, "/direct"), (haproxy_front, "/direct")],
+        |agent| {
+            let (seconds, depth) = computed(
+                agent,
+                "QUERY serve-direct",
+                QueueDepthSource::BeyondCapacity,
+            );
+            eprintln!("serve-direct: the agent sees a queue of {depth}");
+            seconds
+        },
+    );
+    direct[0].check("Serve's proxy, nginx in front");
+    direct[1].check("Serve's proxy, HAProxy in front");
     drop(haproxy);
     // The drain is Serve's work: its rejections are counted apart.
     let metrics = agent.metrics();
@@ -339,7 +356,7 @@ fn serve_rejections_carry_the_agents_retry_after_in_both_places_serve_rejects() 
 
     // A DeploymentHandle rejects inside the ingress; retry_after_ray answers for the depth
     // Serve states in the error (the model's queue: max_queued_requests 8).
-    let ingress = kill_and_restart(&mut agent, serve.addr, "/ingress/", |agent| {
+    let ingress = kill_and_restart(&mut agent, &[(serve.addr, "/ingress/")], |agent| {
         computed(
             agent,
             "QUERY serve-ingress queue_depth=8",
@@ -347,7 +364,7 @@ fn serve_rejections_carry_the_agents_retry_after_in_both_places_serve_rejects() 
         )
         .0
     });
-    ingress.check("a DeploymentHandle, retry_after_ray");
+    ingress[0].check("a DeploymentHandle, retry_after_ray");
     let reported = sample(
         &agent.metrics(),
         "retry_after_proxy_requests_total{outcome=\"rejected\",service=\"serve-ingress\"}",
@@ -357,23 +374,36 @@ fn serve_rejections_carry_the_agents_retry_after_in_both_places_serve_rejects() 
     assert!(reported > 0.0);
 
     // Clients that honour Retry-After (urllib3's own Retry) get in through nginx, told by
-    // scheduled_returns (the same Serve app, under its own service name).
+    // scheduled_returns (the same Serve app, under its own service name). They arrive for
+    // 15 s; while the last of them wait out their answers (up to a minute), the ingress keeps
+    // the places it promises (retry_after_ray with keep="header:x-api-key") to urllib3 clients
+    // with a key each, at 1.5x the model's 20 requests a second for 20 s.
     let script = repo().join("tests/clients/retrying_clients.py");
-    let out = retry_after_testkit::run_ok(
-        Command::new("python3")
-            .arg(script)
-            .args(["--url", &format!("http://{front}/scheduled")])
-            .args([
-                "--rate",
-                "30",
-                "--seconds",
-                "15",
-                "--retries",
-                "3",
-                "--seed",
-                "7",
-            ]),
-    );
+    let (out, (kept, mid_run)) = thread::scope(|s| {
+        let scheduled = s.spawn(|| {
+            retry_after_testkit::run_ok(
+                Command::new("python3")
+                    .arg(script)
+                    .args(["--url", &format!("http://{front}/scheduled")])
+                    .args(["--rate", "30", "--seconds", "15"])
+                    .args(["--retries", "3", "--seed", "7"]),
+            )
+        });
+        thread::sleep(Duration::from_secs(16));
+        let asked = s.spawn(|| {
+            thread::sleep(Duration::from_secs(12));
+            agent.request("QUERY serve-kept").unwrap_or_default()
+        });
+        let kept = kept_clients(
+            &format!("http://{}/kept/", serve.addr),
+            30.0,
+            20,
+            31,
+            Keep::Header,
+        );
+        (scheduled.join().unwrap(), (kept, asked.join().unwrap()))
+    });
+    drop(nginx);
     let record: serde_json::Value = serde_json::from_str(out.trim()).expect("the clients' record");
     let count = |key: &str| record[key].as_u64().unwrap();
     let (clients, succeeded, retries, admitted) = (
@@ -393,24 +423,7 @@ fn serve_rejections_carry_the_agents_retry_after_in_both_places_serve_rejects() 
         "most retries at the agent's time got in"
     );
     assert!(succeeded * 10 >= clients * 9, "nearly every client got in");
-    drop(nginx);
 
-    // The ingress keeps the places it promises (retry_after_ray with keep="header:x-api-key"):
-    // urllib3 clients with a key each, at 1.5x the model's 20 requests a second for 20 s.
-    let (kept, mid_run) = thread::scope(|s| {
-        let asked = s.spawn(|| {
-            thread::sleep(Duration::from_secs(12));
-            agent.request("QUERY serve-kept").unwrap_or_default()
-        });
-        let kept = kept_clients(
-            &format!("http://{}/kept/", serve.addr),
-            30.0,
-            20,
-            31,
-            Keep::Header,
-        );
-        (kept, asked.join().unwrap())
-    });
     eprintln!("the agent mid-run: {}", mid_run.trim());
     let bound = clairvoyant_p99(&kept.arrivals, MODEL_PLACES, MODEL_TIME);
     let p99 = quantile(&kept.times, 0.99);
