@@ -469,9 +469,9 @@ fn grpc_clients_wait_out_the_pushback_the_agent_computes() {
     let server = GrpcServer::with_pushback(addr.port(), stats.port(), &agent, "calls");
     // A first load warms the estimate; the second is judged, with the agent's own answers
     // asked meanwhile.
-    RetryingClients::run(addr.port());
+    RetryingClients::run(addr.port(), RetryingClients::WARMING);
     let answers = AgentAnswers::ask(&agent, "calls");
-    let with = RetryingClients::run(addr.port());
+    let with = RetryingClients::run(addr.port(), RetryingClients::JUDGED);
     let (low, high) = answers.range();
     eprintln!("server: {}", server.stats().trim());
     with.assert_pushbacks_computed(low, high);
@@ -479,7 +479,7 @@ fn grpc_clients_wait_out_the_pushback_the_agent_computes() {
     // clients' own backoff (0.1 s to 1 s), for comparison.
     agent.stop();
     thread::sleep(Duration::from_secs(6));
-    let without = RetryingClients::run(addr.port());
+    let without = RetryingClients::run(addr.port(), RetryingClients::JUDGED);
     assert!(without.pushbacks.is_empty(), "a hint with no agent");
     eprintln!(
         "without the agent: {}; with it: {}",
@@ -534,12 +534,12 @@ fn haproxy_answers_grpc_rejections_with_the_agent_pushback() {
         ),
         None,
     );
-    RetryingClients::run(frontend.port());
+    RetryingClients::run(frontend.port(), RetryingClients::WARMING);
     let turned_away = || haproxy.stat("fe_calls", "FRONTEND", "intercepted");
     // The agent's answers for the queue HAProxy turns calls away at.
     let answers = AgentAnswers::ask(&agent, "calls queue_depth=8");
     let before = turned_away();
-    let with = RetryingClients::run(frontend.port());
+    let with = RetryingClients::run(frontend.port(), RetryingClients::JUDGED);
     let with_turned_away = turned_away() - before;
     let (low, high) = answers.range();
     eprintln!("server: {}", server.stats().trim());
@@ -547,7 +547,7 @@ fn haproxy_answers_grpc_rejections_with_the_agent_pushback() {
     agent.stop();
     thread::sleep(Duration::from_secs(3));
     let before = turned_away();
-    let fallback = RetryingClients::run(frontend.port());
+    let fallback = RetryingClients::run(frontend.port(), RetryingClients::JUDGED);
     for (name, run, rejected) in [
         ("the agent's pushback", &with, with_turned_away),
         (
@@ -583,7 +583,7 @@ fn pushback_service(addr: std::net::SocketAddr, rejected_at: &str) -> String {
     )
 }
 
-/// One load of `grpc_calls.py retrying` (300 calls, 20 at once) with grpc's retry trace on.
+/// One load of `grpc_calls.py retrying` (20 calls at once) with grpc's retry trace on.
 struct RetryingClients {
     /// The clients' own counts, as the JSON line they printed.
     counts: String,
@@ -596,11 +596,17 @@ struct RetryingClients {
 }
 
 impl RetryingClients {
-    fn run(port: u16) -> Self {
+    /// The calls judged: enough that the queue stays full for a while.
+    const JUDGED: u32 = 300;
+    /// The calls that warm the agent's drain rate first (a few seconds of completions).
+    const WARMING: u32 = 100;
+
+    /// `calls` calls to `port`, to their end.
+    fn run(port: u16, calls: u32) -> Self {
         let started = std::time::Instant::now();
         let out = Command::new("python3")
             .arg(grpc_calls())
-            .args(["retrying", &port.to_string(), "300", "20"])
+            .args(["retrying", &port.to_string(), &calls.to_string(), "20"])
             .env("GRPC_TRACE", "retry")
             .env("GRPC_VERBOSITY", "debug")
             .output()
