@@ -124,7 +124,7 @@ fn run_one(mut command: Command) -> TestRun {
 struct Failures {
     /// Each failed test's name and the first lines of its panic message.
     tests: Vec<(String, Vec<String>)>,
-    /// Inside a panic message (from `thread '…' panicked at` to a backtrace's note).
+    /// Inside a panic message (from `thread '…' (id) panicked at` to a backtrace).
     reading: bool,
 }
 
@@ -142,7 +142,7 @@ impl Failures {
         {
             self.tests.push((name.to_owned(), Vec::new()));
             self.reading = false;
-        } else if line.starts_with("thread '") && line.contains("' panicked at ") {
+        } else if line.starts_with("thread '") && line.contains(" panicked at ") {
             self.reading = true;
         } else if line == "failures:"
             || line.starts_with("stack backtrace:")
@@ -198,7 +198,7 @@ mod tests {
             "assertion failed",
             "note: run with `RUST_BACKTRACE=1` environment variable to display a backtrace",
             "---- c::d stdout ----",
-            "thread 'c::d' panicked at tests/c.rs:1:1:",
+            "thread 'c::d' (7) panicked at tests/c.rs:1:1:",
             "stack backtrace:",
             "   0: frames",
             "",
@@ -209,7 +209,7 @@ mod tests {
         }
         assert_eq!(
             failures.summary(),
-            "\na::b:\n    thread 'a::b' panicked at tests/a.rs:3:5:\n    assertion failed\nc::d:\n    thread 'c::d' panicked at tests/c.rs:1:1:"
+            "\na::b:\n    thread 'a::b' panicked at tests/a.rs:3:5:\n    assertion failed\nc::d:\n    thread 'c::d' (7) panicked at tests/c.rs:1:1:"
         );
     }
 
