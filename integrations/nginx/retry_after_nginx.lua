@@ -50,6 +50,8 @@ local options = {
 }
 -- Kept returns per service: { source, header, max_queued, book, room }; the secret.
 local kept = {}
+-- A place for a request the book let on that limit_req then rejected (defined with the book).
+local place_after_limit
 local secret
 -- This worker's parsed copy of each service's latest push: { line, push }.
 local parsed = {}
@@ -115,7 +117,8 @@ local function answer(service, push, age)
   return seconds, millis, rung
 end
 
--- header_filter_by_lua: a 429 or 503 without Retry-After gets the agent's; every response
+-- header_filter_by_lua: a 429 or 503 without Retry-After gets the agent's (for a service
+-- keeping returns, a request admit let on that limit_req rejected gets a place); every response
 -- is counted, as admitted or rejected, for the reports. With { replace_upstream = true }, an
 -- upstream's own Retry-After (Ray Serve's static retry_after_s, say) is replaced too, while a
 -- fresh estimate is held; without one it is left as the upstream sent it.
@@ -128,6 +131,15 @@ function M.stamp(service, stamp_options)
     return
   end
   shared:incr("rejected:" .. service, 1, 0)
+  if ngx.ctx.retry_after_queued then
+    local seconds, rung, cookie = place_after_limit(service)
+    if seconds then
+      set_headers(seconds, seconds * 1000)
+      if cookie then ngx.header["Set-Cookie"] = cookie end
+      shared:incr(handed_out_key(service, policy.handed_out_value(rung, seconds)), 1, 0)
+      return
+    end
+  end
   local push, age = fresh_push(service)
   if ngx.header["Retry-After"] ~= nil then
     local replace = stamp_options and stamp_options.replace_upstream
@@ -287,9 +299,10 @@ local function returning(service, k)
   return due and { key = nonce, cookie_due = due }
 end
 
--- Run f with the service's book held by this worker alone (a lock in the dictionary, waited
--- for up to 50 ms); false when it could not be had.
-local function with_book(service, f)
+-- Run f with the service's book held by this worker alone (a lock in the dictionary): waited
+-- for up to 50 ms where the phase may sleep (may_sleep), else tried 50 times at once; false
+-- when it could not be had.
+local function with_book(service, f, may_sleep)
   local shared, lock = ngx.shared[options.tickets_dict], "lock:" .. service
   for _ = 1, 50 do
     if shared:add(lock, true, 0.1) then
@@ -298,7 +311,7 @@ local function with_book(service, f)
       if not result[1] then error(result[2]) end
       return unpack(result)
     end
-    ngx.sleep(0.001)
+    if may_sleep then ngx.sleep(0.001) end
   end
   return false
 end
@@ -343,20 +356,38 @@ local function give_place(service, k, found, push, age, depth, drain, now)
   return seconds, rung, cookie
 end
 
+-- What the book is given from a push: the push if its policy keeps returns, its drain rate
+-- (nil unless a positive number) and its queue_depth (0 without one).
+local function book_inputs(push)
+  local usable = push and push.retry_after_policy == "kept_returns" and push or nil
+  local drain = usable and usable.drain_rate
+  if drain and not (drain > 0 and drain < math.huge) then drain = nil end
+  return usable, drain, (push and push.queue_depth) or 0
+end
+
 -- The decision for one request under the book's lock: outcome and, for a rejection, seconds,
 -- rung and cookie.
 local function decide(service, k, push, age)
   local now = ngx.now()
   local now_s = math.floor(now)
-  local usable = push and push.retry_after_policy == "kept_returns" and push or nil
-  local drain = usable and usable.drain_rate
-  if drain and not (drain > 0 and drain < math.huge) then drain = nil end
-  local depth = (push and push.queue_depth) or 0
+  local usable, drain, depth = book_inputs(push)
   local found = returning(service, k)
   local outcome, due = tickets.arrive(k.book, k.room, found, now_s, depth, depth >= k.max_queued, drain)
   if outcome == "early" then return outcome, tickets.told(due, now_s, push_clamp(usable)).seconds, "computed" end
   if outcome ~= "rejected" then return outcome end
   return outcome, give_place(service, k, found, push, age, depth, drain, now)
+end
+
+-- A place for a request the book let on as fresh (or early, taking its place) that limit_req
+-- then rejected, its burst full where the push's queue_depth was not: behind a full queue.
+-- Seconds, rung and cookie; nil when the book's lock is busy (header_filter may not sleep).
+function place_after_limit(service)
+  local k = kept[service]
+  local push, age = fresh_push(service)
+  local _, drain, depth = book_inputs(push)
+  return select(2, with_book(service, function()
+    return give_place(service, k, returning(service, k), push, age, math.max(depth, k.max_queued), drain, ngx.now())
+  end, false))
 end
 
 -- rewrite_by_lua, before limit_req: kept returns for service. A place due is let past limit_req
@@ -367,9 +398,11 @@ function M.admit(service)
   local k = kept[service]
   if k == nil then return end
   local push, age = fresh_push(service)
-  local ok, outcome, seconds, rung, cookie = with_book(service, function() return decide(service, k, push, age) end)
+  local ok, outcome, seconds, rung, cookie = with_book(service, function() return decide(service, k, push, age) end, true)
   if not ok then return end
   if outcome == "returned" then ngx.var.retry_after_limit = "" end
+  -- limit_req may still turn it away: stamp then gives it a place.
+  if outcome == "queued" then ngx.ctx.retry_after_queued = true end
   if outcome == "returned" or outcome == "queued" then return end
   local shared = dict()
   shared:incr("rejected:" .. service, 1, 0)
