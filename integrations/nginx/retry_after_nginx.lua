@@ -131,7 +131,8 @@ function M.stamp(service, stamp_options)
     return
   end
   shared:incr("rejected:" .. service, 1, 0)
-  if ngx.ctx.retry_after_queued then
+  -- limit_req's rejections carry no Retry-After; an upstream's own is left to the rules below.
+  if ngx.ctx.retry_after_queued and ngx.header["Retry-After"] == nil then
     local seconds, rung, cookie = place_after_limit(service)
     if seconds then
       set_headers(seconds, seconds * 1000)
