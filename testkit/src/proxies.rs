@@ -28,6 +28,21 @@ impl Haproxy {
         Self::start_with_global("", sections, cgroup)
     }
 
+    /// [`Haproxy::start`] with the HAProxy integration loaded ([`haproxy_lua_script`]), asking
+    /// the agent at `agent_socket`, and each of `settings` (a `RETRY_AFTER_*` name, its value)
+    /// set in its environment.
+    pub fn start_with_lua(agent_socket: &Path, settings: &[(&str, &str)], sections: &str) -> Self {
+        let mut global = format!(
+            "    lua-load {}\n    setenv RETRY_AFTER_SOCKET {}\n",
+            haproxy_lua_script().display(),
+            agent_socket.display()
+        );
+        for (name, value) in settings {
+            global.push_str(&format!("    setenv {name} {value}\n"));
+        }
+        Self::start_with_global(&global, sections, None)
+    }
+
     /// [`Haproxy::start`] with more lines for the `global` section (`lua-load`, `setenv`).
     pub fn start_with_global(global: &str, sections: &str, cgroup: Option<&Path>) -> Self {
         let dir = std::env::temp_dir().join(format!(

@@ -21,7 +21,7 @@ use retry_after_protocol::{Response, policy::Rung};
 use retry_after_testkit::{
     AgentProcess, free_port,
     http::HttpServer,
-    proxies::{Haproxy, Wrk, haproxy_lua_script},
+    proxies::{Haproxy, Wrk},
     rejections::{PROBE_WAIT, median, outage, prober, values},
     sample,
 };
@@ -85,16 +85,16 @@ fn haproxy_rejections_carry_the_computed_value_then_the_static_one_then_the_comp
         "",
         &(service("short", &[&r1, &r2]) + &service("long", &[&r3, &r4])),
     );
-    let lua = haproxy_lua_script();
-    let haproxy = Haproxy::start_with_global(
-        &format!(
-            "    lua-load {}\n    setenv RETRY_AFTER_SOCKET {}\n    setenv RETRY_AFTER_SERVICES short:be_short,long:be_long\n    setenv RETRY_AFTER_STATIC {LUA_STATIC}\n    setenv RETRY_AFTER_STALE_MS 1500\n    setenv RETRY_AFTER_RECONNECT_MAX_MS 1000\n",
-            lua.display(),
-            agent.socket.display()
-        ),
+    let haproxy = Haproxy::start_with_lua(
+        &agent.socket,
+        &[
+            ("RETRY_AFTER_SERVICES", "short:be_short,long:be_long"),
+            ("RETRY_AFTER_STATIC", &LUA_STATIC.to_string()),
+            ("RETRY_AFTER_STALE_MS", "1500"),
+            ("RETRY_AFTER_RECONNECT_MAX_MS", "1000"),
+        ],
         &(frontend("short", short_fe, 10, &[&r1, &r2])
             + &frontend("long", long_fe, 50, &[&r3, &r4])),
-        None,
     );
     let load = [
         Wrk::start(short_fe, 1, 80, 60),
@@ -312,20 +312,21 @@ impl Urllib3ThroughHaproxy {
 
     /// Both runs' clients to their end, then HAProxy's counters and the agent's judge.
     fn client_runs(&self, agent: &AgentProcess) -> (ClientRun, ClientRun) {
-        let lua = haproxy_lua_script();
-        let haproxy = Haproxy::start_with_global(
-            &format!(
-                "    lua-load {}\n    setenv RETRY_AFTER_SOCKET {}\n    setenv RETRY_AFTER_SERVICES static_5s:be_static_5s,scheduled:be_scheduled\n    setenv RETRY_AFTER_STATIC 5\n",
-                lua.display(),
-                agent.socket.display()
-            ),
+        let haproxy = Haproxy::start_with_lua(
+            &agent.socket,
+            &[
+                (
+                    "RETRY_AFTER_SERVICES",
+                    "static_5s:be_static_5s,scheduled:be_scheduled",
+                ),
+                ("RETRY_AFTER_STATIC", "5"),
+            ],
             &Self::NAMES
                 .iter()
                 .zip(&self.fronts)
                 .zip(&self.replicas)
                 .map(|((name, front), [r1, r2])| frontend(name, *front, 8, &[r1, r2]))
                 .collect::<String>(),
-            None,
         );
         let outs: Vec<String> = std::thread::scope(|s| {
             let running: Vec<_> = self

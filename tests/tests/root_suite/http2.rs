@@ -27,7 +27,7 @@ use retry_after_estimator::endpoint::Endpoint;
 use retry_after_protocol::{Response, policy::Rung};
 use retry_after_testkit::{
     AgentProcess, AttachedProbe, SETTLE, free_port,
-    proxies::{Haproxy, Nginx, NginxStatus, haproxy_lua_script},
+    proxies::{Haproxy, Nginx, NginxStatus},
     run_ok,
 };
 
@@ -513,15 +513,13 @@ fn haproxy_answers_grpc_rejections_with_the_agent_pushback() {
         ],
         stats.port(),
     );
-    let lua = haproxy_lua_script();
-    let haproxy = Haproxy::start_with_global(
-        &format!(
-            "    lua-load {}\n    setenv RETRY_AFTER_SERVICES calls:be_calls\n    \
-             setenv RETRY_AFTER_SOCKET {}\n    setenv RETRY_AFTER_STATIC 9\n    \
-             setenv RETRY_AFTER_STALE_MS 1500\n",
-            lua.display(),
-            agent.socket.display()
-        ),
+    let haproxy = Haproxy::start_with_lua(
+        &agent.socket,
+        &[
+            ("RETRY_AFTER_SERVICES", "calls:be_calls"),
+            ("RETRY_AFTER_STATIC", "9"),
+            ("RETRY_AFTER_STALE_MS", "1500"),
+        ],
         &format!(
             "frontend fe_calls\n    bind {frontend} proto h2\n\
              \x20   http-request set-var(txn.reject) bool(true) if {{ queue(be_calls) ge 8 }}\n\
@@ -532,7 +530,6 @@ fn haproxy_answers_grpc_rejections_with_the_agent_pushback() {
              \x20   default_backend be_calls\n\
              backend be_calls\n    server g1 {grpc} proto h2 maxconn 4\n"
         ),
-        None,
     );
     RetryingClients::run(frontend.port(), RetryingClients::WARMING);
     let turned_away = || haproxy.stat("fe_calls", "FRONTEND", "intercepted");

@@ -27,7 +27,7 @@ use std::{
 use retry_after_testkit::{
     AgentProcess, free_port,
     http::{HttpServer, ServerOptions, Workers},
-    proxies::{Haproxy, NGINX_LUA_MODULES, Nginx, haproxy_lua_script, nginx_lua_package_path},
+    proxies::{Haproxy, NGINX_LUA_MODULES, Nginx, nginx_lua_package_path},
     run_ok,
 };
 
@@ -530,7 +530,6 @@ impl Scenario for KeptReturnsThroughProxies {
             std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode))
                 .unwrap();
         }
-        let lua = haproxy_lua_script();
         let names: Vec<String> = HAPROXY_RUNS
             .iter()
             .map(|s| format!("{0}:be_{0}", s.name))
@@ -539,22 +538,20 @@ impl Scenario for KeptReturnsThroughProxies {
             .iter()
             .map(|s| format!("{}={}", s.name, key_kind(s)))
             .collect();
-        let haproxy = Haproxy::start_with_global(
-            &format!(
-                "    lua-load {}\n    setenv RETRY_AFTER_SOCKET {}\n    setenv RETRY_AFTER_SERVICES {}\n    setenv RETRY_AFTER_STATIC 5\n    setenv RETRY_AFTER_KEEP {}\n    setenv RETRY_AFTER_SECRET_FILE {}\n",
-                lua.display(),
-                agent.socket.display(),
-                names.join(","),
-                keep.join(","),
-                secret.display(),
-            ),
+        let haproxy = Haproxy::start_with_lua(
+            &agent.socket,
+            &[
+                ("RETRY_AFTER_SERVICES", &names.join(",")),
+                ("RETRY_AFTER_STATIC", "5"),
+                ("RETRY_AFTER_KEEP", &keep.join(",")),
+                ("RETRY_AFTER_SECRET_FILE", &secret.display().to_string()),
+            ],
             &HAPROXY_RUNS
                 .iter()
                 .zip(fronts)
                 .zip(replicas)
                 .map(|((spec, front), r)| haproxy_frontend(spec.name, *front, r))
                 .collect::<String>(),
-            None,
         );
         let nginx_runs: Vec<(Spec, SocketAddr, &[HttpServer])> = (HAPROXY_RUNS.len()..runs.len())
             .map(|i| (runs[i], fronts[i], replicas[i].as_slice()))

@@ -19,9 +19,7 @@ use std::{net::SocketAddr, path::PathBuf, process::Command};
 use retry_after_testkit::{
     AgentProcess, free_port,
     http::{CHAT_COMPLETION, HttpServer, ServerOptions, Workers},
-    proxies::{
-        Haproxy, NGINX_LUA_MODULES, Nginx, NginxStatus, haproxy_lua_script, nginx_lua_package_path,
-    },
+    proxies::{Haproxy, NGINX_LUA_MODULES, Nginx, NginxStatus, nginx_lua_package_path},
     run_ok,
 };
 
@@ -99,18 +97,18 @@ const SCHEDULED_RETURNS: &str = "retry_after_policy = \"scheduled_returns\"\nret
 
 /// HAProxy for one run, as integrations/haproxy/haproxy.cfg sets it up.
 fn haproxy(run: &Run, agent: &AgentProcess, front: SocketAddr, replicas: &[HttpServer]) -> Haproxy {
-    let lua = haproxy_lua_script();
     let servers: Vec<&HttpServer> = replicas.iter().collect();
-    Haproxy::start_with_global(
-        &format!(
-            "    lua-load {}\n    setenv RETRY_AFTER_SOCKET {}\n    setenv RETRY_AFTER_SERVICES {name}:be_{name}\n    setenv RETRY_AFTER_STATIC 5\n    setenv RETRY_AFTER_MS_HEADER {}\n",
-            lua.display(),
-            agent.socket.display(),
-            if run.millis { "on" } else { "off" },
-            name = run.name,
-        ),
+    Haproxy::start_with_lua(
+        &agent.socket,
+        &[
+            ("RETRY_AFTER_SERVICES", &format!("{0}:be_{0}", run.name)),
+            ("RETRY_AFTER_STATIC", "5"),
+            (
+                "RETRY_AFTER_MS_HEADER",
+                if run.millis { "on" } else { "off" },
+            ),
+        ],
         &frontend(run.name, front, QUEUE_LIMIT, &servers),
-        None,
     )
 }
 

@@ -20,11 +20,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use retry_after_testkit::{
-    AgentProcess, free_port,
-    http::HttpServer,
-    proxies::{Haproxy, haproxy_lua_script},
-};
+use retry_after_testkit::{AgentProcess, free_port, http::HttpServer, proxies::Haproxy};
 use serde_json::Value;
 
 use crate::{
@@ -234,21 +230,26 @@ impl Scenario for ShippedRulesOnPrometheus {
         let (replicas, fronts) = (&self.replicas, &self.fronts);
         let secret = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(secret.path(), "the proxies' secret\n").unwrap();
-        let lua = haproxy_lua_script();
-        let _haproxy = Haproxy::start_with_global(
-            &format!(
-                "    lua-load {}\n    setenv RETRY_AFTER_SOCKET {}\n    setenv RETRY_AFTER_SERVICES static_1s:be_static_1s,kept:be_kept\n    setenv RETRY_AFTER_STATIC 5\n    setenv RETRY_AFTER_KEEP kept=source\n    setenv RETRY_AFTER_SECRET_FILE {}\n",
-                lua.display(),
-                agent.socket.display(),
-                secret.path().display(),
-            ),
+        let _haproxy = Haproxy::start_with_lua(
+            &agent.socket,
+            &[
+                (
+                    "RETRY_AFTER_SERVICES",
+                    "static_1s:be_static_1s,kept:be_kept",
+                ),
+                ("RETRY_AFTER_STATIC", "5"),
+                ("RETRY_AFTER_KEEP", "kept=source"),
+                (
+                    "RETRY_AFTER_SECRET_FILE",
+                    &secret.path().display().to_string(),
+                ),
+            ],
             &(frontend(
                 "static_1s",
                 fronts[0],
                 QUEUE_LIMIT,
                 &replicas[0].iter().collect::<Vec<_>>(),
             ) + &haproxy_frontend("kept", fronts[1], &replicas[1])),
-            None,
         );
         let prometheus = Prometheus::start(agent.metrics);
         thread::scope(|s| {

@@ -37,8 +37,7 @@ use retry_after_protocol::{
 use retry_after_testkit::{
     AgentProcess, free_port,
     proxies::{
-        Haproxy, NGINX_LUA_MODULES, Nginx, Wrk, haproxy_lua_script, nginx_lua_package_path,
-        nginx_workers_may_connect,
+        Haproxy, NGINX_LUA_MODULES, Nginx, Wrk, nginx_lua_package_path, nginx_workers_may_connect,
     },
     rejections::{Outage, Rejection, median, outage, prober, values},
     sample,
@@ -285,17 +284,16 @@ fn front(serve: SocketAddr, agent_socket: &Path) -> (Nginx, SocketAddr) {
 /// (`http-response lua.retry_after_response`).
 fn haproxy_front(serve: SocketAddr, agent_socket: &Path) -> (Haproxy, SocketAddr) {
     let front = free_port();
-    let lua = haproxy_lua_script();
-    let haproxy = Haproxy::start_with_global(
-        &format!(
-            "    lua-load {}\n    setenv RETRY_AFTER_SOCKET {}\n    setenv RETRY_AFTER_SERVICES serve-direct:be_serve\n    setenv RETRY_AFTER_STALE_MS 1500\n    setenv RETRY_AFTER_RECONNECT_MAX_MS 1000\n",
-            lua.display(),
-            agent_socket.display()
-        ),
+    let haproxy = Haproxy::start_with_lua(
+        agent_socket,
+        &[
+            ("RETRY_AFTER_SERVICES", "serve-direct:be_serve"),
+            ("RETRY_AFTER_STALE_MS", "1500"),
+            ("RETRY_AFTER_RECONNECT_MAX_MS", "1000"),
+        ],
         &format!(
             "frontend fe_serve\n    bind {front}\n    http-response lua.retry_after_response serve-direct\n    default_backend be_serve\nbackend be_serve\n    server serve {serve}\n"
         ),
-        None,
     );
     (haproxy, front)
 }

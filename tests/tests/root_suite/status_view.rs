@@ -14,7 +14,7 @@ use std::{
 use retry_after_testkit::{
     AgentProcess, agent_binary, free_port,
     http::HttpServer,
-    proxies::{Haproxy, Wrk, haproxy_lua_script},
+    proxies::{Haproxy, Wrk},
     run_ok,
 };
 
@@ -81,15 +81,13 @@ fn the_status_view_shows_a_loaded_agent_live_in_80_columns_and_says_when_it_stop
             "retry_after_policy = \"scheduled_returns\"\nretry_after_s = 5\n",
         ),
     );
-    let lua = haproxy_lua_script();
-    let _haproxy = Haproxy::start_with_global(
-        &format!(
-            "    lua-load {}\n    setenv RETRY_AFTER_SOCKET {}\n    setenv RETRY_AFTER_SERVICES chat:be_chat\n    setenv RETRY_AFTER_STATIC 5\n",
-            lua.display(),
-            agent.socket.display()
-        ),
+    let _haproxy = Haproxy::start_with_lua(
+        &agent.socket,
+        &[
+            ("RETRY_AFTER_SERVICES", "chat:be_chat"),
+            ("RETRY_AFTER_STATIC", "5"),
+        ],
         &frontend("chat", front, 8, &replicas.iter().collect::<Vec<_>>()),
-        None,
     );
     let _load = Wrk::start(front, 1, 64, 40);
 
