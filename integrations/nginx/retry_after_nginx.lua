@@ -97,6 +97,17 @@ local function set_headers(seconds, millis)
   ngx.header["retry-after-ms"] = options.retry_after_ms and string.format("%d", millis) or nil
 end
 
+-- Tell a rejected request its kept place: seconds (nil: no header) and their rung, counted as
+-- handed out, and in cookie mode the return cookie. A place is a whole second: the seconds
+-- told bring the client back within it, so its milliseconds are the same time.
+local function tell_place(service, seconds, rung, cookie)
+  if seconds then
+    set_headers(seconds, seconds * 1000)
+    dict():incr(handed_out_key(service, policy.handed_out_value(rung, seconds)), 1, 0)
+  end
+  if cookie then ngx.header["Set-Cookie"] = cookie end
+end
+
 -- The Retry-After for one rejection of service, from its fresh push (nil: none is held) of
 -- age seconds: seconds (nil: no header), milliseconds and rung, as policy.answer gives them.
 local function answer(service, push, age)
@@ -134,12 +145,7 @@ function M.stamp(service, stamp_options)
   -- limit_req's rejections carry no Retry-After; an upstream's own is left to the rules below.
   if ngx.ctx.retry_after_queued and ngx.header["Retry-After"] == nil then
     local seconds, rung, cookie = place_after_limit(service)
-    if seconds then
-      set_headers(seconds, seconds * 1000)
-      if cookie then ngx.header["Set-Cookie"] = cookie end
-      shared:incr(handed_out_key(service, policy.handed_out_value(rung, seconds)), 1, 0)
-      return
-    end
+    if seconds then return tell_place(service, seconds, rung, cookie) end
   end
   local push, age = fresh_push(service)
   if ngx.header["Retry-After"] ~= nil then
@@ -405,16 +411,9 @@ function M.admit(service)
   -- limit_req may still turn it away: stamp then gives it a place.
   if outcome == "queued" then ngx.ctx.retry_after_queued = true end
   if outcome == "returned" or outcome == "queued" then return end
-  local shared = dict()
-  shared:incr("rejected:" .. service, 1, 0)
+  dict():incr("rejected:" .. service, 1, 0)
   ngx.ctx.retry_after_answered = true
-  if seconds then
-    -- A kept place is a whole second: the seconds told bring the client back within it, so
-    -- its milliseconds are the same time.
-    set_headers(seconds, seconds * 1000)
-    shared:incr(handed_out_key(service, policy.handed_out_value(rung, seconds)), 1, 0)
-  end
-  if cookie then ngx.header["Set-Cookie"] = cookie end
+  tell_place(service, seconds, rung, cookie)
   ngx.header["Content-Type"] = "text/plain"
   ngx.status = push and push.status_code or 429
   ngx.say("overloaded, retry later")
