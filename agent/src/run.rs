@@ -15,8 +15,8 @@ use crate::{
     attach, error_chain,
     instance::{InstanceError, InstanceLock},
     kernel::{
-        FeatureState, KernelFeature, KernelSupport, Probe, ProbeError, ProbeOptions, WatchOptions,
-        cgroup_scope,
+        FeatureState, Http2Options, KernelFeature, KernelSupport, Probe, ProbeError, ProbeOptions,
+        WatchOptions, cgroup_scope,
     },
     metrics, privileges,
     server::{self, ServerError, ServerOptions},
@@ -192,6 +192,10 @@ fn attach_and_watch(config: &Config) -> Result<Probe, RunError> {
         cgroup: config.agent.cgroup.clone(),
         attach_to: plan.dirs,
         debug_log: tracing::enabled!(tracing::Level::DEBUG),
+        http2: Http2Options {
+            max_streams: config.agent.http2_max_streams,
+            stream_timeout: config.agent.http2_stream_timeout,
+        },
         ..ProbeOptions::default()
     };
     let mut probe = Probe::attach(&options)?;

@@ -442,14 +442,27 @@ pub struct ConnState {
     pub client_frames: h2::FrameStream,
     /// HTTP/2 frame walk of the server→client bytes (written by those segments only).
     pub server_frames: h2::FrameStream,
-    /// The open HTTP/2 streams.
-    pub streams: h2::Streams,
+    /// The HTTP/2 connection's id in the stream table (the socket's cookie; 0 until the
+    /// connection is known to be HTTP/2).
+    pub h2_connection: u64,
+    /// How many of its streams the table holds, as the programs count them (the agent's
+    /// removals are not subtracted): a close with none skips the close notice.
+    pub h2_open: u64,
+    /// The entry its next stream is given in the table (its watch, its side; the open time
+    /// is set as the stream opens). Written by client segments only, which alone open
+    /// streams; kept here so the walk's loop builds no value on its stack.
+    pub h2_entry: h2::StreamEntry,
+    /// Segments of the direction this vantage point receives that arrived ahead of a gap,
+    /// parked until it fills (see [`h2::Parked`]).
+    pub parked: [h2::Parked; h2::PARKED_PER_CONNECTION],
+    /// Segments parked beyond those places, found by their first byte's sequence number only.
+    pub parked_unplaced: u64,
     /// The bytes a segment overtook, in the direction this vantage point receives.
     pub hole: h2::Hole,
 }
 
 // Every field is accounted for: no implicit padding, so the map value has no undefined bytes.
-const _: () = assert!(core::mem::size_of::<ConnState>() == 176);
+const _: () = assert!(core::mem::size_of::<ConnState>() == 216);
 
 impl ConnState {
     /// A connection of `watch` seen from `side`, between turns. A client side whose watch is
@@ -486,7 +499,16 @@ impl ConnState {
             protocol: watch.protocol as u16,
             client_frames: h2::FrameStream::NEW,
             server_frames: h2::FrameStream::NEW,
-            streams: h2::Streams::NEW,
+            h2_connection: 0,
+            h2_open: 0,
+            h2_entry: h2::StreamEntry {
+                opened_ns: 0,
+                generation: watch.generation,
+                slot: watch.slot as u16,
+                side: side as u16,
+            },
+            parked: [h2::Parked { seq: 0, len: 0 }; h2::PARKED_PER_CONNECTION],
+            parked_unplaced: 0,
             hole: h2::Hole::NONE,
         }
     }
@@ -519,13 +541,23 @@ pub enum ProbeStat {
     /// until a segment starts with a record header again.
     TlsSegmentsUnframed => "tls_segments_unframed",
     /// Segments of HTTP/2 connections whose frame walk was lost (a segment that overtook
-    /// bytes and begins inside a frame, a hole that could not be walked into place, or more
-    /// frames in one segment than are read): their streams' starts and ends are not seen
-    /// until a segment starts with a frame header again.
+    /// bytes and begins inside a frame, or a hole that could not be walked into place): their
+    /// streams' starts and ends are not seen until a segment starts with a frame header again.
     Http2SegmentsUnframed => "http2_segments_unframed",
-    /// HTTP/2 streams given up beyond their connection's window of [`h2::STREAM_WINDOW`]
-    /// streams (see [`h2::Streams::beyond`]): counted abandoned then, their end not counted.
-    Http2StreamsForgotten => "http2_streams_forgotten",
+    /// HTTP/2 streams not counted because the stream table ([`h2::STREAMS_MAP`]) was full
+    /// when they opened: neither started nor ended.
+    Http2StreamsUntracked => "http2_streams_untracked",
+    /// HTTP/2 streams the agent abandoned because they were open longer than its stream
+    /// timeout (the kernel's slot stays 0; the agent adds its own count).
+    Http2StreamsExpired => "http2_streams_expired",
+    /// HTTP/2 connections that closed with streams open when the close notices
+    /// ([`h2::CLOSED_MAP`]) were full: their streams are abandoned when they expire.
+    Http2ClosesUnnoted => "http2_closes_unnoted",
+    /// Segments of HTTP/2 connections that arrived ahead of a gap and could not be parked
+    /// (larger than [`h2::PARKED_BYTES`], the connection's [`h2::PARKED_PER_CONNECTION`]
+    /// places taken, or no room in the parking map): walked as they came, which may lose the
+    /// framing (`http2_segments_unframed`).
+    Http2SegmentsNotParked => "http2_segments_not_parked",
     /// HTTP/2 connections left out: the kernel cannot run the programs that count streams
     /// (no `bpf_loop` or no atomic fetch operations), so their requests are not counted.
     Http2ConnectionsLeftOut => "http2_connections_left_out",
@@ -577,6 +609,14 @@ mod pod {
     unsafe impl aya::Pod for EndpointCounters {}
     // SAFETY: as above.
     unsafe impl aya::Pod for ConnState {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for h2::StreamKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for h2::StreamEntry {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for h2::ParkKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for h2::ParkedBytes {}
 }
 
 #[cfg(test)]

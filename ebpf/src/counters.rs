@@ -15,7 +15,7 @@
 
 use core::{
     ffi::c_void,
-    intrinsics::{AtomicOrdering, atomic_and, atomic_or, atomic_xadd},
+    intrinsics::{AtomicOrdering, atomic_and, atomic_xadd},
     ptr::{read_volatile, write_volatile},
 };
 
@@ -167,26 +167,11 @@ pub fn probe_stat(stats: &PerCpuArray<u64>, stat: ProbeStat) {
     }
 }
 
-/// The HTTP/2 frame walk's primitives in the kernel: the open-stream bits changed with BPF
-/// atomic instructions (fetch-and, or), which both directions of a connection may run at once
-/// on two CPUs, and the frame loop run by `bpf_loop`.
+/// The HTTP/2 frame walk's loop in the kernel: `bpf_loop`, whose body the verifier checks
+/// once.
 pub struct KernelFrameOps;
 
 impl FrameOps for KernelFrameOps {
-    #[inline(always)]
-    unsafe fn fetch_clear(word: *mut u64, mask: u64) -> u64 {
-        // SAFETY: guaranteed by the caller.
-        unsafe { atomic_and::<u64, u64, { AtomicOrdering::SeqCst }>(word, !mask) }
-    }
-
-    #[inline(always)]
-    unsafe fn set(word: *mut u64, bits: u64) {
-        // SAFETY: guaranteed by the caller.
-        unsafe {
-            atomic_or::<u64, u64, { AtomicOrdering::SeqCst }>(word, bits);
-        }
-    }
-
     #[inline(always)]
     fn repeat<F: FnMut() -> bool>(n: u32, mut body: F) {
         /// One iteration: `ctx` is the body; 0 goes on, 1 stops.
@@ -199,6 +184,16 @@ impl FrameOps for KernelFrameOps {
         // SAFETY: the helper calls `callback` with `ctx`, on this stack, at most `n` times.
         unsafe { bpf_loop(n, callback, (&raw mut body).cast(), 0) };
     }
+}
+
+/// Atomically clear `mask` in `*word`, returning what it held (a fetch form: 5.12).
+///
+/// # Safety
+/// `word` must point into a live, 8-byte aligned map value.
+#[inline(always)]
+pub unsafe fn fetch_clear(word: *mut u64, mask: u64) -> u64 {
+    // SAFETY: guaranteed by the caller.
+    unsafe { atomic_and::<u64, u64, { AtomicOrdering::SeqCst }>(word, !mask) }
 }
 
 /// Count `n` occurrences of a probe-wide event, `n` made by the HTTP/2 frame loop (see

@@ -11,17 +11,17 @@ use aya_ebpf::{
 use retry_after_common::{ProbeStat, h2::FrameOps};
 
 use crate::{
-    counters::KernelFrameOps,
+    counters::{self, KernelFrameOps},
     maps::{PROBE_STATS, tracked},
 };
 
-/// Atomic fetch operations (fetch-and, fetch-or, exchange; 5.12): the HTTP/2 stream bits.
+/// Atomic fetch operations (fetch-and, fetch-or, exchange; 5.12).
 /// A fetch-and that keeps every bit of a probe-wide counter changes nothing.
 #[cgroup_skb(ingress)]
 fn ra_has_atomics(_ctx: SkBuffContext) -> i32 {
     if let Some(slot) = PROBE_STATS.get_ptr_mut(ProbeStat::ConnectionsUntracked as u32) {
         // SAFETY: `slot` points into this CPU's copy of the array, 8-byte aligned.
-        let old = unsafe { KernelFrameOps::fetch_clear(slot, 0) };
+        let old = unsafe { counters::fetch_clear(slot, 0) };
         // Read, so the fetch form is kept.
         // SAFETY: a local value.
         let _ = unsafe { read_volatile(&old) };

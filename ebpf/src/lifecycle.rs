@@ -24,6 +24,7 @@ use crate::{
         EARLY_NOT_A_REQUEST, EARLY_PAYLOADS, HandshakePeer, MADE_AT_ESTABLISHED, PROBE_STATS,
         Stored, forget, live_counters, matching_watch, store, tracked,
     },
+    parking, streams,
 };
 
 /// Connection establishment and close.
@@ -249,7 +250,10 @@ fn close_tracked<S, const HTTP2: bool>(sk: *mut S) {
         && let Some(c) = live_counters::<false>(conn)
     {
         let delta = if HTTP2 && conn.client_frames.is_http2() {
-            conn.streams.on_close::<counters::KernelFrameOps>()
+            // Its open streams are the agent's to abandon, from the table.
+            streams::note_close(conn);
+            parking::release_all(conn);
+            TurnDelta::default()
         } else {
             conn.turn.on_close(conn.server_records.is_tls())
         };

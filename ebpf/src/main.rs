@@ -16,6 +16,10 @@
 //!   Segments are seen as they arrive, before the application reads them, so a request
 //!   waiting unread in a socket buffer is already counted.
 //!
+//! * `ra_ingress_parked` (cgroup_skb, never attached): reached by a tail call from
+//!   `ra_ingress`, it walks the HTTP/2 segments that arrived ahead of a gap and were parked
+//!   (`parking.rs`), once the gap has filled.
+//!
 //! Each of the four has a `_noh2` twin without HTTP/2 streams (an HTTP/2 connection is left
 //! out), which the agent loads instead on a kernel without `bpf_loop` or atomic fetch
 //! operations. The other two, `ra_floor_in` / `ra_floor_out` (cgroup_skb), let every segment
@@ -37,7 +41,9 @@ mod features;
 mod lifecycle;
 mod maps;
 mod packet;
+mod parking;
 mod segments;
+mod streams;
 
 #[cfg(not(test))]
 #[panic_handler]

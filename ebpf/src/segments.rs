@@ -4,7 +4,7 @@
 use aya_ebpf::{
     EbpfContext,
     bindings::{__sk_buff, bpf_sock},
-    helpers::{bpf_skb_ancestor_cgroup_id, bpf_skb_cgroup_id},
+    helpers::{bpf_get_socket_cookie, bpf_skb_ancestor_cgroup_id, bpf_skb_cgroup_id},
     macros::cgroup_skb,
     programs::SkBuffContext,
 };
@@ -20,7 +20,8 @@ use crate::{
     counters,
     lifecycle::count_opened,
     maps::{PROBE_STATS, forget, live_counters, port_watched, tracked},
-    packet,
+    packet, parking,
+    streams::ConnectionStreams,
 };
 
 /// A segment arrives at a local socket.
@@ -120,12 +121,19 @@ fn on_segment<const INGRESS: bool, const HTTP2: bool>(ctx: &SkBuffContext) {
         Sender::Server
     };
     let payload = packet::SegmentPayload::new(ctx, segment.payload_offset);
-    match streams_or_turns::<INGRESS, HTTP2>(conn, c, &segment, &payload, sender) {
+    match streams_or_turns::<INGRESS, HTTP2>(ctx, conn, c, &segment, &payload, sender) {
         // Nothing runs after it: the verifier checks the rest of this path once, not once for
         // each way out of the frame walk.
         Counted::ByStreams => {
-            if HTTP2 {
+            // A segment the ingress program sees ahead of a gap is parked, and walked (with
+            // whatever else was parked) once the gap fills: the walk sees the bytes in order.
+            if HTTP2 && !(INGRESS && parking::park(ctx, conn, &segment, sender as u32)) {
                 http2_segment(conn, c.values(), &segment, &payload, sender);
+                if INGRESS && parking::any_parked(conn) {
+                    // The parked segments are walked by a program of their own, which the
+                    // verifier checks apart: this one ends here.
+                    parking::walk_parked_next(ctx);
+                }
             }
         }
         Counted::NotAtAll => {}
@@ -276,6 +284,7 @@ enum Counted {
 /// an HTTP/2 connection is not counted at all (and counted as left out, once).
 #[inline(always)]
 fn streams_or_turns<const INGRESS: bool, const HTTP2: bool>(
+    ctx: &SkBuffContext,
     conn: &mut ConnState,
     c: counters::Counters<INGRESS>,
     segment: &packet::Segment,
@@ -291,6 +300,8 @@ fn streams_or_turns<const INGRESS: bool, const HTTP2: bool>(
         && !conn.client_frames.is_detected()
         && conn.client_frames.detect(segment.seq, payload, protocol) == Detected::Http2
     {
+        // SAFETY: the helper reads the context's socket.
+        conn.h2_connection = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
         let withdrawn = conn.turn.on_early_bytes_not_a_request();
         // SAFETY: `c` is this CPU's copy of a live map value.
         unsafe { c.apply(&withdrawn) };
@@ -324,17 +335,80 @@ fn http2_segment(
     payload: &packet::SegmentPayload,
     sender: Sender,
 ) {
+    walk_counted(conn, c, (segment.seq, segment.payload_len), payload, sender);
+}
+
+/// Parked segments of a tracked HTTP/2 connection, walked one per run: the ingress program
+/// tail-calls this one after a segment, and it calls itself while one more continues where
+/// the walk has got to. Never attached; reached only by tail calls.
+#[cgroup_skb(ingress)]
+fn ra_ingress_parked(ctx: SkBuffContext) -> i32 {
+    let skb = ctx.as_ptr().cast::<__sk_buff>();
+    // SAFETY: the context's socket field, a plain load.
+    let sk = unsafe { (*skb).__bindgen_anon_2.sk };
+    if sk.is_null() {
+        return 1;
+    }
+    let Some(conn) = tracked(sk) else {
+        return 1;
+    };
+    // SAFETY: `conn` points at the socket's live state.
+    let conn = unsafe { &mut *conn };
+    let Some(c) = live_counters::<true>(conn) else {
+        return 1;
+    };
+    // What this vantage point receives.
+    let sender = if conn.side == Side::Server as u16 {
+        Sender::Client
+    } else {
+        Sender::Server
+    };
+    if walk_one_parked(conn, c.values(), sender) {
+        parking::walk_parked_next(&ctx);
+    }
+    1
+}
+
+/// Walk the segment parked on `conn` that continues where the walk of `sender`'s bytes has
+/// got to, counting what it did: true if there was one.
+#[inline(always)]
+fn walk_one_parked(conn: &mut ConnState, c: *mut EndpointCounters, sender: Sender) -> bool {
+    let frames = match sender {
+        Sender::Client => &conn.client_frames,
+        Sender::Server => &conn.server_frames,
+    };
+    let Some(at) = frames.walked_to() else {
+        return false;
+    };
+    let Some((parked, payload)) = parking::take(conn, at) else {
+        return false;
+    };
+    walk_counted(conn, c, (parked.seq, parked.len), &payload, sender);
+    parking::release(conn, parked);
+    true
+}
+
+/// Walk `len` bytes at `seq` of `sender`'s, read from `payload`, and count what they did.
+#[inline(always)]
+fn walk_counted<P: Payload>(
+    conn: &mut ConnState,
+    c: *mut EndpointCounters,
+    (seq, len): (u32, u32),
+    payload: &P,
+    sender: Sender,
+) {
     let protocol = Protocol::from_u32(u32::from(conn.protocol));
+    let streams = ConnectionStreams::of(conn);
     let frames = match sender {
         Sender::Client => &mut conn.client_frames,
         Sender::Server => &mut conn.server_frames,
     };
-    let walk = frames.walk::<_, counters::KernelFrameOps>(
+    let walk = frames.walk::<_, counters::KernelFrameOps, _>(
         &mut conn.hole,
-        &mut conn.streams,
+        &streams,
         FrameSegment {
-            seq: segment.seq,
-            len: segment.payload_len,
+            seq,
+            len,
             payload,
             sender,
             protocol,
@@ -345,8 +419,8 @@ fn http2_segment(
     }
     counters::probe_stats_unconditionally(
         &PROBE_STATS,
-        ProbeStat::Http2StreamsForgotten,
-        u64::from(walk.forgotten),
+        ProbeStat::Http2StreamsUntracked,
+        u64::from(walk.untracked),
     );
     // SAFETY: `c` points into this CPU's copy of a live map value.
     unsafe { counters::apply_streams(c, &walk.delta) };

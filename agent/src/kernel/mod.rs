@@ -10,10 +10,12 @@ mod features;
 mod floor;
 mod listeners;
 mod owners;
+mod streams;
 
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
+    sync::Mutex,
     time::Instant,
 };
 
@@ -30,7 +32,11 @@ use retry_after_common::{
     CounterWriter, ENDPOINT_COUNTERS_MAP, EndpointCounters, EndpointKey, MAX_WATCHED_ENDPOINTS,
     PROBE_STATS_LEN, PROBE_STATS_MAP, ProbeStat, Protocol, SETTINGS_MAP, SLOT_GENERATIONS_MAP,
     Setting, Side, WATCHED_ENDPOINTS_MAP, WATCHED_PORTS_MAP, WatchValue, counter_index,
+    h2::STREAMS_MAP,
 };
+
+/// The per-CPU scratch buffers parked segments are copied through, one per possible CPU.
+const PARK_SCRATCH_MAP: &str = "H2_PARK_SCRATCH";
 
 use retry_after_estimator::{
     endpoint::Endpoint,
@@ -42,6 +48,8 @@ pub use features::{FeatureState, KernelFeature, KernelFeatures};
 pub use floor::Floor;
 pub use listeners::{ListenerBacklog, listener_backlogs};
 pub use owners::{Held, SocketOwner, TcpSocket, owner_cgroups, socket_owners, tcp_sockets};
+pub use streams::Http2Options;
+use streams::StreamSweeper;
 
 /// The compiled eBPF object, built by agent/build.rs.
 static EBPF_OBJECT: &[u8] =
@@ -125,6 +133,8 @@ pub struct ProbeOptions {
     /// Features to run without even where the kernel has them, switching off what needs them
     /// as a kernel without them would (tests of older kernels' behaviour on this one).
     pub without: Vec<KernelFeature>,
+    /// The HTTP/2 stream table's size and timeout.
+    pub http2: Http2Options,
 }
 
 /// What went wrong in the kernel part of the agent.
@@ -262,6 +272,8 @@ pub struct Probe {
     next_generation: u32,
     cpus: usize,
     support: KernelSupport,
+    /// The HTTP/2 streams the programs leave in their table, abandoned each read.
+    sweeper: Mutex<StreamSweeper>,
 }
 
 impl Probe {
@@ -282,6 +294,11 @@ impl Probe {
         let log_level: u8 = if options.debug_log { 4 } else { 2 };
         let mut loader = EbpfLoader::new();
         loader.override_global("AYA_LOG_LEVEL", &log_level, false);
+        loader.map_max_entries(STREAMS_MAP, options.http2.max_streams);
+        let possible_cpus = nr_cpus()
+            .map_err(|(_, source)| ProbeError::Cpus(source))?
+            .get() as u32;
+        loader.map_max_entries(PARK_SCRATCH_MAP, possible_cpus);
         let mut ebpf = loader.load(EBPF_OBJECT).map_err(ProbeError::Load)?;
         let btf = Btf::from_sys_fs().map_err(ProbeError::Btf)?;
         let support = load_programs(&mut ebpf, &btf, &options.without)?;
@@ -292,6 +309,10 @@ impl Probe {
         let cpus = nr_cpus()
             .map_err(|(_, source)| ProbeError::Cpus(source))?
             .get() as usize;
+        let sweeper = Mutex::new(StreamSweeper::take(
+            &mut ebpf,
+            options.http2.stream_timeout,
+        )?);
         Ok(Self {
             ebpf,
             cgroup,
@@ -301,6 +322,7 @@ impl Probe {
             next_generation: 1,
             cpus,
             support,
+            sweeper,
         })
     }
 
@@ -471,6 +493,7 @@ impl Probe {
                 )),
             ),
         };
+        let sweeper = self.sweep_streams()?;
         let counters: PerCpuArray<&MapData, EndpointCounters> = self.map(ENDPOINT_COUNTERS_MAP)?;
         let mut endpoints = Vec::with_capacity(self.watched.len() * 2);
         for (endpoint, watch) in &self.watched {
@@ -484,7 +507,11 @@ impl Probe {
                         })?;
                     sum = per_cpu.iter().fold(sum, |sum, cpu| sum.add(cpu));
                 }
-                let counters = sum;
+                let swept = sweeper.abandoned().of(watch.slot, watch.generation, side);
+                let counters = EndpointCounters {
+                    requests_abandoned: sum.requests_abandoned.wrapping_add(swept),
+                    ..sum
+                };
                 let accept_backlog = match (side, &backlogs) {
                     (Side::Server, Some(backlogs)) => Some(
                         backlogs
@@ -503,15 +530,41 @@ impl Probe {
                 });
             }
         }
+        let expired = sweeper.abandoned().expired;
+        drop(sweeper);
         Ok(Snapshot {
             taken_at,
             endpoints,
-            probe: self.probe_stats()?,
+            probe: self.probe_stats(expired)?,
             backlog_error,
         })
     }
 
-    fn probe_stats(&self) -> Result<ProbeStats, ProbeError> {
+    /// Abandon the HTTP/2 streams the programs leave behind (see [`StreamSweeper`]); the
+    /// sweeper, holding what it abandoned so far.
+    fn sweep_streams(&self) -> Result<std::sync::MutexGuard<'_, StreamSweeper>, ProbeError> {
+        let mut sweeper = self
+            .sweeper
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let live = |slot: u32, generation: u32| {
+            self.watched
+                .values()
+                .any(|w| w.slot == slot && w.generation == generation)
+        };
+        sweeper.sweep(monotonic_ns(), live)?;
+        Ok(sweeper)
+    }
+
+    /// Streams in the HTTP/2 stream table now.
+    pub fn open_http2_streams(&self) -> usize {
+        self.sweeper
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .open_streams()
+    }
+
+    fn probe_stats(&self, expired: u64) -> Result<ProbeStats, ProbeError> {
         let stats: PerCpuArray<&MapData, u64> = self.map(PROBE_STATS_MAP)?;
         let read = |stat: ProbeStat| -> Result<u64, ProbeError> {
             let values = stats
@@ -523,6 +576,7 @@ impl Probe {
         for (count, stat) in counts.iter_mut().zip(ProbeStat::ALL) {
             *count = read(*stat)?;
         }
+        counts[ProbeStat::Http2StreamsExpired as usize] += expired;
         Ok(ProbeStats::new(counts))
     }
 
@@ -542,6 +596,17 @@ impl Probe {
     {
         typed_map_mut(&mut self.ebpf, name)
     }
+}
+
+/// The monotonic clock in nanoseconds, as the programs read it (`bpf_ktime_get_ns`).
+fn monotonic_ns() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a valid timespec for the call to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut now) };
+    (now.tv_sec as u64).saturating_mul(1_000_000_000) + now.tv_nsec as u64
 }
 
 /// Open each cgroup directory the programs attach to.
@@ -697,7 +762,36 @@ fn load_socket_programs(ebpf: &mut Ebpf, set: ProgramSet) -> Result<(), ProbeErr
             .load()
             .map_err(|source| ProbeError::Verify { name, source })?;
     }
+    if set == ProgramSet::Full {
+        load_parked_walk(ebpf)?;
+    }
     Ok(())
+}
+
+/// The program that walks parked HTTP/2 segments, reached by tail calls from `ra_ingress`.
+const PARKED_WALK_PROGRAM: &str = "ra_ingress_parked";
+/// The tail-call table that holds it.
+const PARKED_WALK_MAP: &str = "H2_PARKED_WALK";
+
+/// Load the program that walks parked HTTP/2 segments and put it where `ra_ingress`
+/// tail-calls it.
+fn load_parked_walk(ebpf: &mut Ebpf) -> Result<(), ProbeError> {
+    let name = PARKED_WALK_PROGRAM;
+    let program: &mut CgroupSkb = program_mut(ebpf, name)?;
+    program
+        .load()
+        .map_err(|source| ProbeError::Verify { name, source })?;
+    let fd = program
+        .fd()
+        .map_err(|source| ProbeError::Verify { name, source })?
+        .try_clone()
+        .map_err(|source| ProbeError::Verify {
+            name,
+            source: ProgramError::from(source),
+        })?;
+    typed_map_mut::<aya::maps::ProgramArray<_>>(ebpf, PARKED_WALK_MAP)?
+        .set(0, &fd, 0)
+        .map_err(|source| map_error("set", PARKED_WALK_MAP, source))
 }
 
 /// Unload whatever of the socket programs of `set` was loaded.
@@ -706,7 +800,7 @@ fn unload_socket_programs(ebpf: &mut Ebpf, set: ProgramSet) {
     if let Ok(program) = program_mut::<SockOps>(ebpf, sockops) {
         let _ = program.unload();
     }
-    for name in [ingress, egress] {
+    for name in [ingress, egress, PARKED_WALK_PROGRAM] {
         if let Ok(program) = program_mut::<CgroupSkb>(ebpf, name) {
             let _ = program.unload();
         }

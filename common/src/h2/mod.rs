@@ -3,14 +3,14 @@
 //! HTTP/2 (and gRPC, which runs on it) multiplexes requests as streams on one connection, so
 //! the turns of [`crate::turn`] mean nothing there. Each direction instead walks its 9-byte
 //! frame headers ([`FrameStream`]), headers split across segments included, as the TLS record
-//! walk does, and the frames move the connection's [`Streams`]:
+//! walk does, and the frames open and end the connection's streams ([`StreamTable`]):
 //!
 //! * a request **starts** with the client's HEADERS frame on a new stream (a client stream id
 //!   above every one before it; a later HEADERS on the same stream is its trailers);
 //! * it **completes** with the server's HEADERS or DATA frame carrying END_STREAM on it, or
 //!   with the server's RST_STREAM; a client's RST_STREAM (a cancel) **abandons** it;
-//! * the server's GOAWAY abandons the open streams above its last stream id (the server did
-//!   not and will not process them), and the connection's close abandons what is left;
+//! * the connection's close abandons what is left (the streams above a server's GOAWAY among
+//!   them: it did not and will not process them);
 //! * in flight = open streams.
 //!
 //! A response is a **rejection** when its HEADERS frame begins with `:status` 429 or 503
@@ -27,27 +27,28 @@
 //! (`PRI * HTTP/2.0…`); one adopted mid-stream (open before it was watched) when its first
 //! payload seen has the shape of a frame header (see [`plausible_frame_header`]), or always
 //! on an endpoint set to [`Protocol::Http2`] or [`Protocol::Grpc`]. A stream whose framing is
-//! lost (a gap, or more than [`MAX_FRAMES_PER_SEGMENT`] frames in one segment) is framed again
-//! at the next segment that begins with a plausible frame header.
+//! lost (a segment that overtook bytes and begins inside a frame) is framed again at the next
+//! segment that begins with a plausible frame header. Every frame of a segment is walked,
+//! however many: the loop runs as many times as the segment could hold frame headers.
 //!
 //! **Concurrency.** Each [`FrameStream`] is written by its own direction only, like the turn's
-//! words. The open-stream bits are changed by both (the client opens, either end closes), so
-//! each change is an atomic fetch-and-modify ([`FrameOps`]): the one event that finds a
-//! stream's bit set counts its end, exactly once, whichever CPU sees it first.
-//! [`Streams::next_index`] is written by client segments only. The words of streams beyond
-//! the window have their bits set by client segments and cleared atomically by either.
+//! words; the client's holds the highest stream id opened ([`FrameStream::max_stream`]). The
+//! open streams are entries of a table that both directions change ([`StreamTable`], of its
+//! own module): the one event that removes a stream's entry counts its end, exactly once,
+//! whichever CPU sees it first.
 //!
-//! Bounds: the last [`STREAM_WINDOW`] client streams are tracked by index, in the stream window
-//! ([`Streams`], of its own module: a stream is opened, ended, or ended with all those above
-//! it); one pushed out of the window while open is still counted in flight until its end
-//! comes or is given up. A segment that arrives before the bytes ahead of it (reordered on the
+//! Bounds: none per connection. Every open stream is an entry of the stream table, whose size
+//! bounds them all; a stream that finds it full is counted as untracked, not started. A segment that arrives before the bytes ahead of it (reordered on the
 //! way, or after a loss) leaves a [`Hole`]: the walk frames anew at the segment, and walks the
 //! bytes from the place it saved when they come; one hole per connection at a time. Over TLS
 //! the frames are encrypted and nothing here applies.
 
 mod streams;
 
-pub use streams::{EPOCH, STREAM_WINDOW, Streams};
+pub use streams::{
+    CLOSED_ENTRIES, CLOSED_MAP, DEFAULT_MAX_STREAMS, Opened, STREAMS_MAP, StreamEntry, StreamKey,
+    StreamTable,
+};
 
 use crate::{
     Payload, Protocol, Resume, WalkFlags,
@@ -59,9 +60,6 @@ use crate::{
 pub const PREFACE_LEN: u32 = 24;
 /// Bytes of a frame header.
 pub const FRAME_HEADER_LEN: u32 = 9;
-/// Frame headers read per segment at most; a segment with more loses the framing until a
-/// later segment starts with a frame header.
-pub const MAX_FRAMES_PER_SEGMENT: u32 = 512;
 /// The largest frame payload a peer may send before the other raises its limit
 /// (SETTINGS_MAX_FRAME_SIZE's initial value), used to judge a frame header's shape.
 pub const DEFAULT_MAX_FRAME_LEN: u32 = 16_384;
@@ -69,7 +67,6 @@ pub const DEFAULT_MAX_FRAME_LEN: u32 = 16_384;
 const DATA: u8 = 0x0;
 const HEADERS: u8 = 0x1;
 const RST_STREAM: u8 = 0x3;
-const GOAWAY: u8 = 0x7;
 /// The highest frame type of RFC 9113 (CONTINUATION).
 const LAST_FRAME_TYPE: u8 = 0x9;
 const END_STREAM: u8 = 0x1;
@@ -89,21 +86,10 @@ const FRAMED: u8 = 4;
 /// Client stream: the connection is TLS (its first payload, a record header).
 const ENCRYPTED: u8 = 8;
 
-/// What the frame walk needs from where it runs: atomic read-modify-writes of the open-stream
-/// bits, which both directions change, and a bounded loop. The eBPF programs implement them
-/// with BPF atomic instructions and `bpf_loop` (whose body the verifier checks once, where an
-/// unrolled loop of this many frames would exceed its budget).
+/// What the frame walk needs from where it runs: a loop whose count is known only at run
+/// time. The eBPF programs run it with `bpf_loop` (whose body the verifier checks once, where
+/// an unrolled loop would exceed its budget).
 pub trait FrameOps {
-    /// Clear `mask` in `*word` atomically; the bits `*word` held before.
-    ///
-    /// # Safety
-    /// `word` must point at a live, aligned `u64`.
-    unsafe fn fetch_clear(word: *mut u64, mask: u64) -> u64;
-    /// Set `bits` in `*word` atomically.
-    ///
-    /// # Safety
-    /// As [`FrameOps::fetch_clear`].
-    unsafe fn set(word: *mut u64, bits: u64);
     /// Run `body` up to `n` times, until it returns false.
     fn repeat<F: FnMut() -> bool>(n: u32, body: F);
 }
@@ -128,6 +114,9 @@ pub struct FrameStream {
     pub flags: WalkFlags,
     /// Always zero (explicit padding).
     pub pad: u16,
+    /// The client's walk: the highest stream id it opened (a HEADERS on a stream id not above
+    /// it is trailers, or a stream seen before). Unused in the server's.
+    pub max_stream: u32,
 }
 
 /// The bytes of one direction that a later segment overtook (a gap in the sequence): the
@@ -149,7 +138,60 @@ pub struct Hole {
     /// until the segment's walk reports it.
     pub given_up: u8,
     /// Always zero (explicit padding).
-    pub pad: [u8; 5],
+    pub pad: u8,
+}
+
+/// A segment of the direction a vantage point receives that arrived ahead of bytes not seen
+/// yet, kept whole (by the programs, in a map keyed by connection and `seq`) until the gap
+/// fills, then walked in its place: out of order on arrival, in order to the walk.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Parked {
+    /// Sequence number of its first byte.
+    pub seq: u32,
+    /// Its payload bytes; 0: the place is free.
+    pub len: u32,
+}
+
+/// Segments parked per connection at most: more arriving before the gap fills are walked as
+/// they come (the hole below), which may lose the framing.
+pub const PARKED_PER_CONNECTION: usize = 4;
+/// Bytes one parked segment holds at most (a segment of 64 KiB: TSO's largest); a larger one
+/// is not parked.
+pub const PARKED_BYTES: u32 = 65_536;
+
+/// The parked segments, by the name the programs and the agent share: [`ParkKey`] to
+/// [`ParkedBytes`]. The agent drops those parked longer than [`PARKED_MAX_AGE_NS`] (a gap
+/// that never filled: the connection closed, or its walk lost its place).
+pub const PARKED_MAP: &str = "H2_PARKED";
+/// How long a segment may stay parked before the agent drops it.
+pub const PARKED_MAX_AGE_NS: u64 = 10_000_000_000;
+
+/// A parked segment's key: its connection and its first byte's sequence number.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ParkKey {
+    /// The connection's id ([`crate::ConnState::h2_connection`]).
+    pub connection: u64,
+    /// Sequence number of the segment's first byte.
+    pub seq: u32,
+    /// Always zero (explicit padding).
+    pub pad: u32,
+}
+
+/// A parked segment: when it was parked, and its bytes, with room past them for the widest
+/// read at the last offset (the verifier sees a read's offset only as masked).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ParkedBytes {
+    /// When it was parked (`bpf_ktime_get_ns`).
+    pub parked_ns: u64,
+    /// Payload bytes held.
+    pub len: u32,
+    /// Always zero (explicit padding).
+    pub pad: u32,
+    /// The payload.
+    pub bytes: [u8; PARKED_BYTES as usize + 16],
 }
 
 /// No hole.
@@ -198,8 +240,8 @@ pub enum Detected {
 pub struct FrameWalk {
     /// The framing was lost at this segment, or is still lost.
     pub unframed: bool,
-    /// Streams forgotten at this segment: pushed out of the window while open.
-    pub forgotten: u16,
+    /// Streams not counted at this segment: opened when the stream table was full.
+    pub untracked: u16,
     /// What the frames did to the counters.
     pub delta: TurnDelta,
 }
@@ -251,20 +293,16 @@ impl Frame {
         }
     }
 
-    /// The stream index of a client-initiated stream (odd id), or `None`.
+    /// True if the frame is on a client-initiated stream (odd id).
     #[inline(always)]
-    const fn client_stream(&self) -> Option<u32> {
-        if self.stream & 1 == 1 {
-            Some(self.stream >> 1)
-        } else {
-            None
-        }
+    const fn on_client_stream(&self) -> bool {
+        self.stream & 1 == 1
     }
 }
 
 /// One segment's frame walk in progress: what its steps read, and what they found.
-struct Walking<'a, P> {
-    streams: &'a mut Streams,
+struct Walking<'a, P, T> {
+    streams: &'a T,
     payload: &'a P,
     at: At,
     sender: Sender,
@@ -293,6 +331,7 @@ impl FrameStream {
         held_len: 0,
         flags: WalkFlags(0),
         pad: 0,
+        max_stream: 0,
     };
 
     /// True once the connection was found to be HTTP/2 (read on the client's stream).
@@ -347,10 +386,10 @@ impl FrameStream {
     /// bytes not seen yet leaves a `hole` (the walk's place saved there, the walk framed anew
     /// at the segment); the segment that brings those bytes is walked from the saved place.
     #[inline(always)]
-    pub fn walk<P: Payload, A: FrameOps>(
+    pub fn walk<P: Payload, A: FrameOps, T: StreamTable>(
         &mut self,
         hole: &mut Hole,
-        streams: &mut Streams,
+        streams: &T,
         segment: FrameSegment<'_, P>,
     ) -> FrameWalk {
         let mut walk = FrameWalk::default();
@@ -360,16 +399,16 @@ impl FrameStream {
         // Nothing the hole decides before the walk is kept outside the two (the verifier
         // then checks the walk once, not once for each way the hole went).
         hole.enter(self, segment.seq, segment.sender);
-        self.walk_segment::<P, A>(streams, &segment, &mut walk);
+        self.walk_segment::<P, A, T>(streams, &segment, &mut walk);
         hole.leave(self, &mut walk);
         walk
     }
 
     /// [`FrameStream::walk`] of the segment, without the hole.
     #[inline(always)]
-    fn walk_segment<P: Payload, A: FrameOps>(
+    fn walk_segment<P: Payload, A: FrameOps, T: StreamTable>(
         &mut self,
-        streams: &mut Streams,
+        streams: &T,
         segment: &FrameSegment<'_, P>,
         walk: &mut FrameWalk,
     ) {
@@ -398,7 +437,7 @@ impl FrameStream {
             walk: *walk,
             outcome: None,
         };
-        if self.walk_frames::<P, A>(&mut seg) {
+        if self.walk_frames::<P, A, T>(&mut seg) {
             self.next_seq = end;
         } else {
             self.flags.clear(FRAMED);
@@ -408,6 +447,20 @@ impl FrameStream {
     }
 
     /// True while `next_seq` is a known position of the frame stream.
+    /// True if a segment at `seq` would leave a gap: the walk knows its place, and `seq` is
+    /// past it (bytes before it have not arrived). Such a segment is parked where the
+    /// programs can (see [`Parked`]) and walked once the gap fills.
+    #[inline(always)]
+    pub fn is_ahead(&self, seq: u32) -> bool {
+        self.is_framed() && crate::turn::seq_after(seq, self.next_seq)
+    }
+
+    /// The sequence number just past the bytes walked so far, if the walk knows its place.
+    #[inline(always)]
+    pub fn walked_to(&self) -> Option<u32> {
+        self.is_framed().then_some(self.next_seq)
+    }
+
     #[inline(always)]
     fn is_framed(&self) -> bool {
         self.flags.get() & FRAMED != 0
@@ -453,13 +506,16 @@ impl FrameStream {
     /// then the frames whose headers lie whole in the segment; a header cut by the segment's
     /// end is held. False if the framing is lost.
     #[inline(always)]
-    fn walk_frames<P: Payload, A: FrameOps>(&mut self, seg: &mut Walking<P>) -> bool {
+    fn walk_frames<P: Payload, A: FrameOps, T: StreamTable>(
+        &mut self,
+        seg: &mut Walking<P, T>,
+    ) -> bool {
         if self.held_len > 0 {
             match self.finish_held_header(seg) {
                 Some(Some(header)) => {
                     seg.at.pos += FRAME_HEADER_LEN - self.held_len as u32;
                     self.hold(0, 0);
-                    if !self.begin_frame::<P, A>(seg, header) {
+                    if !self.begin_frame::<P, T>(seg, header) {
                         return false;
                     }
                 }
@@ -467,11 +523,13 @@ impl FrameStream {
                 None => return false,
             }
         }
-        A::repeat(MAX_FRAMES_PER_SEGMENT + 1, || {
-            seg.outcome = self.next_frame::<P, A>(seg);
+        // Each step but the last reads a whole frame header: the segment cannot hold more
+        // steps than this, so the loop ends with the segment.
+        let steps = (seg.at.len - seg.at.pos) / FRAME_HEADER_LEN + 1;
+        A::repeat(steps, || {
+            seg.outcome = self.next_frame::<P, T>(seg);
             seg.outcome.is_none()
         });
-        // Still frames to go after the last one read: too many for one segment.
         seg.outcome == Some(true)
     }
 
@@ -479,7 +537,7 @@ impl FrameStream {
     /// the next frame header if the segment holds it whole (one cut by its end is held).
     /// `None`: go on; `Some(true)`: the segment is walked; `Some(false)`: the framing is lost.
     #[inline(always)]
-    fn next_frame<P: Payload, A: FrameOps>(&mut self, seg: &mut Walking<P>) -> Option<bool> {
+    fn next_frame<P: Payload, T: StreamTable>(&mut self, seg: &mut Walking<P, T>) -> Option<bool> {
         let at = &mut seg.at;
         let take = self.left.min(at.len - at.pos);
         at.pos += take;
@@ -499,7 +557,7 @@ impl FrameStream {
             return Some(false);
         };
         at.pos += FRAME_HEADER_LEN;
-        if !self.begin_frame::<P, A>(seg, header) {
+        if !self.begin_frame::<P, T>(seg, header) {
             return Some(false);
         }
         None
@@ -509,7 +567,10 @@ impl FrameStream {
     /// `seg.at.pos`: `Some(Some(header))` when complete, `Some(None)` when the segment ended
     /// first (the bytes are held), `None` if unreadable.
     #[inline(always)]
-    fn finish_held_header<P: Payload>(&mut self, seg: &Walking<P>) -> Option<Option<[u8; 9]>> {
+    fn finish_held_header<P: Payload, T>(
+        &mut self,
+        seg: &Walking<P, T>,
+    ) -> Option<Option<[u8; 9]>> {
         let have = self.held_len as u32;
         let need = FRAME_HEADER_LEN - have;
         let n = need.min(seg.at.len - seg.at.pos);
@@ -534,9 +595,9 @@ impl FrameStream {
     /// A frame header was read (its payload begins at `seg.at.pos`): act on the frame, and
     /// skip its payload. False if it is not a frame header.
     #[inline(always)]
-    fn begin_frame<P: Payload, A: FrameOps>(
+    fn begin_frame<P: Payload, T: StreamTable>(
         &mut self,
-        seg: &mut Walking<P>,
+        seg: &mut Walking<P, T>,
         header: [u8; 9],
     ) -> bool {
         let frame = Frame::parse(header);
@@ -546,10 +607,31 @@ impl FrameStream {
         }
         self.left = frame.len;
         match seg.sender {
-            Sender::Client => client_frame::<A>(seg.streams, frame, &mut seg.walk),
-            Sender::Server => server_frame::<P, A>(seg, frame),
+            Sender::Client => self.client_frame(seg.streams, frame, &mut seg.walk),
+            Sender::Server => server_frame(seg, frame),
         }
         true
+    }
+
+    /// A frame from the client: a HEADERS on a stream id above every one before opens a
+    /// stream (a later one on the same stream is its trailers), RST_STREAM abandons one.
+    #[inline(always)]
+    fn client_frame<T: StreamTable>(&mut self, streams: &T, frame: Frame, walk: &mut FrameWalk) {
+        if !frame.on_client_stream() {
+            return;
+        }
+        match frame.kind {
+            HEADERS if frame.stream > self.max_stream => {
+                self.max_stream = frame.stream;
+                match streams.open(frame.stream) {
+                    Opened::New => walk.delta.started += 1,
+                    Opened::Known => {}
+                    Opened::Full => walk.untracked += 1,
+                }
+            }
+            RST_STREAM if streams.end(frame.stream) => walk.delta.abandoned += 1,
+            _ => {}
+        }
     }
 
     /// The held header bytes.
@@ -576,34 +658,15 @@ impl FrameStream {
     }
 }
 
-/// A frame from the client: HEADERS may open a stream, RST_STREAM abandons one.
-#[inline(always)]
-fn client_frame<A: FrameOps>(streams: &mut Streams, frame: Frame, walk: &mut FrameWalk) {
-    let Some(index) = frame.client_stream() else {
-        return;
-    };
-    match frame.kind {
-        HEADERS => streams.open::<A>(index, &mut walk.delta, &mut walk.forgotten),
-        RST_STREAM if streams.close::<A>(index) => walk.delta.abandoned += 1,
-        _ => {}
-    }
-}
-
 /// A frame from the server: END_STREAM or RST_STREAM completes a stream, a rejection's
-/// HEADERS completes it at once, GOAWAY abandons the streams above its last stream id.
+/// HEADERS completes it at once. (A GOAWAY's unprocessed streams stay open until the close,
+/// which follows it, abandons them.)
 #[inline(always)]
-fn server_frame<P: Payload, A: FrameOps>(seg: &mut Walking<P>, frame: Frame) {
+fn server_frame<P: Payload, T: StreamTable>(seg: &mut Walking<P, T>, frame: Frame) {
     let (at, payload) = (seg.at, seg.payload);
-    if frame.kind == GOAWAY {
-        if let Some(last) = read_be(payload, at.pos, 4) {
-            let last = last as u32 & 0x7fff_ffff;
-            seg.walk.delta.abandoned += seg.streams.close_from::<A>(last.div_ceil(2));
-        }
+    if !frame.on_client_stream() {
         return;
     }
-    let Some(index) = frame.client_stream() else {
-        return;
-    };
     let end_stream = frame.flags & END_STREAM != 0;
     let rejected = match frame.kind {
         HEADERS => response_rejected(frame, at, payload, seg.protocol),
@@ -615,7 +678,7 @@ fn server_frame<P: Payload, A: FrameOps>(seg: &mut Walking<P>, frame: Frame) {
         RST_STREAM => true,
         _ => false,
     };
-    if ends && seg.streams.close::<A>(index) {
+    if ends && seg.streams.end(frame.stream) {
         seg.walk.delta.completed += 1;
         seg.walk.delta.rejected += u16::from(rejected);
     }
@@ -649,7 +712,7 @@ impl Hole {
         state: HOLE_NONE,
         sender: 0,
         given_up: 0,
-        pad: [0; 5],
+        pad: 0,
     };
 
     /// Before `walk`'s segment (at `seq`, from `sender`) is walked: if it brings the hole's
@@ -670,7 +733,7 @@ impl Hole {
                 state: HOLE_OPEN,
                 sender: sender as u8,
                 given_up: u8::from(self.state == HOLE_OPEN),
-                pad: [0; 5],
+                pad: 0,
             };
         }
     }
@@ -724,23 +787,12 @@ mod tests {
 
     use super::*;
     use crate::test_bytes::Bytes;
+    use streams::host::HostStreams;
 
     /// The host tests run one direction at a time: plain read-modify-writes.
     struct Plain;
 
     impl FrameOps for Plain {
-        unsafe fn fetch_clear(word: *mut u64, mask: u64) -> u64 {
-            // SAFETY: as the trait requires.
-            unsafe {
-                let old = *word;
-                *word = old & !mask;
-                old
-            }
-        }
-        unsafe fn set(word: *mut u64, bits: u64) {
-            // SAFETY: as the trait requires.
-            unsafe { *word |= bits }
-        }
         fn repeat<F: FnMut() -> bool>(n: u32, mut body: F) {
             for _ in 0..n {
                 if !body() {
@@ -791,7 +843,7 @@ mod tests {
         client: FrameStream,
         server: FrameStream,
         hole: Hole,
-        streams: Streams,
+        streams: HostStreams,
         protocol: Protocol,
         client_seq: u32,
         server_seq: u32,
@@ -800,7 +852,7 @@ mod tests {
         rejected: u32,
         abandoned: u32,
         unframed: u32,
-        forgotten: u32,
+        untracked: u32,
     }
 
     impl Conn {
@@ -817,7 +869,7 @@ mod tests {
             self.rejected += u32::from(w.delta.rejected);
             self.abandoned += u32::from(w.delta.abandoned);
             self.unframed += u32::from(w.unframed);
-            self.forgotten += u32::from(w.forgotten);
+            self.untracked += u32::from(w.untracked);
             w
         }
 
@@ -831,9 +883,9 @@ mod tests {
             });
             let mut w = FrameWalk::default();
             if self.client.is_http2() {
-                w = self.client.walk::<_, Plain>(
+                w = self.client.walk::<_, Plain, _>(
                     &mut self.hole,
-                    &mut self.streams,
+                    &self.streams,
                     FrameSegment {
                         seq: self.client_seq,
                         len,
@@ -857,9 +909,9 @@ mod tests {
         /// The server's `bytes` at `seq`, wherever the last ended (a segment out of order).
         fn server_sends_at(&mut self, seq: u32, bytes: &[u8]) -> FrameWalk {
             assert!(self.client.is_http2());
-            let w = self.server.walk::<_, Plain>(
+            let w = self.server.walk::<_, Plain, _>(
                 &mut self.hole,
-                &mut self.streams,
+                &self.streams,
                 FrameSegment {
                     seq,
                     len: bytes.len() as u32,
@@ -875,9 +927,10 @@ mod tests {
             self.started - self.completed - self.abandoned
         }
 
+        /// The close: what is still open is abandoned (the agent does it, from the table).
         fn close(&mut self) {
-            let d = self.streams.on_close::<Plain>();
-            self.abandoned += u32::from(d.abandoned);
+            let open = core::mem::take(&mut *self.streams.open.borrow_mut());
+            self.abandoned += open.len() as u32;
         }
 
         /// Preface and SETTINGS both ways.
@@ -986,29 +1039,34 @@ mod tests {
         c.server_sends(&frame(RST_STREAM, 0, 3, &[0, 0, 0, 7]));
         c.server_sends(&frame(RST_STREAM, 0, 5, &[0, 0, 0, 2]));
         assert_eq!((c.abandoned, c.completed, c.rejected), (1, 2, 1));
-        // GOAWAY with last stream 7: 9 and 11 were not processed.
-        c.server_sends(&frame(GOAWAY, 0, 0, &[0, 0, 0, 7, 0, 0, 0, 0]));
-        assert_eq!((c.abandoned, c.open()), (3, 1));
+        // GOAWAY with last stream 7: 9 and 11 were not processed, and stay open until the
+        // close abandons them with 7.
+        c.server_sends(&frame(0x7, 0, 0, &[0, 0, 0, 7, 0, 0, 0, 0]));
+        assert_eq!((c.abandoned, c.open()), (1, 3));
         c.close();
         assert_eq!((c.abandoned, c.open()), (4, 0));
     }
 
     #[test]
-    fn streams_open_past_the_window_stay_in_flight_until_their_ends() {
+    fn any_number_of_streams_stay_open_until_their_ends_whatever_came_between() {
         let mut c = Conn::default();
         c.start();
-        // Four streams stay open while 200 more come and go: pushed out of the window, they
-        // are no longer known by index but still in flight.
-        c.client_sends(&[request(1), request(3), request(5), request(7)].concat());
-        for i in 4..204u32 {
+        // A thousand streams opened in one segment, four of them held while 5,000 more come
+        // and go.
+        let held: Vec<u32> = (0..1000).map(|i| 2 * i + 1).collect();
+        c.client_sends(&held.iter().flat_map(|&id| request(id)).collect::<Vec<u8>>());
+        c.server_sends(
+            &held[4..]
+                .iter()
+                .flat_map(|&id| response(id, END_STREAM, &[0x88]))
+                .collect::<Vec<u8>>(),
+        );
+        for i in 1000..6000u32 {
             let id = 2 * i + 1;
             c.client_sends(&request(id));
             c.server_sends(&response(id, END_STREAM, &[0x88]));
         }
-        assert_eq!(
-            (c.started, c.completed, c.forgotten, c.open()),
-            (204, 200, 0, 4)
-        );
+        assert_eq!((c.started, c.completed, c.open()), (6000, 5996, 4));
         // Their late ends count, whatever order they come in: one answered, one a rejection,
         // one cancelled by the client.
         c.server_sends(&response(5, END_STREAM, &[0x88]));
@@ -1016,49 +1074,38 @@ mod tests {
         c.client_sends(&frame(RST_STREAM, 0, 7, &[0, 0, 0, 8]));
         assert_eq!(
             (c.completed, c.rejected, c.abandoned, c.open()),
-            (202, 1, 1, 1)
+            (5998, 1, 1, 1)
         );
-        // A jump in stream ids forgets nothing that was not open.
-        c.client_sends(&request(411));
-        assert_eq!((c.started, c.forgotten, c.open()), (205, 0, 2));
-        // The close abandons the one beyond the window and the one in it.
+        // A jump in stream ids, and trailers on an open stream, open nothing else.
+        c.client_sends(&request(40_001));
+        c.client_sends(&request(3));
+        assert_eq!((c.started, c.open()), (6001, 2));
         c.close();
-        assert_eq!((c.completed, c.abandoned, c.open()), (202, 3, 0));
+        assert_eq!((c.completed, c.abandoned, c.open()), (5998, 3, 0));
         // Ends after that find none to take.
         c.server_sends(&response(3, END_STREAM, &[0x88]));
-        assert_eq!(c.completed, 202);
-    }
-
-    /// `n` requests answered at once, from stream `*id` on.
-    fn answered(c: &mut Conn, id: &mut u32, n: u32) {
-        for _ in 0..n {
-            c.client_sends(&request(*id));
-            c.server_sends(&response(*id, END_STREAM, &[0x88]));
-            *id += 2;
-        }
+        assert_eq!(c.completed, 5998);
     }
 
     #[test]
-    fn a_stream_beyond_the_window_whose_end_never_comes_is_forgotten_epochs_later() {
+    fn a_stream_that_finds_the_table_full_is_counted_untracked_not_started() {
         let mut c = Conn::default();
+        c.streams.capacity = Some(2);
         c.start();
-        c.client_sends(&request(1));
-        let mut id = 3;
-        // Out of the window at index 128 (in epoch 0): still in flight through epoch 1.
-        answered(&mut c, &mut id, 2046);
-        assert_eq!((c.forgotten, c.open()), (0, 1));
-        // Into epoch 2: given up.
-        answered(&mut c, &mut id, 1);
-        assert_eq!((c.forgotten, c.abandoned, c.open()), (1, 1, 0));
-        c.server_sends(&response(1, END_STREAM, &[0x88]));
-        assert_eq!(c.completed, 2047);
-        // A jump of stream ids over two epochs gives up both words.
-        c.client_sends(&[request(id), request(id + 2)].concat());
-        id += 4;
-        answered(&mut c, &mut id, 200);
-        assert_eq!((c.forgotten, c.open()), (1, 2));
-        c.client_sends(&request(id + 20_000));
-        assert_eq!((c.forgotten, c.abandoned, c.open()), (3, 3, 1));
+        c.client_sends(&[request(1), request(3), request(5)].concat());
+        assert_eq!((c.started, c.untracked, c.open()), (2, 1, 2));
+        // Its end finds nothing; the others' ends free room for the next.
+        c.server_sends(
+            &[1, 3, 5]
+                .iter()
+                .flat_map(|&id| response(id, END_STREAM, &[0x88]))
+                .collect::<Vec<u8>>(),
+        );
+        c.client_sends(&request(7));
+        assert_eq!(
+            (c.started, c.completed, c.untracked, c.open()),
+            (3, 2, 1, 1)
+        );
     }
 
     /// The responses to streams `ids`, each HEADERS then DATA with END_STREAM.
@@ -1177,22 +1224,19 @@ mod tests {
     }
 
     #[test]
-    fn too_many_frames_in_one_segment_lose_the_framing() {
+    fn a_segment_of_thousands_of_frames_is_walked_whole() {
         let mut c = Conn::default();
         c.start();
-        let pings = |n: u32| {
-            (0..n)
-                .flat_map(|_| frame(0x6, 0, 0, &[0; 8]))
-                .collect::<Vec<u8>>()
-        };
-        assert!(!c.client_sends(&pings(MAX_FRAMES_PER_SEGMENT)).1.unframed);
-        assert!(
-            c.client_sends(&pings(MAX_FRAMES_PER_SEGMENT + 1))
-                .1
-                .unframed
+        let ids: Vec<u32> = (0..2000).map(|i| 2 * i + 1).collect();
+        c.client_sends(&ids.iter().flat_map(|&id| request(id)).collect::<Vec<u8>>());
+        // 7,000 frames in one segment: pings, then an answer to every stream.
+        let mut seg: Vec<u8> = (0..3000).flat_map(|_| frame(0x6, 0, 0, &[0; 8])).collect();
+        seg.extend(
+            ids.iter()
+                .flat_map(|&id| [response(id, 0, &[0x88]), data(id, END_STREAM, 0)].concat()),
         );
-        // Framed again at the next segment.
-        c.client_sends(&request(1));
-        assert_eq!(c.started, 1);
+        let w = c.server_sends(&seg);
+        assert!(!w.unframed);
+        assert_eq!((c.started, c.completed, c.open()), (2000, 2000, 0));
     }
 }

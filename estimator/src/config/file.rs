@@ -37,6 +37,8 @@ pub struct AgentFile {
     pub client_write_timeout_ms: u64,
     pub metrics_listen: String,
     pub metrics_allow_remote: bool,
+    pub http2_max_streams: u32,
+    pub http2_stream_timeout_ms: u64,
 }
 
 impl Default for AgentFile {
@@ -59,6 +61,10 @@ impl Default for AgentFile {
             // Loopback only.
             metrics_listen: "127.0.0.1:9464".into(),
             metrics_allow_remote: false,
+            // About 6 MiB of kernel memory (see docs/kernel-observation.md).
+            http2_max_streams: 65_536,
+            // Five minutes: longer than any unary call, shorter than a connection's life.
+            http2_stream_timeout_ms: 300_000,
         }
     }
 }

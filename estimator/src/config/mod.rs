@@ -76,6 +76,10 @@ pub struct AgentConfig {
     pub client_write_timeout: Duration,
     /// The Prometheus endpoint (127.0.0.1:9464).
     pub metrics_listen: SocketAddr,
+    /// Open HTTP/2 streams the kernel's stream table holds, all connections together (65,536).
+    pub http2_max_streams: u32,
+    /// An HTTP/2 stream open this long is abandoned and counted as expired (300 s).
+    pub http2_stream_timeout: Duration,
 }
 
 /// One service (`[[service]]`): a set of backend replicas, maybe behind a proxy on this node.
@@ -355,6 +359,16 @@ fn agent(a: AgentFile) -> Result<AgentConfig, ConfigError> {
         10..=60_000,
     )?;
     let metrics_listen = metrics_listen(&a.metrics_listen, a.metrics_allow_remote)?;
+    let http2_max_streams = bounded(
+        "agent.http2_max_streams",
+        a.http2_max_streams,
+        1_024..=16_777_216,
+    )?;
+    let http2_stream_timeout = ms(
+        "http2_stream_timeout_ms",
+        a.http2_stream_timeout_ms,
+        1_000..=86_400_000,
+    )?;
     Ok(AgentConfig {
         tick_interval,
         cgroup: a.cgroup.map(PathBuf::from),
@@ -366,6 +380,8 @@ fn agent(a: AgentFile) -> Result<AgentConfig, ConfigError> {
         client_idle_timeout,
         client_write_timeout,
         metrics_listen,
+        http2_max_streams,
+        http2_stream_timeout,
     })
 }
 

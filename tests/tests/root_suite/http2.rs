@@ -22,7 +22,7 @@ use std::{
 };
 
 use retry_after_agent::kernel::{KernelFeature, ProbeOptions, ProgramSet, WatchOptions};
-use retry_after_common::{ProbeStat, Protocol, Side};
+use retry_after_common::{EndpointCounters, ProbeStat, Protocol, Side};
 use retry_after_estimator::endpoint::Endpoint;
 use retry_after_protocol::{Response, policy::Rung};
 use retry_after_testkit::{
@@ -62,58 +62,112 @@ fn h2load(url: &str, requests: u32, clients: u32, streams: u32) -> String {
     summary
 }
 
-/// nginx over cleartext HTTP/2: streams started and completed equal nginx's own request
-/// count on both vantage points, with up to 64 streams at once on each connection, and the
-/// 429s nginx turns away are exactly the rejections.
+/// The loads of [`h2load_streams_exact_on_nginxs_side_and_within_the_guard_on_h2loads`]:
+/// connections × streams at once on each, up to what a proxy's backend connections carry.
+const STREAM_LOADS: [(u32, u32); 4] = [(8, 64), (4, 128), (2, 500), (1, 1000)];
+
+/// Share of a load's streams h2load's side (the receiving side of nginx's out-of-order
+/// segments) may miss, in parts per 10,000: a guard, not the target (exact). Measured: 0 to
+/// 475 of 40,000 a cell (docs/kernel-observation.md, "HTTP/2 and gRPC").
+const CLIENT_SIDE_GUARD_PER_10K: u64 = 200;
+
+/// nginx over cleartext HTTP/2 (`http2_max_concurrent_streams 1000`), h2load as the client:
+/// for each of [`STREAM_LOADS`], with bodies of 3 bytes and of 3 KB, 40,000 requests; then
+/// 3,000 answered 429. nginx's side counts every stream nginx's stub_status counted, started
+/// and completed, none abandoned, none in flight, the 429s exactly the rejections. h2load's
+/// side misses the ends in segments that reached it out of order and could not be parked:
+/// held to the guard, nothing counted twice, nothing left in flight.
 #[test]
-fn h2load_streams_against_nginx_are_counted_exactly_on_both_sides() {
+fn h2load_streams_exact_on_nginxs_side_and_within_the_guard_on_h2loads() {
     let addr = free_port();
+    let body = "x".repeat(3000);
     let nginx = Nginx::start(&format!(
-        "  server {{ listen {addr} http2; http2_max_concurrent_streams 128; \
-         keepalive_requests 100000; location / {{ return 200 \"ok\\n\"; }} \
+        "  server {{ listen {addr} http2; http2_max_concurrent_streams 1000; \
+         keepalive_requests 1000000; location / {{ return 200 \"ok\\n\"; }} \
+         location /kb {{ return 200 \"{body}\"; }} \
          location /busy {{ return 429 \"busy\\n\"; }} }}"
     ));
     let endpoint = Endpoint::from(addr);
-    let probe = AttachedProbe::watching(&[endpoint]);
-    let before = nginx.status();
-    // Few connections with many streams each, then many connections with few.
-    eprintln!("{}", h2load(&format!("http://{addr}/"), 6000, 4, 64));
-    eprintln!("{}", h2load(&format!("http://{addr}/"), 2000, 100, 4));
-    let after_served = nginx.status();
-    eprintln!("{}", h2load(&format!("http://{addr}/busy"), 3000, 6, 32));
-    let after = nginx.status();
-    let served = requests_between(before, after_served);
-    let rejected = requests_between(after_served, after);
-    assert_eq!((served, rejected), (8000, 3000), "nginx's own counts");
-    let total = served + rejected;
-    // nginx's side: every stream, exactly.
-    let server = probe
-        .wait_for(endpoint, Side::Server, SETTLE, "nginx's own counts", |s| {
-            s.counters.requests_started == total && s.counters.responses_completed == total
-        })
-        .counters;
-    eprintln!("server side: {server:?}");
-    assert_eq!(server.responses_rejected, rejected, "{server:?}");
-    assert_eq!(server.requests_abandoned, 0, "{server:?}");
-    // h2load's side: the same, unless a segment of nginx's reached h2load's socket out of
-    // order (on loopback, two of its writes can be delivered from two CPUs' queues at once)
-    // and the frame walk lost its place. The kernel says so, and the streams whose end it did
-    // not see are then accounted abandoned, none left open.
-    let client = probe
-        .wait_for(endpoint, Side::Client, SETTLE, "every stream ended", |s| {
-            s.counters.requests_started == total && s.counters.in_flight() == 0
-        })
-        .counters;
-    let problems = probe.read().probe;
-    eprintln!("client side: {client:?}\n{problems:?}");
-    if problems.get(ProbeStat::Http2SegmentsUnframed) == 0 {
-        assert_eq!(client, server, "both vantage points");
-    } else {
-        assert_eq!(
-            client.responses_completed + client.requests_abandoned,
-            total,
-            "{client:?}"
+    let mut probe = AttachedProbe::watching(&[endpoint]);
+    let mut table = Vec::new();
+    let mut failures = Vec::new();
+    let loads = ["/", "/kb"]
+        .into_iter()
+        .flat_map(|path| STREAM_LOADS.map(|(c, m)| (path, 40_000, c, m)))
+        .chain([("/busy", 3_000, 6, 32)]);
+    for (path, requests, connections, streams) in loads {
+        let before = nginx.status();
+        h2load(
+            &format!("http://{addr}{path}"),
+            requests,
+            connections,
+            streams,
         );
+        let total = requests_between(before, nginx.status());
+        assert_eq!(total, u64::from(requests), "nginx's own count");
+        let rejected = if path == "/busy" { total } else { 0 };
+        let (server, client) = both_sides_settle(&probe, endpoint, (total, rejected));
+        let cell = format!(
+            "{connections} x {streams} {path}: nginx {total}; nginx's side {}/{}; h2load's side \
+             {}/{} ({} abandoned); {:?}",
+            server.requests_started,
+            server.responses_completed,
+            client.requests_started,
+            client.responses_completed,
+            client.requests_abandoned,
+            probe.read().probe
+        );
+        let server_exact = server.requests_started == total
+            && server.responses_completed == total
+            && server.responses_rejected == rejected
+            && server.requests_abandoned == 0;
+        let missed = total.saturating_sub(client.responses_completed);
+        let client_held = client.requests_started == total
+            && client.responses_completed <= total
+            && client.responses_rejected <= rejected
+            && client.in_flight() == 0
+            && missed * 10_000 <= total * CLIENT_SIDE_GUARD_PER_10K;
+        if !(server_exact && client_held) {
+            failures.push(cell.clone());
+        }
+        table.push(cell);
+        // The next load is held to its own count.
+        probe.unwatch(endpoint);
+        probe.watch(endpoint);
+    }
+    eprintln!("{}", table.join("\n"));
+    assert!(failures.is_empty(), "cells off:\n{}", failures.join("\n"));
+    let problems = probe.read().probe;
+    for stat in [
+        ProbeStat::Http2StreamsUntracked,
+        ProbeStat::Http2StreamsExpired,
+    ] {
+        assert_eq!(problems.get(stat), 0, "{problems:?}");
+    }
+}
+
+/// Wait until both vantage points of `endpoint` have ended every stream they started (none
+/// in flight) and nginx's side holds `total` completed with `rejected` rejections, or the
+/// settle runs out: what each side counted then.
+fn both_sides_settle(
+    probe: &AttachedProbe,
+    endpoint: Endpoint,
+    (total, rejected): (u64, u64),
+) -> (EndpointCounters, EndpointCounters) {
+    let deadline = std::time::Instant::now() + SETTLE;
+    loop {
+        let (server, client) = (
+            probe.counters(endpoint, Side::Server).counters,
+            probe.counters(endpoint, Side::Client).counters,
+        );
+        let settled = server.responses_completed == total
+            && server.responses_rejected == rejected
+            && client.requests_started == total
+            && client.in_flight() == 0;
+        if settled || std::time::Instant::now() > deadline {
+            return (server, client);
+        }
+        thread::sleep(Duration::from_millis(50));
     }
 }
 
@@ -157,12 +211,12 @@ fn without_bpf_loop_http2_connections_are_left_out_and_said_so() {
 /// HAProxy in front, speaking HTTP/2 to h2load and to nginx (`proto h2`: HAProxy multiplexes
 /// the requests of all its clients onto a few server connections, up to 128 streams at once on
 /// each), with HAProxy's frontend and nginx both watched: each counts what its own counters say
-/// it answered, on both vantage points, nginx's 429s passing through HAProxy (re-encoded by
-/// HAProxy's HPACK encoder) and HAProxy's own `return status 429` the rejections. Exactly,
-/// unless the kernel reports one of the frame walk's two bounds met (both are, in most runs
-/// here); then within them.
+/// it answered, nginx's 429s passing through HAProxy (re-encoded by HAProxy's HPACK encoder)
+/// and HAProxy's own `return status 429` the rejections: exactly on the server side of each
+/// hop, and within the guard on the side that receives the answers (their out-of-order
+/// segments not parked).
 #[test]
-fn haproxy_speaking_h2_to_nginx_is_counted_at_both_hops() {
+fn haproxy_speaking_h2_to_nginx_exact_on_the_server_sides_within_the_guard_on_the_others() {
     let (nginx_addr, frontend) = (free_port(), free_port());
     let nginx = Nginx::start(&format!(
         "  server {{ listen {nginx_addr} http2; http2_max_concurrent_streams 128; \
@@ -220,30 +274,28 @@ fn haproxy_speaking_h2_to_nginx_is_counted_at_both_hops() {
                 c.responses_rejected,
                 c.requests_abandoned,
             );
-            if problems.get(ProbeStat::Http2SegmentsUnframed) == 0
-                && problems.get(ProbeStat::Http2StreamsForgotten) == 0
-            {
+            if side == Side::Server {
                 assert_eq!(seen, (total, rejected, 0), "{endpoint} {side:?}: {c:?}");
+                assert_eq!(c.in_flight(), 0, "{endpoint} {side:?}: {c:?}");
                 continue;
             }
-            // The two bounds docs/kernel-observation.md names, both seen here: a segment
-            // delivered out of order (on loopback, two writes queued on two CPUs; TCP's own
-            // TCPOFOQueue counts them) costs that direction the frame walk's place, and the
-            // ends in the segment it skipped; a stream still open when 128 newer ones have
-            // started on its connection (one delayed by a retransmission, while HAProxy
-            // answers the others) is forgotten, counted abandoned. Each loss of the walk's
-            // place costs at most the ends of the streams in flight on its connection (the
-            // 128-stream window): usually a few ends of 10,000, 201 once on a machine busy
-            // compiling beside the test (5 segments unframed). Nothing is counted twice.
-            let unframed = problems.get(ProbeStat::Http2SegmentsUnframed);
-            let forgotten = problems.get(ProbeStat::Http2StreamsForgotten);
+            // The receiving side of the answers: a guard, not the target (see
+            // CLIENT_SIDE_GUARD_PER_10K); nothing counted twice.
+            let missed = total.saturating_sub(c.responses_completed);
             assert!(
-                c.responses_completed <= total
+                c.requests_started == total
+                    && c.responses_completed <= total
                     && c.responses_rejected <= rejected
-                    && total - c.responses_completed <= 128 * unframed + forgotten,
+                    && missed * 10_000 <= total * CLIENT_SIDE_GUARD_PER_10K,
                 "{endpoint} {side:?}: {c:?} with {problems:?}"
             );
         }
+    }
+    for stat in [
+        ProbeStat::Http2StreamsUntracked,
+        ProbeStat::Http2StreamsExpired,
+    ] {
+        assert_eq!(problems.get(stat), 0, "{problems:?}");
     }
 }
 
@@ -425,36 +477,29 @@ fn grpc_calls_are_streams_and_resource_exhausted_is_a_rejection() {
         "the server's own counts"
     );
     let total = unary + streamed + rejected;
-    // Exact, unless a segment of the calls reached a socket out of order and began inside a
-    // frame (the ingress hook sees arrival order): the kernel says so, and the streams of that
-    // segment are not seen. Then within 1%.
-    let unframed = || probe.read().probe.get(ProbeStat::Http2SegmentsUnframed);
     for side in [Side::Server, Side::Client] {
         let c = probe
             .wait_for(endpoint, side, SETTLE, "the server's own counts", |s| {
-                let exact =
-                    s.counters.requests_started == total && s.counters.responses_completed == total;
-                exact || (s.in_flight() == 0 && unframed() > 0)
+                s.counters.requests_started == total && s.counters.responses_completed == total
             })
             .counters;
-        eprintln!("{side:?}: {c:?}, {} segments unframed", unframed());
-        if c.requests_started == total {
-            assert_eq!(c.responses_rejected, rejected, "{side:?}: {c:?}");
-        } else {
-            assert!(total - c.requests_started <= total / 100, "{side:?}: {c:?}");
-        }
+        eprintln!("{side:?}: {c:?}");
+        assert_eq!(c.responses_rejected, rejected, "{side:?}: {c:?}");
         assert_eq!(c.requests_abandoned, 0, "{side:?}: {c:?}");
+        assert_eq!(c.in_flight(), 0, "{side:?}: {c:?}");
     }
     let problems = probe.read().probe;
     assert!(
         problems.get(ProbeStat::ConnectionsAdopted) >= 1,
         "{problems:?}"
     );
-    assert_eq!(
-        problems.get(ProbeStat::Http2StreamsForgotten),
-        0,
-        "{problems:?}"
-    );
+    for stat in [
+        ProbeStat::Http2SegmentsUnframed,
+        ProbeStat::Http2StreamsUntracked,
+        ProbeStat::Http2StreamsExpired,
+    ] {
+        assert_eq!(problems.get(stat), 0, "{problems:?}");
+    }
     drop(server);
 }
 

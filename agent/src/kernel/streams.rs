@@ -1,0 +1,188 @@
+//! The HTTP/2 streams the programs leave in the kernel's stream table: those of connections
+//! that closed with streams open (noted in the close notices), and those open longer than the
+//! stream timeout. Each tick the agent abandons them, counted in their connection's counters,
+//! so that every stream the programs started ends exactly once.
+//!
+//! The same sweep drops segments parked longer than [`PARKED_MAX_AGE_NS`] (their gap never
+//! filled: the connection closed, or its walk lost its place), so the parking map never fills
+//! with them.
+//!
+//! Removing an entry succeeds for one remover only, the programs or the agent, so a stream
+//! whose end the programs see while the agent sweeps is counted once, by whichever removed it.
+
+use std::{
+    collections::{BTreeMap, HashSet},
+    time::Duration,
+};
+
+use aya::{
+    Ebpf,
+    maps::{HashMap, MapData, MapError},
+};
+use retry_after_common::{
+    Side,
+    h2::{
+        CLOSED_MAP, DEFAULT_MAX_STREAMS, PARKED_MAP, PARKED_MAX_AGE_NS, ParkKey, ParkedBytes,
+        STREAMS_MAP, StreamEntry, StreamKey,
+    },
+};
+
+use super::{ProbeError, map_error};
+
+/// How the stream table is sized and swept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Http2Options {
+    /// Entries of the stream table: open streams of every connection together.
+    pub max_streams: u32,
+    /// A stream open this long is abandoned, counted as expired.
+    pub stream_timeout: Duration,
+}
+
+impl Default for Http2Options {
+    fn default() -> Self {
+        Self {
+            max_streams: DEFAULT_MAX_STREAMS,
+            stream_timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+/// The streams a sweep abandoned, by the watch slot, generation and side they counted in.
+#[derive(Debug, Default)]
+pub struct Abandoned {
+    /// Per (slot, side): the slot's generation, and streams abandoned under it.
+    by_slot: BTreeMap<(u16, u16), (u32, u64)>,
+    /// Streams abandoned because they were open longer than the timeout.
+    pub expired: u64,
+}
+
+impl Abandoned {
+    /// Streams abandoned of watch slot `slot` under `generation`, seen from `side`.
+    pub fn of(&self, slot: u32, generation: u32, side: Side) -> u64 {
+        match self.by_slot.get(&(slot as u16, side as u16)) {
+            Some((g, n)) if *g == generation => *n,
+            _ => 0,
+        }
+    }
+
+    fn count(&mut self, entry: &StreamEntry) {
+        let counted = self
+            .by_slot
+            .entry((entry.slot, entry.side))
+            .or_insert((entry.generation, 0));
+        if counted.0 != entry.generation {
+            *counted = (entry.generation, 0);
+        }
+        counted.1 += 1;
+    }
+}
+
+/// The stream table and the close notices, taken from the object once its programs are
+/// loaded, and what the sweeps abandoned.
+pub struct StreamSweeper {
+    streams: HashMap<MapData, StreamKey, StreamEntry>,
+    closed: HashMap<MapData, u64, u64>,
+    parked: HashMap<MapData, ParkKey, ParkedBytes>,
+    timeout: Duration,
+    abandoned: Abandoned,
+}
+
+impl StreamSweeper {
+    /// Take the two maps out of `ebpf`.
+    ///
+    /// # Errors
+    /// `MissingMap` if the object lacks one.
+    pub fn take(ebpf: &mut Ebpf, timeout: Duration) -> Result<Self, ProbeError> {
+        Ok(Self {
+            streams: take_map(ebpf, STREAMS_MAP)?,
+            closed: take_map(ebpf, CLOSED_MAP)?,
+            parked: take_map(ebpf, PARKED_MAP)?,
+            timeout,
+            abandoned: Abandoned::default(),
+        })
+    }
+
+    /// What the sweeps abandoned so far.
+    pub fn abandoned(&self) -> &Abandoned {
+        &self.abandoned
+    }
+
+    /// Streams in the table now.
+    pub fn open_streams(&self) -> usize {
+        self.streams.keys().filter(Result::is_ok).count()
+    }
+
+    /// One sweep at `now_ns` (the programs' clock): abandon the streams of every connection
+    /// noted closed and every stream open longer than the timeout; drop the entries of watches
+    /// that are gone (`live(slot, generation)` false) without counting them.
+    ///
+    /// # Errors
+    /// `Map` if a map cannot be read.
+    pub fn sweep(
+        &mut self,
+        now_ns: u64,
+        live: impl Fn(u32, u32) -> bool,
+    ) -> Result<(), ProbeError> {
+        let closed: HashSet<u64> = self
+            .closed
+            .keys()
+            .collect::<Result<_, _>>()
+            .map_err(|source| map_error("read", CLOSED_MAP, source))?;
+        let timeout_ns = u64::try_from(self.timeout.as_nanos()).unwrap_or(u64::MAX);
+        let mut gone = Vec::new();
+        for item in self.streams.iter() {
+            let (key, entry) = match item {
+                Ok(item) => item,
+                // Removed by the programs between the key and its value.
+                Err(MapError::KeyNotFound) => continue,
+                Err(source) => return Err(map_error("read", STREAMS_MAP, source)),
+            };
+            let expired = now_ns.saturating_sub(entry.opened_ns) > timeout_ns;
+            let live = live(u32::from(entry.slot), entry.generation);
+            if closed.contains(&key.connection) || expired || !live {
+                gone.push((key, entry, expired));
+            }
+        }
+        for (key, entry, expired) in gone {
+            // Only the one removal that succeeds counts: the programs may have ended it.
+            if self.streams.remove(&key).is_ok() && live(u32::from(entry.slot), entry.generation) {
+                self.abandoned.count(&entry);
+                if expired && !closed.contains(&key.connection) {
+                    self.abandoned.expired += 1;
+                }
+            }
+        }
+        for connection in closed {
+            // Gone already only if something else removed it; nothing to count either way.
+            let _ = self.closed.remove(&connection);
+        }
+        self.drop_stale_parked(now_ns)
+    }
+
+    /// Drop the segments parked longer than [`PARKED_MAX_AGE_NS`].
+    fn drop_stale_parked(&mut self, now_ns: u64) -> Result<(), ProbeError> {
+        let keys: Vec<ParkKey> = self.parked.keys().filter_map(Result::ok).collect();
+        for key in keys {
+            let stale = match self.parked.get(&key, 0) {
+                Ok(parked) => now_ns.saturating_sub(parked.parked_ns) > PARKED_MAX_AGE_NS,
+                Err(MapError::KeyNotFound) => false,
+                Err(source) => return Err(map_error("read", PARKED_MAP, source)),
+            };
+            if stale {
+                let _ = self.parked.remove(&key);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Map `name` taken out of `ebpf`, typed.
+fn take_map<K: aya::Pod, V: aya::Pod>(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+) -> Result<HashMap<MapData, K, V>, ProbeError> {
+    let map = ebpf
+        .take_map(name)
+        .ok_or_else(|| super::missing_map(name))?;
+    HashMap::try_from(map).map_err(|source| ProbeError::MissingMap { name, source })
+}

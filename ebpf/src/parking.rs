@@ -1,0 +1,280 @@
+//! Segments of HTTP/2 connections that arrive ahead of a gap (reordered on the way, or after
+//! a loss), parked whole until the gap fills and then walked in their place, so that the
+//! frame walk sees each direction's bytes in order.
+//!
+//! Only the ingress program parks: what a vantage point sends passes its programs in order.
+//! It never nests with itself on one CPU, so one scratch buffer per CPU is enough to copy a
+//! segment in before the map takes it.
+
+use core::ffi::c_void;
+
+use aya_ebpf::{
+    EbpfContext,
+    helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_skb_load_bytes},
+    macros::map,
+    maps::{Array, HashMap, ProgramArray},
+    programs::SkBuffContext,
+};
+use retry_after_common::{
+    ConnState, Payload, ProbeStat,
+    h2::{PARKED_BYTES, PARKED_PER_CONNECTION, ParkKey, Parked, ParkedBytes},
+    turn::seq_after,
+};
+
+use crate::{counters, maps::PROBE_STATS, packet::Segment};
+
+/// Segments parked on the whole node at most (the map allocates each as it is parked).
+const PARKED_SEGMENTS: u32 = 128;
+/// CPUs the scratch buffers cover where the agent does not size them (it sizes them to the
+/// possible CPUs).
+const SCRATCH_CPUS: u32 = 64;
+
+/// The parked segments (`H2_PARKED`).
+#[map]
+static H2_PARKED: HashMap<ParkKey, ParkedBytes> = HashMap::with_max_entries(PARKED_SEGMENTS, 0);
+
+/// One buffer per CPU a segment is copied into before the map takes it (`H2_PARK_SCRATCH`).
+#[map]
+static H2_PARK_SCRATCH: Array<ParkedBytes> = Array::with_max_entries(SCRATCH_CPUS, 0);
+
+/// The program that walks parked segments (`H2_PARKED_WALK`, index 0: `ra_ingress_parked`),
+/// set by the agent once it is loaded.
+#[map]
+static H2_PARKED_WALK: ProgramArray = ProgramArray::with_max_entries(1, 0);
+
+/// Hand the segment's socket to the program that walks parked segments (this program ends
+/// here); nothing happens if it is not set.
+#[inline(always)]
+pub(crate) fn walk_parked_next(ctx: &SkBuffContext) {
+    // SAFETY: a tail call with the program's own context.
+    unsafe { H2_PARKED_WALK.tail_call(ctx, 0) };
+}
+
+/// True if `conn` has a parked segment.
+#[inline(always)]
+pub(crate) fn any_parked(conn: &ConnState) -> bool {
+    conn.parked_unplaced != 0 || conn.parked.iter().any(|place| place.len != 0)
+}
+
+/// Park `segment` of `conn` (its payload at `segment.payload_offset`) if it arrived ahead of
+/// the walk's place and there is room: true if it is parked (and must not be walked now).
+#[inline(always)]
+pub(crate) fn park(
+    ctx: &SkBuffContext,
+    conn: &mut ConnState,
+    segment: &Segment,
+    receiving: u32,
+) -> bool {
+    let (seq, len) = (segment.seq, segment.payload_len);
+    if len == 0 || !frames_ahead(conn, receiving, seq) {
+        return false;
+    }
+    let parked = len <= PARKED_BYTES && park_copy(ctx, conn, segment);
+    if !parked {
+        counters::probe_stat(&PROBE_STATS, ProbeStat::Http2SegmentsNotParked);
+    }
+    parked
+}
+
+/// Copy `segment` into a free place of `conn`: false if there is none, or no room.
+#[inline(always)]
+fn park_copy(ctx: &SkBuffContext, conn: &mut ConnState, segment: &Segment) -> bool {
+    let (seq, len) = (segment.seq, segment.payload_len);
+    let mut free = PARKED_PER_CONNECTION;
+    for (i, place) in conn.parked.iter().enumerate() {
+        if place.len != 0 && place.seq == seq && place.len >= len {
+            // A duplicate of what is parked already.
+            return true;
+        }
+        if place.len == 0 && free == PARKED_PER_CONNECTION {
+            free = i;
+        }
+    }
+    // SAFETY: the helper takes no argument.
+    let cpu = unsafe { bpf_get_smp_processor_id() };
+    let Some(scratch) = H2_PARK_SCRATCH.get_ptr_mut(cpu) else {
+        return false;
+    };
+    // `len` is 1 to `PARKED_BYTES` already: the arithmetic, hidden from the optimizer, hands the
+    // verifier a length it can see is within the buffer and not zero.
+    let n = ((core::hint::black_box(len) - 1) & (PARKED_BYTES - 1)) + 1;
+    // SAFETY: `scratch` is this CPU's buffer of over `PARKED_BYTES`, and `n` is at most that.
+    let copied = unsafe {
+        bpf_skb_load_bytes(
+            ctx.as_ptr(),
+            segment.payload_offset,
+            (&raw mut (*scratch).bytes).cast::<c_void>(),
+            n,
+        )
+    };
+    let key = key(conn, seq);
+    // SAFETY: `scratch` points at this CPU's live map value; the helper takes no argument.
+    unsafe {
+        (*scratch).len = len;
+        (*scratch).parked_ns = bpf_ktime_get_ns();
+    }
+    // SAFETY: as above.
+    if copied < 0 || H2_PARKED.insert(&key, unsafe { &*scratch }, 0).is_err() {
+        return false;
+    }
+    // With no place free, the segment is found by its sequence number alone: when the walk
+    // reaches exactly its first byte.
+    match conn.parked.get_mut(free) {
+        Some(place) => *place = Parked { seq, len },
+        None => conn.parked_unplaced += 1,
+    }
+    true
+}
+
+/// True if the receiving direction's walk (`receiving`: 0 the client's, 1 the server's) knows
+/// its place and `seq` is past it.
+#[inline(always)]
+fn frames_ahead(conn: &ConnState, receiving: u32, seq: u32) -> bool {
+    let frames = if receiving == 0 {
+        &conn.client_frames
+    } else {
+        &conn.server_frames
+    };
+    frames.is_ahead(seq)
+}
+
+/// The parked segment of `conn` that holds byte `at`, as a payload to walk with its sequence
+/// number and length, taken out of its place (its map entry stays until [`release`]); places
+/// wholly before `at` (walked since, as a retransmission) are freed on the way.
+#[inline(always)]
+pub(crate) fn take(conn: &mut ConnState, at: u32) -> Option<(Parked, ParkedPayload)> {
+    let connection = conn.h2_connection;
+    let mut found = None;
+    for place in conn.parked.iter_mut() {
+        if place.len == 0 {
+            continue;
+        }
+        let end = place.seq.wrapping_add(place.len);
+        if !seq_after(end, at) {
+            release_key(connection, place.seq);
+            *place = Parked::default();
+        } else if found.is_none() && !seq_after(place.seq, at) {
+            found = Some(*place);
+            *place = Parked::default();
+        }
+    }
+    // Else one parked with no place, if it begins exactly here.
+    if found.is_none() && conn.parked_unplaced == 0 {
+        return None;
+    }
+    let seq = found.map_or(at, |parked| parked.seq);
+    // SAFETY: the value is read while this program runs; only this connection's ingress
+    // removes it, after the walk.
+    let bytes = unsafe {
+        H2_PARKED.get(&ParkKey {
+            connection,
+            seq,
+            pad: 0,
+        })
+    }?;
+    if found.is_none() {
+        conn.parked_unplaced -= 1;
+    }
+    let parked = Parked {
+        seq,
+        len: bytes.len.min(PARKED_BYTES),
+    };
+    Some((
+        parked,
+        ParkedPayload {
+            bytes: core::ptr::from_ref(bytes),
+            len: parked.len,
+        },
+    ))
+}
+
+/// Drop the parked bytes of `parked` once walked.
+#[inline(always)]
+pub(crate) fn release(conn: &ConnState, parked: Parked) {
+    release_key(conn.h2_connection, parked.seq);
+}
+
+/// Drop every parked segment of a connection that closes.
+#[inline(always)]
+pub(crate) fn release_all(conn: &mut ConnState) {
+    let connection = conn.h2_connection;
+    for place in conn.parked.iter_mut() {
+        if place.len != 0 {
+            release_key(connection, place.seq);
+            *place = Parked::default();
+        }
+    }
+}
+
+#[inline(always)]
+fn release_key(connection: u64, seq: u32) {
+    let _ = H2_PARKED.remove(&ParkKey {
+        connection,
+        seq,
+        pad: 0,
+    });
+}
+
+#[inline(always)]
+fn key(conn: &ConnState, seq: u32) -> ParkKey {
+    ParkKey {
+        connection: conn.h2_connection,
+        seq,
+        pad: 0,
+    }
+}
+
+/// A parked segment's bytes, read as the walk reads a segment's.
+pub(crate) struct ParkedPayload {
+    bytes: *const ParkedBytes,
+    len: u32,
+}
+
+impl ParkedPayload {
+    /// The `N` bytes at `at`, if the segment holds them.
+    #[inline(always)]
+    fn array<const N: usize>(&self, at: u32) -> Option<[u8; N]> {
+        if at as usize + N > self.len as usize {
+            return None;
+        }
+        // `len` is at most `PARKED_BYTES`, so the mask changes nothing but what the verifier
+        // knows.
+        let at = core::hint::black_box(at) as usize & (PARKED_BYTES as usize - 1);
+        // SAFETY: `bytes` points at a live map value of `PARKED_BYTES + 16` bytes, and
+        // `at + N` is within it.
+        Some(unsafe { core::ptr::read_unaligned((*self.bytes).bytes.as_ptr().add(at).cast()) })
+    }
+}
+
+impl Payload for ParkedPayload {
+    #[inline(always)]
+    fn header_at(&self, at: u32) -> Option<[u8; 5]> {
+        self.array(at)
+    }
+
+    #[inline(always)]
+    fn frame_header_at(&self, at: u32) -> Option<[u8; 9]> {
+        self.array(at)
+    }
+
+    #[inline(always)]
+    fn bytes_at(&self, at: u32, n: u32) -> Option<u32> {
+        let bytes = match n {
+            1 => {
+                let [a] = self.array::<1>(at)?;
+                [0, 0, 0, a]
+            }
+            2 => {
+                let [a, b] = self.array::<2>(at)?;
+                [0, 0, a, b]
+            }
+            3 => {
+                let [a, b, c] = self.array::<3>(at)?;
+                [0, a, b, c]
+            }
+            4 => self.array::<4>(at)?,
+            _ => return None,
+        };
+        Some(u32::from_be_bytes(bytes))
+    }
+}

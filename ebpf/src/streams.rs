@@ -1,0 +1,98 @@
+//! The HTTP/2 stream table in the kernel: one entry per open (connection, stream), shared by
+//! every connection and both directions, and the close notices that hand the streams a
+//! connection left open to the agent.
+
+use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_ktime_get_ns, macros::map, maps::HashMap};
+use retry_after_common::{
+    ConnState, ProbeStat,
+    h2::{CLOSED_ENTRIES, DEFAULT_MAX_STREAMS, Opened, StreamEntry, StreamKey, StreamTable},
+};
+
+use crate::{counters, maps::PROBE_STATS};
+
+/// The kernel's error for a key already in a map (`BPF_NOEXIST`).
+const EEXIST: i32 = 17;
+
+/// The open streams (`h2::STREAMS_MAP`). Its size is the agent's to set at load time
+/// (`agent.http2_max_streams`); a stream that finds it full is counted, not started.
+#[map]
+static H2_STREAMS: HashMap<StreamKey, StreamEntry> =
+    HashMap::with_max_entries(DEFAULT_MAX_STREAMS, 0);
+
+/// Connections that closed with streams open (`h2::CLOSED_MAP`): id to close time. The agent
+/// abandons their streams at its next tick and removes the notice.
+#[map]
+static H2_CLOSED: HashMap<u64, u64> = HashMap::with_max_entries(CLOSED_ENTRIES, 0);
+
+/// The streams of one connection, as its segment's walk opens and ends them. One pointer:
+/// the walk's loop body, which builds the keys, runs three calls deep, and the verifier holds
+/// the three stacks together to 512 bytes.
+pub(crate) struct ConnectionStreams {
+    conn: *mut ConnState,
+}
+
+impl ConnectionStreams {
+    /// The streams of `conn`.
+    #[inline(always)]
+    pub(crate) fn of(conn: &mut ConnState) -> Self {
+        Self { conn }
+    }
+
+    #[inline(always)]
+    fn key(&self, stream: u32) -> StreamKey {
+        StreamKey {
+            // SAFETY: `conn` points at the connection's live state.
+            connection: unsafe { (*self.conn).h2_connection },
+            stream,
+            pad: 0,
+        }
+    }
+}
+
+impl StreamTable for ConnectionStreams {
+    #[inline(always)]
+    fn open(&self, stream: u32) -> Opened {
+        // SAFETY: `conn` points at the connection's live state.
+        let conn = unsafe { &mut *self.conn };
+        // SAFETY: the helper takes no argument.
+        conn.h2_entry.opened_ns = unsafe { bpf_ktime_get_ns() };
+        let inserted = H2_STREAMS.insert(&self.key(stream), &conn.h2_entry, u64::from(BPF_NOEXIST));
+        match inserted {
+            Ok(()) => {
+                // SAFETY: a field of the connection's live state.
+                unsafe { counters::add(&raw mut conn.h2_open, 1) };
+                Opened::New
+            }
+            Err(error) if error == -EEXIST => Opened::Known,
+            Err(_) => Opened::Full,
+        }
+    }
+
+    #[inline(always)]
+    fn end(&self, stream: u32) -> bool {
+        let ended = H2_STREAMS.remove(&self.key(stream)).is_ok();
+        if ended {
+            // SAFETY: as in `open`; adding 2^64 - 1 subtracts one.
+            unsafe { counters::add(&raw mut (*self.conn).h2_open, u64::MAX) };
+        }
+        ended
+    }
+}
+
+/// A connection closes: if the table may still hold streams of it, note the close for the
+/// agent, which abandons them (counted in the connection's counters) at its next tick. A
+/// notice that finds no room is counted; those streams are abandoned when they expire.
+#[inline(always)]
+pub(crate) fn note_close(conn: &ConnState) {
+    // SAFETY: a plain load of a field another CPU may add to; no program of this connection
+    // runs after its close.
+    let open = unsafe { core::ptr::read_volatile(&raw const conn.h2_open) };
+    if conn.h2_connection == 0 || open == 0 {
+        return;
+    }
+    // SAFETY: the helper takes no argument.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if H2_CLOSED.insert(&conn.h2_connection, &now, 0).is_err() {
+        counters::probe_stat(&PROBE_STATS, ProbeStat::Http2ClosesUnnoted);
+    }
+}
