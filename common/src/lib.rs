@@ -465,6 +465,15 @@ pub struct ConnState {
 const _: () = assert!(core::mem::size_of::<ConnState>() == 216);
 
 impl ConnState {
+    /// The HTTP/2 frame walk of the bytes `sender` sends.
+    #[inline(always)]
+    pub fn frames(&self, sender: tls::Sender) -> &h2::FrameStream {
+        match sender {
+            tls::Sender::Client => &self.client_frames,
+            tls::Sender::Server => &self.server_frames,
+        }
+    }
+
     /// A connection of `watch` seen from `side`, between turns. A client side whose watch is
     /// scoped to a cgroup starts unresolved (`scope_cgroup` set): its first segment decides.
     pub const fn new(watch: &WatchValue, side: Side) -> Self {
@@ -554,9 +563,8 @@ pub enum ProbeStat {
     /// ([`h2::CLOSED_MAP`]) were full: their streams are abandoned when they expire.
     Http2ClosesUnnoted => "http2_closes_unnoted",
     /// Segments of HTTP/2 connections that arrived ahead of a gap and could not be parked
-    /// (larger than [`h2::PARKED_BYTES`], the connection's [`h2::PARKED_PER_CONNECTION`]
-    /// places taken, or no room in the parking map): walked as they came, which may lose the
-    /// framing (`http2_segments_unframed`).
+    /// (larger than [`h2::PARKED_BYTES`], or no room in the parking map): walked as they
+    /// came, which may lose the framing (`http2_segments_unframed`).
     Http2SegmentsNotParked => "http2_segments_not_parked",
     /// HTTP/2 connections left out: the kernel cannot run the programs that count streams
     /// (no `bpf_loop` or no atomic fetch operations), so their requests are not counted.

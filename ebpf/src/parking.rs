@@ -18,6 +18,7 @@ use aya_ebpf::{
 use retry_after_common::{
     ConnState, Payload, ProbeStat,
     h2::{PARKED_BYTES, PARKED_PER_CONNECTION, ParkKey, Parked, ParkedBytes},
+    tls::Sender,
     turn::seq_after,
 };
 
@@ -63,10 +64,10 @@ pub(crate) fn park(
     ctx: &SkBuffContext,
     conn: &mut ConnState,
     segment: &Segment,
-    receiving: u32,
+    sender: Sender,
 ) -> bool {
     let (seq, len) = (segment.seq, segment.payload_len);
-    if len == 0 || !frames_ahead(conn, receiving, seq) {
+    if len == 0 || !conn.frames(sender).is_ahead(seq) {
         return false;
     }
     let parked = len <= PARKED_BYTES && park_copy(ctx, conn, segment);
@@ -76,18 +77,36 @@ pub(crate) fn park(
     parked
 }
 
-/// Copy `segment` into a free place of `conn`: false if there is none, or no room.
+/// Copy `segment` of `conn` into the parking map, in a place of the connection's if one is
+/// free: false if the map has no room. A copy of a segment parked already (the same first
+/// byte, no more bytes) is parked already; a longer one replaces it.
 #[inline(always)]
 fn park_copy(ctx: &SkBuffContext, conn: &mut ConnState, segment: &Segment) -> bool {
     let (seq, len) = (segment.seq, segment.payload_len);
-    let mut free = PARKED_PER_CONNECTION;
-    for (i, place) in conn.parked.iter().enumerate() {
-        if place.len != 0 && place.seq == seq && place.len >= len {
-            // A duplicate of what is parked already.
-            return true;
+    let key = key(conn.h2_connection, seq);
+    // The place to fill: the one of the same segment, else the first free one.
+    let mut place = PARKED_PER_CONNECTION;
+    for (i, parked) in conn.parked.iter().enumerate() {
+        if parked.len != 0 && parked.seq == seq {
+            if parked.len >= len {
+                return true;
+            }
+            place = i;
+            break;
         }
-        if place.len == 0 && free == PARKED_PER_CONNECTION {
-            free = i;
+        if parked.len == 0 && place == PARKED_PER_CONNECTION {
+            place = i;
+        }
+    }
+    // Without a place, the map alone knows whether the segment is parked already.
+    let mut unplaced_known = false;
+    if place == PARKED_PER_CONNECTION {
+        // SAFETY: the value is read at once.
+        if let Some(parked) = unsafe { H2_PARKED.get(&key) } {
+            if parked.len >= len {
+                return true;
+            }
+            unplaced_known = true;
         }
     }
     // SAFETY: the helper takes no argument.
@@ -107,7 +126,6 @@ fn park_copy(ctx: &SkBuffContext, conn: &mut ConnState, segment: &Segment) -> bo
             n,
         )
     };
-    let key = key(conn, seq);
     // SAFETY: `scratch` points at this CPU's live map value; the helper takes no argument.
     unsafe {
         (*scratch).len = len;
@@ -119,23 +137,12 @@ fn park_copy(ctx: &SkBuffContext, conn: &mut ConnState, segment: &Segment) -> bo
     }
     // With no place free, the segment is found by its sequence number alone: when the walk
     // reaches exactly its first byte.
-    match conn.parked.get_mut(free) {
+    match conn.parked.get_mut(place) {
         Some(place) => *place = Parked { seq, len },
-        None => conn.parked_unplaced += 1,
+        None if !unplaced_known => conn.parked_unplaced += 1,
+        None => {}
     }
     true
-}
-
-/// True if the receiving direction's walk (`receiving`: 0 the client's, 1 the server's) knows
-/// its place and `seq` is past it.
-#[inline(always)]
-fn frames_ahead(conn: &ConnState, receiving: u32, seq: u32) -> bool {
-    let frames = if receiving == 0 {
-        &conn.client_frames
-    } else {
-        &conn.server_frames
-    };
-    frames.is_ahead(seq)
 }
 
 /// The parked segment of `conn` that holds byte `at`, as a payload to walk with its sequence
@@ -165,13 +172,7 @@ pub(crate) fn take(conn: &mut ConnState, at: u32) -> Option<(Parked, ParkedPaylo
     let seq = found.map_or(at, |parked| parked.seq);
     // SAFETY: the value is read while this program runs; only this connection's ingress
     // removes it, after the walk.
-    let bytes = unsafe {
-        H2_PARKED.get(&ParkKey {
-            connection,
-            seq,
-            pad: 0,
-        })
-    }?;
+    let bytes = unsafe { H2_PARKED.get(&key(connection, seq)) }?;
     if found.is_none() {
         conn.parked_unplaced -= 1;
     }
@@ -206,19 +207,17 @@ pub(crate) fn release_all(conn: &mut ConnState) {
     }
 }
 
+/// Drop the parked bytes of connection `connection` that begin at `seq`.
 #[inline(always)]
 fn release_key(connection: u64, seq: u32) {
-    let _ = H2_PARKED.remove(&ParkKey {
-        connection,
-        seq,
-        pad: 0,
-    });
+    let _ = H2_PARKED.remove(&key(connection, seq));
 }
 
+/// The key of the segment of connection `connection` that begins at `seq`.
 #[inline(always)]
-fn key(conn: &ConnState, seq: u32) -> ParkKey {
+fn key(connection: u64, seq: u32) -> ParkKey {
     ParkKey {
-        connection: conn.h2_connection,
+        connection,
         seq,
         pad: 0,
     }

@@ -115,11 +115,7 @@ fn on_segment<const INGRESS: bool, const HTTP2: bool>(ctx: &SkBuffContext) {
     // Which way the segment travels between client and server. On a TLS connection only the
     // segments that carry request or response records take part in turns (`tls`); on an
     // HTTP/2 connection, its frames count streams instead (`h2`).
-    let sender = if (conn.side == Side::Server as u16) == ingress {
-        Sender::Client
-    } else {
-        Sender::Server
-    };
+    let sender = sender_of(conn, ingress);
     let payload = packet::SegmentPayload::new(ctx, segment.payload_offset);
     match streams_or_turns::<INGRESS, HTTP2>(ctx, conn, c, &segment, &payload, sender) {
         // Nothing runs after it: the verifier checks the rest of this path once, not once for
@@ -127,7 +123,7 @@ fn on_segment<const INGRESS: bool, const HTTP2: bool>(ctx: &SkBuffContext) {
         Counted::ByStreams => {
             // A segment the ingress program sees ahead of a gap is parked, and walked (with
             // whatever else was parked) once the gap fills: the walk sees the bytes in order.
-            if HTTP2 && !(INGRESS && parking::park(ctx, conn, &segment, sender as u32)) {
+            if HTTP2 && !(INGRESS && parking::park(ctx, conn, &segment, sender)) {
                 http2_segment(conn, c.values(), &segment, &payload, sender);
                 if INGRESS && parking::any_parked(conn) {
                     // The parked segments are walked by a program of their own, which the
@@ -151,6 +147,17 @@ fn on_segment<const INGRESS: bool, const HTTP2: bool>(ctx: &SkBuffContext) {
             // SAFETY: `c` is this CPU's copy of a live map value.
             unsafe { c.apply(&delta) };
         }
+    }
+}
+
+/// Who sent a segment of `conn` seen on ingress (`ingress`) or egress: on the server side,
+/// what arrives is the client's.
+#[inline(always)]
+fn sender_of(conn: &ConnState, ingress: bool) -> Sender {
+    if (conn.side == Side::Server as u16) == ingress {
+        Sender::Client
+    } else {
+        Sender::Server
     }
 }
 
@@ -357,13 +364,7 @@ fn ra_ingress_parked(ctx: SkBuffContext) -> i32 {
     let Some(c) = live_counters::<true>(conn) else {
         return 1;
     };
-    // What this vantage point receives.
-    let sender = if conn.side == Side::Server as u16 {
-        Sender::Client
-    } else {
-        Sender::Server
-    };
-    if walk_one_parked(conn, c.values(), sender) {
+    if walk_one_parked(conn, c.values(), sender_of(conn, true)) {
         parking::walk_parked_next(&ctx);
     }
     1
@@ -373,11 +374,7 @@ fn ra_ingress_parked(ctx: SkBuffContext) -> i32 {
 /// got to, counting what it did: true if there was one.
 #[inline(always)]
 fn walk_one_parked(conn: &mut ConnState, c: *mut EndpointCounters, sender: Sender) -> bool {
-    let frames = match sender {
-        Sender::Client => &conn.client_frames,
-        Sender::Server => &conn.server_frames,
-    };
-    let Some(at) = frames.walked_to() else {
+    let Some(at) = conn.frames(sender).walked_to() else {
         return false;
     };
     let Some((parked, payload)) = parking::take(conn, at) else {

@@ -32,11 +32,8 @@ use retry_after_common::{
     CounterWriter, ENDPOINT_COUNTERS_MAP, EndpointCounters, EndpointKey, MAX_WATCHED_ENDPOINTS,
     PROBE_STATS_LEN, PROBE_STATS_MAP, ProbeStat, Protocol, SETTINGS_MAP, SLOT_GENERATIONS_MAP,
     Setting, Side, WATCHED_ENDPOINTS_MAP, WATCHED_PORTS_MAP, WatchValue, counter_index,
-    h2::STREAMS_MAP,
+    h2::{PARK_SCRATCH_MAP, STREAMS_MAP},
 };
-
-/// The per-CPU scratch buffers parked segments are copied through, one per possible CPU.
-const PARK_SCRATCH_MAP: &str = "H2_PARK_SCRATCH";
 
 use retry_after_estimator::{
     endpoint::Endpoint,
@@ -292,13 +289,14 @@ impl Probe {
         let dirs = open_dirs(&attached)?;
         // aya-log levels: 2 = warn, 4 = debug.
         let log_level: u8 = if options.debug_log { 4 } else { 2 };
+        let cpus = nr_cpus()
+            .map_err(|(_, source)| ProbeError::Cpus(source))?
+            .get();
         let mut loader = EbpfLoader::new();
         loader.override_global("AYA_LOG_LEVEL", &log_level, false);
         loader.map_max_entries(STREAMS_MAP, options.http2.max_streams);
-        let possible_cpus = nr_cpus()
-            .map_err(|(_, source)| ProbeError::Cpus(source))?
-            .get() as u32;
-        loader.map_max_entries(PARK_SCRATCH_MAP, possible_cpus);
+        // One scratch buffer per possible CPU (the programs index it by CPU).
+        loader.map_max_entries(PARK_SCRATCH_MAP, cpus);
         let mut ebpf = loader.load(EBPF_OBJECT).map_err(ProbeError::Load)?;
         let btf = Btf::from_sys_fs().map_err(ProbeError::Btf)?;
         let support = load_programs(&mut ebpf, &btf, &options.without)?;
@@ -306,9 +304,6 @@ impl Probe {
         if support.adoption_off.is_none() {
             attach_destroy_tracepoint(&mut ebpf, support.programs(), &cgroup)?;
         }
-        let cpus = nr_cpus()
-            .map_err(|(_, source)| ProbeError::Cpus(source))?
-            .get() as usize;
         let sweeper = Mutex::new(StreamSweeper::take(
             &mut ebpf,
             options.http2.stream_timeout,
@@ -320,7 +315,7 @@ impl Probe {
             watched: BTreeMap::new(),
             free_slots: (0..MAX_WATCHED_ENDPOINTS).rev().collect(),
             next_generation: 1,
-            cpus,
+            cpus: cpus as usize,
             support,
             sweeper,
         })
@@ -554,14 +549,6 @@ impl Probe {
         };
         sweeper.sweep(monotonic_ns(), live)?;
         Ok(sweeper)
-    }
-
-    /// Streams in the HTTP/2 stream table now.
-    pub fn open_http2_streams(&self) -> usize {
-        self.sweeper
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .open_streams()
     }
 
     fn probe_stats(&self, expired: u64) -> Result<ProbeStats, ProbeError> {

@@ -1,7 +1,9 @@
 //! The HTTP/2 streams the programs leave in the kernel's stream table: those of connections
 //! that closed with streams open (noted in the close notices), and those open longer than the
-//! stream timeout. Each tick the agent abandons them, counted in their connection's counters,
-//! so that every stream the programs started ends exactly once.
+//! stream timeout. The agent abandons them, counted in their connection's counters, so that
+//! every stream the programs started ends exactly once: at the tick after a close notice, and
+//! at the sweep for age, a tenth of the timeout apart (10 s at most). The table is walked only
+//! then, not at every tick.
 //!
 //! The same sweep drops segments parked longer than [`PARKED_MAX_AGE_NS`] (their gap never
 //! filled: the connection closed, or its walk lost its place), so the parking map never fills
@@ -28,6 +30,9 @@ use retry_after_common::{
 };
 
 use super::{ProbeError, map_error};
+
+/// The longest time between two sweeps for age.
+const MAX_AGE_SWEEP_INTERVAL_NS: u64 = 10_000_000_000;
 
 /// How the stream table is sized and swept.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,11 +89,13 @@ pub struct StreamSweeper {
     closed: HashMap<MapData, u64, u64>,
     parked: HashMap<MapData, ParkKey, ParkedBytes>,
     timeout: Duration,
+    /// When the next sweep for age is due (the programs' clock; 0: at the first sweep).
+    next_age_sweep_ns: u64,
     abandoned: Abandoned,
 }
 
 impl StreamSweeper {
-    /// Take the two maps out of `ebpf`.
+    /// Take the stream table, the close notices and the parking map out of `ebpf`.
     ///
     /// # Errors
     /// `MissingMap` if the object lacks one.
@@ -98,6 +105,7 @@ impl StreamSweeper {
             closed: take_map(ebpf, CLOSED_MAP)?,
             parked: take_map(ebpf, PARKED_MAP)?,
             timeout,
+            next_age_sweep_ns: 0,
             abandoned: Abandoned::default(),
         })
     }
@@ -107,14 +115,10 @@ impl StreamSweeper {
         &self.abandoned
     }
 
-    /// Streams in the table now.
-    pub fn open_streams(&self) -> usize {
-        self.streams.keys().filter(Result::is_ok).count()
-    }
-
     /// One sweep at `now_ns` (the programs' clock): abandon the streams of every connection
-    /// noted closed and every stream open longer than the timeout; drop the entries of watches
-    /// that are gone (`live(slot, generation)` false) without counting them.
+    /// noted closed and, when the sweep for age is due, every stream open longer than the
+    /// timeout; drop the entries of watches that are gone (`live(slot, generation)` false)
+    /// without counting them.
     ///
     /// # Errors
     /// `Map` if a map cannot be read.
@@ -129,6 +133,15 @@ impl StreamSweeper {
             .collect::<Result<_, _>>()
             .map_err(|source| map_error("read", CLOSED_MAP, source))?;
         let timeout_ns = u64::try_from(self.timeout.as_nanos()).unwrap_or(u64::MAX);
+        let age_sweep = now_ns >= self.next_age_sweep_ns;
+        if closed.is_empty() && !age_sweep {
+            return Ok(());
+        }
+        if age_sweep {
+            let every = (timeout_ns / 10).min(MAX_AGE_SWEEP_INTERVAL_NS);
+            self.next_age_sweep_ns = now_ns.saturating_add(every);
+            self.drop_stale_parked(now_ns)?;
+        }
         let mut gone = Vec::new();
         for item in self.streams.iter() {
             let (key, entry) = match item {
@@ -137,26 +150,25 @@ impl StreamSweeper {
                 Err(MapError::KeyNotFound) => continue,
                 Err(source) => return Err(map_error("read", STREAMS_MAP, source)),
             };
-            let expired = now_ns.saturating_sub(entry.opened_ns) > timeout_ns;
+            let closed = closed.contains(&key.connection);
+            let expired = !closed && now_ns.saturating_sub(entry.opened_ns) > timeout_ns;
             let live = live(u32::from(entry.slot), entry.generation);
-            if closed.contains(&key.connection) || expired || !live {
-                gone.push((key, entry, expired));
+            if closed || expired || !live {
+                gone.push((key, entry, expired, live));
             }
         }
-        for (key, entry, expired) in gone {
+        for (key, entry, expired, live) in gone {
             // Only the one removal that succeeds counts: the programs may have ended it.
-            if self.streams.remove(&key).is_ok() && live(u32::from(entry.slot), entry.generation) {
+            if self.streams.remove(&key).is_ok() && live {
                 self.abandoned.count(&entry);
-                if expired && !closed.contains(&key.connection) {
-                    self.abandoned.expired += 1;
-                }
+                self.abandoned.expired += u64::from(expired);
             }
         }
         for connection in closed {
             // Gone already only if something else removed it; nothing to count either way.
             let _ = self.closed.remove(&connection);
         }
-        self.drop_stale_parked(now_ns)
+        Ok(())
     }
 
     /// Drop the segments parked longer than [`PARKED_MAX_AGE_NS`].

@@ -38,13 +38,22 @@
 //! whichever CPU sees it first.
 //!
 //! Bounds: none per connection. Every open stream is an entry of the stream table, whose size
-//! bounds them all; a stream that finds it full is counted as untracked, not started. A segment that arrives before the bytes ahead of it (reordered on the
-//! way, or after a loss) leaves a [`Hole`]: the walk frames anew at the segment, and walks the
-//! bytes from the place it saved when they come; one hole per connection at a time. Over TLS
-//! the frames are encrypted and nothing here applies.
+//! bounds them all; a stream that finds it full is counted as untracked, not started.
+//!
+//! **Order.** A segment that arrives before the bytes ahead of it (reordered on the way, or
+//! after a loss) is parked by the programs where they can ([`Parked`], of its own module) and
+//! walked once those bytes have been. One that cannot be parked leaves a [`Hole`]: the walk
+//! frames anew at the segment, and walks the bytes from the place it saved when they come;
+//! one hole per connection at a time. Over TLS the frames are encrypted and nothing here
+//! applies.
 
+mod parked;
 mod streams;
 
+pub use parked::{
+    PARK_SCRATCH_MAP, PARKED_BYTES, PARKED_MAP, PARKED_MAX_AGE_NS, PARKED_PER_CONNECTION, ParkKey,
+    Parked, ParkedBytes,
+};
 pub use streams::{
     CLOSED_ENTRIES, CLOSED_MAP, DEFAULT_MAX_STREAMS, Opened, STREAMS_MAP, StreamEntry, StreamKey,
     StreamTable,
@@ -139,59 +148,6 @@ pub struct Hole {
     pub given_up: u8,
     /// Always zero (explicit padding).
     pub pad: u8,
-}
-
-/// A segment of the direction a vantage point receives that arrived ahead of bytes not seen
-/// yet, kept whole (by the programs, in a map keyed by connection and `seq`) until the gap
-/// fills, then walked in its place: out of order on arrival, in order to the walk.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Parked {
-    /// Sequence number of its first byte.
-    pub seq: u32,
-    /// Its payload bytes; 0: the place is free.
-    pub len: u32,
-}
-
-/// Segments parked per connection at most: more arriving before the gap fills are walked as
-/// they come (the hole below), which may lose the framing.
-pub const PARKED_PER_CONNECTION: usize = 4;
-/// Bytes one parked segment holds at most (a segment of 64 KiB: TSO's largest); a larger one
-/// is not parked.
-pub const PARKED_BYTES: u32 = 65_536;
-
-/// The parked segments, by the name the programs and the agent share: [`ParkKey`] to
-/// [`ParkedBytes`]. The agent drops those parked longer than [`PARKED_MAX_AGE_NS`] (a gap
-/// that never filled: the connection closed, or its walk lost its place).
-pub const PARKED_MAP: &str = "H2_PARKED";
-/// How long a segment may stay parked before the agent drops it.
-pub const PARKED_MAX_AGE_NS: u64 = 10_000_000_000;
-
-/// A parked segment's key: its connection and its first byte's sequence number.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ParkKey {
-    /// The connection's id ([`crate::ConnState::h2_connection`]).
-    pub connection: u64,
-    /// Sequence number of the segment's first byte.
-    pub seq: u32,
-    /// Always zero (explicit padding).
-    pub pad: u32,
-}
-
-/// A parked segment: when it was parked, and its bytes, with room past them for the widest
-/// read at the last offset (the verifier sees a read's offset only as masked).
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct ParkedBytes {
-    /// When it was parked (`bpf_ktime_get_ns`).
-    pub parked_ns: u64,
-    /// Payload bytes held.
-    pub len: u32,
-    /// Always zero (explicit padding).
-    pub pad: u32,
-    /// The payload.
-    pub bytes: [u8; PARKED_BYTES as usize + 16],
 }
 
 /// No hole.
@@ -446,7 +402,6 @@ impl FrameStream {
         *walk = seg.walk;
     }
 
-    /// True while `next_seq` is a known position of the frame stream.
     /// True if a segment at `seq` would leave a gap: the walk knows its place, and `seq` is
     /// past it (bytes before it have not arrived). Such a segment is parked where the
     /// programs can (see [`Parked`]) and walked once the gap fills.
@@ -461,6 +416,7 @@ impl FrameStream {
         self.is_framed().then_some(self.next_seq)
     }
 
+    /// True while `next_seq` is a known position of the frame stream.
     #[inline(always)]
     fn is_framed(&self) -> bool {
         self.flags.get() & FRAMED != 0
