@@ -125,11 +125,12 @@ fn on_segment<const INGRESS: bool, const HTTP2: bool>(ctx: &SkBuffContext) {
             // whatever else was parked) once the gap fills: the walk sees the bytes in order.
             if HTTP2 && !(INGRESS && parking::park(ctx, conn, &segment, sender)) {
                 http2_segment(conn, c.values(), &segment, &payload, sender);
-                if INGRESS && parking::any_parked(conn) {
-                    // The parked segments are walked by a program of their own, which the
-                    // verifier checks apart: this one ends here.
-                    parking::walk_parked_next(ctx);
-                }
+            }
+            // The parked segments are walked by a program of their own, which the verifier
+            // checks apart: this one ends here. After every segment, parked or walked: a
+            // chain of tail calls ends after 33, and what it left is walked at the next.
+            if HTTP2 && INGRESS && parking::any_parked(conn) {
+                parking::walk_parked_next(ctx);
             }
         }
         Counted::NotAtAll => {}
