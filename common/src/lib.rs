@@ -452,17 +452,12 @@ pub struct ConnState {
     /// is set as the stream opens). Written by client segments only, which alone open
     /// streams; kept here so the walk's loop builds no value on its stack.
     pub h2_entry: h2::StreamEntry,
-    /// Segments of the direction this vantage point receives that arrived ahead of a gap,
-    /// parked until it fills (see [`h2::Parked`]).
-    pub parked: [h2::Parked; h2::PARKED_PER_CONNECTION],
-    /// Segments parked beyond those places, found by their first byte's sequence number only.
-    pub parked_unplaced: u64,
     /// The bytes a segment overtook, in the direction this vantage point receives.
     pub hole: h2::Hole,
 }
 
 // Every field is accounted for: no implicit padding, so the map value has no undefined bytes.
-const _: () = assert!(core::mem::size_of::<ConnState>() == 216);
+const _: () = assert!(core::mem::size_of::<ConnState>() == 176);
 
 impl ConnState {
     /// The HTTP/2 frame walk of the bytes `sender` sends.
@@ -516,8 +511,6 @@ impl ConnState {
                 slot: watch.slot as u16,
                 side: side as u16,
             },
-            parked: [h2::Parked { seq: 0, len: 0 }; h2::PARKED_PER_CONNECTION],
-            parked_unplaced: 0,
             hole: h2::Hole::NONE,
         }
     }

@@ -252,7 +252,7 @@ fn close_tracked<S, const HTTP2: bool>(sk: *mut S) {
         let delta = if HTTP2 && conn.client_frames.is_http2() {
             // Its open streams are the agent's to abandon, from the table.
             streams::note_close(conn);
-            parking::release_all(conn);
+            parking::release_all(sk, conn.h2_connection);
             TurnDelta::default()
         } else {
             conn.turn.on_close(conn.server_records.is_tls())

@@ -8,16 +8,20 @@
 
 use core::ffi::c_void;
 
+use core::ptr::null_mut;
+
 use aya_ebpf::{
     EbpfContext,
-    helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_skb_load_bytes},
-    macros::map,
+    bindings::BPF_SK_STORAGE_GET_F_CREATE,
+    btf_maps::SkStorage,
+    helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_sk_storage_get, bpf_skb_load_bytes},
+    macros::{btf_map, map},
     maps::{Array, HashMap, ProgramArray},
     programs::SkBuffContext,
 };
 use retry_after_common::{
     ConnState, Payload, ProbeStat,
-    h2::{PARKED_BYTES, PARKED_PER_CONNECTION, ParkKey, Parked, ParkedBytes},
+    h2::{PARKED_BYTES, PARKED_PER_CONNECTION, ParkKey, Parked, ParkedBytes, ParkedPlaces},
     tls::Sender,
     turn::seq_after,
 };
@@ -38,6 +42,27 @@ static H2_PARKED: HashMap<ParkKey, ParkedBytes> = HashMap::with_max_entries(PARK
 #[map]
 static H2_PARK_SCRATCH: Array<ParkedBytes> = Array::with_max_entries(SCRATCH_CPUS, 0);
 
+/// Where each connection's parked segments are, in its socket's storage (made at its first
+/// parked segment, freed by the kernel with the socket).
+#[btf_map]
+static H2_PARKED_PLACES: SkStorage<ParkedPlaces> = SkStorage::new();
+
+/// The places of the connection of socket `sk`, made if `create` and there are none yet.
+#[inline(always)]
+pub(crate) fn places<S>(sk: *mut S, create: bool) -> Option<&'static mut ParkedPlaces> {
+    let map = core::ptr::from_ref(&H2_PARKED_PLACES).cast_mut().cast();
+    let flags = if create {
+        u64::from(BPF_SK_STORAGE_GET_F_CREATE)
+    } else {
+        0
+    };
+    // SAFETY: the helper checks the socket; with the flag it makes a zeroed value (every
+    // place free).
+    let places = unsafe { bpf_sk_storage_get(map, sk.cast(), null_mut(), flags) };
+    // SAFETY: a live value of the map's type, or null.
+    unsafe { places.cast::<ParkedPlaces>().as_mut() }
+}
+
 /// The program that walks parked segments (`H2_PARKED_WALK`, index 0: `ra_ingress_parked`),
 /// set by the agent once it is loaded.
 #[map]
@@ -51,18 +76,19 @@ pub(crate) fn walk_parked_next(ctx: &SkBuffContext) {
     unsafe { H2_PARKED_WALK.tail_call(ctx, 0) };
 }
 
-/// True if `conn` has a parked segment.
+/// True if the connection of socket `sk` has a parked segment.
 #[inline(always)]
-pub(crate) fn any_parked(conn: &ConnState) -> bool {
-    conn.parked_unplaced != 0 || conn.parked.iter().any(|place| place.len != 0)
+pub(crate) fn any_parked<S>(sk: *mut S) -> bool {
+    places(sk, false).is_some_and(|p| p.places.iter().any(|place| place.len != 0))
 }
 
 /// Park `segment` of `conn` (its payload at `segment.payload_offset`) if it arrived ahead of
 /// the walk's place and there is room: true if it is parked (and must not be walked now).
 #[inline(always)]
-pub(crate) fn park(
+pub(crate) fn park<S>(
     ctx: &SkBuffContext,
-    conn: &mut ConnState,
+    sk: *mut S,
+    conn: &ConnState,
     segment: &Segment,
     sender: Sender,
 ) -> bool {
@@ -70,23 +96,29 @@ pub(crate) fn park(
     if len == 0 || !conn.frames(sender).is_ahead(seq) {
         return false;
     }
-    let parked = len <= PARKED_BYTES && park_copy(ctx, conn, segment);
+    let parked = len <= PARKED_BYTES
+        && places(sk, true).is_some_and(|places| park_copy(ctx, conn, places, segment));
     if !parked {
         counters::probe_stat(&PROBE_STATS, ProbeStat::Http2SegmentsNotParked);
     }
     parked
 }
 
-/// Copy `segment` of `conn` into the parking map, in a place of the connection's if one is
-/// free: false if the map has no room. A copy of a segment parked already (the same first
-/// byte, no more bytes) is parked already; a longer one replaces it.
+/// Copy `segment` of `conn` into the parking map, in a free place of the connection's
+/// `places`: false if there is none, or the map has no room. A copy of a segment parked
+/// already (the same first byte, no more bytes) is parked already; a longer one replaces it.
 #[inline(always)]
-fn park_copy(ctx: &SkBuffContext, conn: &mut ConnState, segment: &Segment) -> bool {
+fn park_copy(
+    ctx: &SkBuffContext,
+    conn: &ConnState,
+    places: &mut ParkedPlaces,
+    segment: &Segment,
+) -> bool {
     let (seq, len) = (segment.seq, segment.payload_len);
     let key = key(conn.h2_connection, seq);
     // The place to fill: the one of the same segment, else the first free one.
     let mut place = PARKED_PER_CONNECTION;
-    for (i, parked) in conn.parked.iter().enumerate() {
+    for (i, parked) in places.places.iter().enumerate() {
         if parked.len != 0 && parked.seq == seq {
             if parked.len >= len {
                 return true;
@@ -98,17 +130,9 @@ fn park_copy(ctx: &SkBuffContext, conn: &mut ConnState, segment: &Segment) -> bo
             place = i;
         }
     }
-    // Without a place, the map alone knows whether the segment is parked already.
-    let mut unplaced_known = false;
-    if place == PARKED_PER_CONNECTION {
-        // SAFETY: the value is read at once.
-        if let Some(parked) = unsafe { H2_PARKED.get(&key) } {
-            if parked.len >= len {
-                return true;
-            }
-            unplaced_known = true;
-        }
-    }
+    let Some(place) = places.places.get_mut(place) else {
+        return false;
+    };
     // SAFETY: the helper takes no argument.
     let cpu = unsafe { bpf_get_smp_processor_id() };
     let Some(scratch) = H2_PARK_SCRATCH.get_ptr_mut(cpu) else {
@@ -135,24 +159,22 @@ fn park_copy(ctx: &SkBuffContext, conn: &mut ConnState, segment: &Segment) -> bo
     if copied < 0 || H2_PARKED.insert(&key, unsafe { &*scratch }, 0).is_err() {
         return false;
     }
-    // With no place free, the segment is found by its sequence number alone: when the walk
-    // reaches exactly its first byte.
-    match conn.parked.get_mut(place) {
-        Some(place) => *place = Parked { seq, len },
-        None if !unplaced_known => conn.parked_unplaced += 1,
-        None => {}
-    }
+    *place = Parked { seq, len };
     true
 }
 
-/// The parked segment of `conn` that holds byte `at`, as a payload to walk with its sequence
-/// number and length, taken out of its place (its map entry stays until [`release`]); places
-/// wholly before `at` (walked since, as a retransmission) are freed on the way.
+/// The parked segment of connection `connection` (its `places`) that holds byte `at`, as a
+/// payload to walk with its sequence number and length, taken out of its place (its map
+/// entry stays until [`release`]); places wholly before `at` (walked since, as a
+/// retransmission) are freed on the way.
 #[inline(always)]
-pub(crate) fn take(conn: &mut ConnState, at: u32) -> Option<(Parked, ParkedPayload)> {
-    let connection = conn.h2_connection;
+pub(crate) fn take(
+    connection: u64,
+    places: &mut ParkedPlaces,
+    at: u32,
+) -> Option<(Parked, ParkedPayload)> {
     let mut found = None;
-    for place in conn.parked.iter_mut() {
+    for place in places.places.iter_mut() {
         if place.len == 0 {
             continue;
         }
@@ -165,17 +187,10 @@ pub(crate) fn take(conn: &mut ConnState, at: u32) -> Option<(Parked, ParkedPaylo
             *place = Parked::default();
         }
     }
-    // Else one parked with no place, if it begins exactly here.
-    if found.is_none() && conn.parked_unplaced == 0 {
-        return None;
-    }
-    let seq = found.map_or(at, |parked| parked.seq);
+    let seq = found?.seq;
     // SAFETY: the value is read while this program runs; only this connection's ingress
     // removes it, after the walk.
     let bytes = unsafe { H2_PARKED.get(&key(connection, seq)) }?;
-    if found.is_none() {
-        conn.parked_unplaced -= 1;
-    }
     let parked = Parked {
         seq,
         len: bytes.len.min(PARKED_BYTES),
@@ -189,17 +204,19 @@ pub(crate) fn take(conn: &mut ConnState, at: u32) -> Option<(Parked, ParkedPaylo
     ))
 }
 
-/// Drop the parked bytes of `parked` once walked.
+/// Drop the parked bytes of `parked`, of connection `connection`, once walked.
 #[inline(always)]
-pub(crate) fn release(conn: &ConnState, parked: Parked) {
-    release_key(conn.h2_connection, parked.seq);
+pub(crate) fn release(connection: u64, parked: Parked) {
+    release_key(connection, parked.seq);
 }
 
 /// Drop every parked segment of a connection that closes.
 #[inline(always)]
-pub(crate) fn release_all(conn: &mut ConnState) {
-    let connection = conn.h2_connection;
-    for place in conn.parked.iter_mut() {
+pub(crate) fn release_all<S>(sk: *mut S, connection: u64) {
+    let Some(places) = places(sk, false) else {
+        return;
+    };
+    for place in places.places.iter_mut() {
         if place.len != 0 {
             release_key(connection, place.seq);
             *place = Parked::default();

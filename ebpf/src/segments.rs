@@ -10,7 +10,7 @@ use aya_ebpf::{
 };
 use retry_after_common::{
     ConnState, EndpointCounters, Payload, ProbeStat, Protocol, Side,
-    h2::{Detected, FrameSegment},
+    h2::{Detected, FrameSegment, ParkedPlaces},
     tls::{Sender, Walked},
     turn::{PHASE_REQUEST, ResponseStart, STATUS_LINE_PREFIX, TurnDelta},
 };
@@ -123,13 +123,13 @@ fn on_segment<const INGRESS: bool, const HTTP2: bool>(ctx: &SkBuffContext) {
         Counted::ByStreams => {
             // A segment the ingress program sees ahead of a gap is parked, and walked (with
             // whatever else was parked) once the gap fills: the walk sees the bytes in order.
-            if HTTP2 && !(INGRESS && parking::park(ctx, conn, &segment, sender)) {
+            if HTTP2 && !(INGRESS && parking::park(ctx, sk, conn, &segment, sender)) {
                 http2_segment(conn, c.values(), &segment, &payload, sender);
             }
             // The parked segments are walked by a program of their own, which the verifier
             // checks apart: this one ends here. After every segment, parked or walked: a
             // chain of tail calls ends after 33, and what it left is walked at the next.
-            if HTTP2 && INGRESS && parking::any_parked(conn) {
+            if HTTP2 && INGRESS && parking::any_parked(sk) {
                 parking::walk_parked_next(ctx);
             }
         }
@@ -365,24 +365,32 @@ fn ra_ingress_parked(ctx: SkBuffContext) -> i32 {
     let Some(c) = live_counters::<true>(conn) else {
         return 1;
     };
-    if walk_one_parked(conn, c.values(), sender_of(conn, true)) {
+    let Some(places) = parking::places(sk, false) else {
+        return 1;
+    };
+    if walk_one_parked(conn, places, c.values(), sender_of(conn, true)) {
         parking::walk_parked_next(&ctx);
     }
     1
 }
 
-/// Walk the segment parked on `conn` that continues where the walk of `sender`'s bytes has
-/// got to, counting what it did: true if there was one.
+/// Walk the segment parked in `places` of `conn` that continues where the walk of `sender`'s
+/// bytes has got to, counting what it did: true if there was one.
 #[inline(always)]
-fn walk_one_parked(conn: &mut ConnState, c: *mut EndpointCounters, sender: Sender) -> bool {
+fn walk_one_parked(
+    conn: &mut ConnState,
+    places: &mut ParkedPlaces,
+    c: *mut EndpointCounters,
+    sender: Sender,
+) -> bool {
     let Some(at) = conn.frames(sender).walked_to() else {
         return false;
     };
-    let Some((parked, payload)) = parking::take(conn, at) else {
+    let Some((parked, payload)) = parking::take(conn.h2_connection, places, at) else {
         return false;
     };
     walk_counted(conn, c, (parked.seq, parked.len), &payload, sender);
-    parking::release(conn, parked);
+    parking::release(conn.h2_connection, parked);
     true
 }
 

@@ -52,7 +52,7 @@ mod streams;
 
 pub use parked::{
     PARK_SCRATCH_MAP, PARKED_BYTES, PARKED_MAP, PARKED_MAX_AGE_NS, PARKED_PER_CONNECTION, ParkKey,
-    Parked, ParkedBytes,
+    Parked, ParkedBytes, ParkedPlaces,
 };
 pub use streams::{
     CLOSED_ENTRIES, CLOSED_MAP, DEFAULT_MAX_STREAMS, Opened, STREAMS_MAP, StreamEntry, StreamKey,

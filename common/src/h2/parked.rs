@@ -14,10 +14,19 @@ pub struct Parked {
     pub len: u32,
 }
 
-/// Places for parked segments in a connection's state ([`crate::ConnState::parked`]): a
-/// segment in a place is found by any byte it holds. More are parked without a place, found
-/// by their first byte's sequence number only ([`crate::ConnState::parked_unplaced`]).
-pub const PARKED_PER_CONNECTION: usize = 4;
+/// Segments one connection may have parked at once ([`ParkedPlaces`]); one more arriving
+/// ahead before the gap fills is walked as it comes (counted as not parked).
+pub const PARKED_PER_CONNECTION: usize = 32;
+
+/// Where a connection's parked segments are: a place each, found by any byte it holds (a
+/// retransmission cut differently still meets them). Kept in the socket's own storage, apart
+/// from [`crate::ConnState`], made at the connection's first parked segment.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ParkedPlaces {
+    /// The places; a free one has `len` 0.
+    pub places: [Parked; PARKED_PER_CONNECTION],
+}
 /// Bytes one parked segment holds at most (a segment of 64 KiB: TSO's largest); a larger one
 /// is not parked.
 pub const PARKED_BYTES: u32 = 65_536;
