@@ -6,6 +6,7 @@
 
 pub mod http;
 pub mod kernels;
+pub mod netns;
 pub mod proxies;
 pub mod rejections;
 pub mod replica;

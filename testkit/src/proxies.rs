@@ -236,6 +236,8 @@ pub struct Nginx {
     child: Child,
     status: SocketAddr,
     dir: PathBuf,
+    /// The network namespace it runs in, if not this process's.
+    netns: Option<String>,
 }
 
 /// nginx's own counters (`stub_status`).
@@ -263,6 +265,15 @@ impl Nginx {
     /// `worker_processes` other than 1) and `http` (server blocks and any other http-level
     /// directives) to the http block.
     pub fn start_with(main: &str, http: &str, cgroup: Option<&Path>) -> Self {
+        Self::launch(main, http, cgroup, None)
+    }
+
+    /// [`Nginx::start`] in network namespace `netns` (its stub_status is read from inside it).
+    pub fn start_in_netns(servers: &str, netns: &str) -> Self {
+        Self::launch("", servers, None, Some(netns))
+    }
+
+    fn launch(main: &str, http: &str, cgroup: Option<&Path>, netns: Option<&str>) -> Self {
         let dir = std::env::temp_dir().join(format!(
             "retry-after-nginx-{}-{}",
             std::process::id(),
@@ -285,21 +296,31 @@ impl Nginx {
         );
         let path = dir.join("nginx.conf");
         std::fs::write(&path, config).unwrap();
-        let child = command_in(
-            cgroup,
-            "nginx",
-            [
-                OsStr::new("-c"),
-                path.as_os_str(),
-                OsStr::new("-p"),
-                dir.as_os_str(),
-            ],
-        )
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("nginx is installed (./dev setup installs it)");
-        let nginx = Self { child, status, dir };
+        let args = [
+            OsStr::new("-c"),
+            path.as_os_str(),
+            OsStr::new("-p"),
+            dir.as_os_str(),
+        ];
+        let mut command = match netns {
+            Some(ns) => {
+                let mut command = crate::netns::HostPair::command(ns, "nginx");
+                command.args(args);
+                command
+            }
+            None => command_in(cgroup, "nginx", args),
+        };
+        let child = command
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("nginx is installed (./dev setup installs it)");
+        let nginx = Self {
+            child,
+            status,
+            dir,
+            netns: netns.map(str::to_owned),
+        };
         let deadline = Instant::now() + Duration::from_secs(10);
         while nginx.try_status().is_none() {
             assert!(Instant::now() < deadline, "nginx did not start");
@@ -309,12 +330,24 @@ impl Nginx {
     }
 
     fn try_status(&self) -> Option<NginxStatus> {
-        let mut stream = std::net::TcpStream::connect(self.status).ok()?;
-        stream
-            .write_all(b"GET / HTTP/1.0\r\nHost: status\r\n\r\n")
-            .ok()?;
-        let mut text = String::new();
-        stream.read_to_string(&mut text).ok()?;
+        let text = match &self.netns {
+            Some(ns) => {
+                let out = crate::netns::HostPair::command(ns, "curl")
+                    .args(["-sf", &format!("http://{}/", self.status)])
+                    .output()
+                    .ok()?;
+                String::from_utf8(out.stdout).ok()?
+            }
+            None => {
+                let mut stream = std::net::TcpStream::connect(self.status).ok()?;
+                stream
+                    .write_all(b"GET / HTTP/1.0\r\nHost: status\r\n\r\n")
+                    .ok()?;
+                let mut text = String::new();
+                stream.read_to_string(&mut text).ok()?;
+                text
+            }
+        };
         let numbers: Vec<u64> = text
             .lines()
             .find(|l| {

@@ -18,7 +18,9 @@
 //!   both interpreters; `openssl` makes the certificates of the TLS tests; `systemd` (its
 //!   `systemd-analyze` and `systemd-sysusers`) judges the unit and the sysusers file, and
 //!   `dpkg-dev` serves cargo-deb; `tmux` is the terminal the status view is tested in;
-//!   `prometheus` (and its `promtool`) checks, unit-tests and runs the shipped rules.
+//!   `prometheus` (and its `promtool`) checks, unit-tests and runs the shipped rules;
+//!   `iproute2` makes the test hosts (network namespaces and a veth pair), `nftables` loses
+//!   and duplicates segments between them, and `curl` reads nginx's stub_status inside one.
 //! * Python packages, pinned (`PYTHON_PACKAGES`), with the machine's python3; Ray Serve,
 //!   pinned (`SERVE_PACKAGES`), in the project's own virtual environment `.tools/serve-venv`
 //!   (`python3-venv` makes it on a Debian python3).
@@ -67,7 +69,7 @@ const PYTHON_PACKAGES: [(&str, &str, &str); 4] = [
 const SERVE_PACKAGES: [(&str, &str, &str); 1] = [("ray[serve]", "2.60.0", "ray.serve")];
 
 /// Debian packages the tests and benchmarks run.
-const DEBIAN_PACKAGES: [&str; 18] = [
+const DEBIAN_PACKAGES: [&str; 21] = [
     "wrk",
     "nghttp2-client",
     "bpftool",
@@ -86,6 +88,9 @@ const DEBIAN_PACKAGES: [&str; 18] = [
     "dpkg-dev",
     "tmux",
     "prometheus",
+    "iproute2",
+    "nftables",
+    "curl",
 ];
 
 /// The archive the kernel packages come from.

@@ -27,6 +27,7 @@ use retry_after_estimator::endpoint::Endpoint;
 use retry_after_protocol::{Response, policy::Rung};
 use retry_after_testkit::{
     AgentProcess, AttachedProbe, SETTLE, free_port,
+    netns::{self, HostPair},
     proxies::{Haproxy, Nginx, NginxStatus},
     run_ok,
 };
@@ -41,7 +42,18 @@ fn requests_between(before: NginxStatus, after: NginxStatus) -> u64 {
 /// request must be answered (h2load counts a 4xx as done and failed, a 2xx as succeeded): its
 /// summary line is returned.
 fn h2load(url: &str, requests: u32, clients: u32, streams: u32) -> String {
-    let out = run_ok(Command::new("h2load").args([
+    h2load_with(Command::new("h2load"), url, requests, clients, streams)
+}
+
+/// [`h2load`], run as `command` (in a network namespace, say).
+fn h2load_with(
+    mut command: Command,
+    url: &str,
+    requests: u32,
+    clients: u32,
+    streams: u32,
+) -> String {
+    let out = run_ok(command.args([
         "-n",
         &requests.to_string(),
         "-c",
@@ -62,43 +74,43 @@ fn h2load(url: &str, requests: u32, clients: u32, streams: u32) -> String {
     summary
 }
 
-/// The loads of [`h2load_streams_exact_on_nginxs_side_and_within_the_guard_on_h2loads`]:
+/// The loads of [`h2load_streams_against_nginx_are_counted_exactly_on_both_sides`]:
 /// connections × streams at once on each, up to what a proxy's backend connections carry.
 const STREAM_LOADS: [(u32, u32); 4] = [(8, 64), (4, 128), (2, 500), (1, 1000)];
 
-/// Share of a load's streams h2load's side (the receiving side of nginx's out-of-order
-/// segments) may miss, in parts per 10,000: a guard, not the target (exact). Measured: 0 to
-/// 475 of 40,000 a cell (docs/kernel-observation.md, "HTTP/2 and gRPC").
-const CLIENT_SIDE_GUARD_PER_10K: u64 = 200;
-
-/// nginx over cleartext HTTP/2 (`http2_max_concurrent_streams 1000`), h2load as the client:
-/// for each of [`STREAM_LOADS`], with bodies of 3 bytes and of 3 KB, 40,000 requests; then
-/// 3,000 answered 429. nginx's side counts every stream nginx's stub_status counted, started
-/// and completed, none abandoned, none in flight, the 429s exactly the rejections. h2load's
-/// side misses the ends in segments that reached it out of order and could not be parked:
-/// held to the guard, nothing counted twice, nothing left in flight.
-#[test]
-fn h2load_streams_exact_on_nginxs_side_and_within_the_guard_on_h2loads() {
-    let addr = free_port();
+/// The server blocks of an nginx listening on `addr` for [`h2load_cells`]: up to 1,000
+/// streams at once on a connection; `/` answers 3 bytes, `/kb` 3 KB, `/busy` 429.
+fn h2c_server(addr: std::net::SocketAddr) -> String {
     let body = "x".repeat(3000);
-    let nginx = Nginx::start(&format!(
+    format!(
         "  server {{ listen {addr} http2; http2_max_concurrent_streams 1000; \
          keepalive_requests 1000000; location / {{ return 200 \"ok\\n\"; }} \
          location /kb {{ return 200 \"{body}\"; }} \
          location /busy {{ return 429 \"busy\\n\"; }} }}"
-    ));
-    let endpoint = Endpoint::from(addr);
-    let mut probe = AttachedProbe::watching(&[endpoint]);
+    )
+}
+
+/// One load of [`h2load_cells`]: the path, requests, connections and streams at once.
+type Load = (&'static str, u32, u32, u32);
+
+/// Run each of `loads` with `run` (url, requests, connections, streams) against `nginx`
+/// (serving [`h2c_server`] on `endpoint`), each counted from zero; assert that both vantage
+/// points started and completed what nginx's stub_status counted, none abandoned, none in
+/// flight, `/busy`'s 429s exactly the rejections. The table of what each cell counted is
+/// printed.
+fn h2load_cells(
+    nginx: &Nginx,
+    probe: &mut AttachedProbe,
+    endpoint: Endpoint,
+    loads: &[Load],
+    run: impl Fn(&str, u32, u32, u32),
+) {
     let mut table = Vec::new();
     let mut failures = Vec::new();
-    let loads = ["/", "/kb"]
-        .into_iter()
-        .flat_map(|path| STREAM_LOADS.map(|(c, m)| (path, 40_000, c, m)))
-        .chain([("/busy", 3_000, 6, 32)]);
-    for (path, requests, connections, streams) in loads {
+    for &(path, requests, connections, streams) in loads {
         let before = nginx.status();
-        h2load(
-            &format!("http://{addr}{path}"),
+        run(
+            &format!("http://{endpoint}{path}"),
             requests,
             connections,
             streams,
@@ -106,7 +118,7 @@ fn h2load_streams_exact_on_nginxs_side_and_within_the_guard_on_h2loads() {
         let total = requests_between(before, nginx.status());
         assert_eq!(total, u64::from(requests), "nginx's own count");
         let rejected = if path == "/busy" { total } else { 0 };
-        let (server, client) = both_sides_settle(&probe, endpoint, (total, rejected));
+        let (server, client) = both_sides_settle(probe, endpoint, (total, rejected));
         let cell = format!(
             "{connections} x {streams} {path}: nginx {total}; nginx's side {}/{}; h2load's side \
              {}/{} ({} abandoned); {:?}",
@@ -117,17 +129,13 @@ fn h2load_streams_exact_on_nginxs_side_and_within_the_guard_on_h2loads() {
             client.requests_abandoned,
             probe.read().probe
         );
-        let server_exact = server.requests_started == total
-            && server.responses_completed == total
-            && server.responses_rejected == rejected
-            && server.requests_abandoned == 0;
-        let missed = total.saturating_sub(client.responses_completed);
-        let client_held = client.requests_started == total
-            && client.responses_completed <= total
-            && client.responses_rejected <= rejected
-            && client.in_flight() == 0
-            && missed * 10_000 <= total * CLIENT_SIDE_GUARD_PER_10K;
-        if !(server_exact && client_held) {
+        let exact = |c: &EndpointCounters| {
+            c.requests_started == total
+                && c.responses_completed == total
+                && c.responses_rejected == rejected
+                && c.requests_abandoned == 0
+        };
+        if !(exact(&server) && exact(&client)) {
             failures.push(cell.clone());
         }
         table.push(cell);
@@ -148,7 +156,8 @@ fn h2load_streams_exact_on_nginxs_side_and_within_the_guard_on_h2loads() {
 
 /// Wait until both vantage points of `endpoint` have ended every stream they started (none
 /// in flight) and nginx's side holds `total` completed with `rejected` rejections, or the
-/// settle runs out: what each side counted then.
+/// settle runs out: what each side counted then (h2load closes its connections, so a stream
+/// whose end was missed is abandoned, not left in flight).
 fn both_sides_settle(
     probe: &AttachedProbe,
     endpoint: Endpoint,
@@ -168,6 +177,74 @@ fn both_sides_settle(
             return (server, client);
         }
         thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// nginx over cleartext HTTP/2 ([`h2c_server`]), h2load as the client: for each of
+/// [`STREAM_LOADS`], with bodies of 3 bytes and of 3 KB, 40,000 requests; then 3,000 answered
+/// 429. Both vantage points count every stream nginx's stub_status counted, exactly (h2load's
+/// side receives nginx's segments out of order on loopback: they are parked and walked in
+/// order).
+#[test]
+fn h2load_streams_against_nginx_are_counted_exactly_on_both_sides() {
+    let addr = free_port();
+    let nginx = Nginx::start(&h2c_server(addr));
+    let endpoint = Endpoint::from(addr);
+    let mut probe = AttachedProbe::watching(&[endpoint]);
+    let loads: Vec<Load> = ["/", "/kb"]
+        .into_iter()
+        .flat_map(|path| STREAM_LOADS.map(|(c, m)| (path, 40_000, c, m)))
+        .chain([("/busy", 3_000, 6, 32)])
+        .collect();
+    h2load_cells(&nginx, &mut probe, endpoint, &loads, |url, n, c, m| {
+        h2load(url, n, c, m);
+    });
+}
+
+/// The same between two test hosts (network namespaces made for the test, joined by a veth
+/// pair), nginx on one and h2load on the other, with 1% of the packets each end receives lost
+/// and 1% of those it sends duplicated (nftables): every loss is retransmitted after the segments behind it
+/// have arrived, so both directions arrive out of order, and duplicates arrive twice. Both
+/// vantage points count exactly what nginx's stub_status counted. Not met yet: ignored until
+/// it is, run with `--ignored` to measure (docs/kernel-observation.md, "Out of order", says
+/// what it counts today and why).
+#[test]
+#[ignore = "the target it holds, exact counts under 1% loss, is not met yet (docs/kernel-observation.md)"]
+fn h2load_between_hosts_losing_and_duplicating_segments_is_counted_exactly() {
+    let hosts = HostPair::new();
+    hosts.lose_and_duplicate(10, 10);
+    let addr = std::net::SocketAddr::from((netns::SERVER_ADDR, 18_080));
+    let nginx = Nginx::start_in_netns(&h2c_server(addr), &hosts.server);
+    let endpoint = Endpoint::from(addr);
+    let mut probe = AttachedProbe::watching(&[endpoint]);
+    let loads: Vec<Load> = ["/", "/kb"]
+        .into_iter()
+        .flat_map(|path| [(path, 20_000, 4, 128), (path, 20_000, 1, 1000)])
+        .chain([("/busy", 2_000, 4, 32)])
+        .collect();
+    h2load_cells(&nginx, &mut probe, endpoint, &loads, |url, n, c, m| {
+        h2load_with(HostPair::command(&hosts.client, "h2load"), url, n, c, m);
+    });
+    for ns in [&hosts.server, &hosts.client] {
+        let rules = HostPair::ruleset(ns);
+        // TCP's own count of segments that arrived out of order, at this end's sockets.
+        let ofo = run_ok(HostPair::command(ns, "nstat").args(["-az", "TcpExtTCPOFOQueue"]));
+        eprintln!("{ns}:\n{rules}{ofo}");
+        assert!(
+            !rules.contains("counter packets 0 "),
+            "every rule lost or duplicated packets:\n{rules}"
+        );
+        let arrived_out_of_order = ofo
+            .lines()
+            .find_map(|l| l.strip_prefix("TcpExtTCPOFOQueue"))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse::<u64>().ok());
+        // h2load's end must have received nginx's segments out of order (what the test is
+        // for); nginx's may or may not, as h2load's requests come in few segments at a time.
+        assert!(
+            *ns != hosts.client || arrived_out_of_order.is_some_and(|n| n > 0),
+            "segments arrived out of order at {ns}:\n{ofo}"
+        );
     }
 }
 
@@ -211,12 +288,10 @@ fn without_bpf_loop_http2_connections_are_left_out_and_said_so() {
 /// HAProxy in front, speaking HTTP/2 to h2load and to nginx (`proto h2`: HAProxy multiplexes
 /// the requests of all its clients onto a few server connections, up to 128 streams at once on
 /// each), with HAProxy's frontend and nginx both watched: each counts what its own counters say
-/// it answered, nginx's 429s passing through HAProxy (re-encoded by HAProxy's HPACK encoder)
-/// and HAProxy's own `return status 429` the rejections: exactly on the server side of each
-/// hop, and within the guard on the side that receives the answers (their out-of-order
-/// segments not parked).
+/// it answered, on both vantage points, nginx's 429s passing through HAProxy (re-encoded by
+/// HAProxy's HPACK encoder) and HAProxy's own `return status 429` the rejections: exactly.
 #[test]
-fn haproxy_speaking_h2_to_nginx_exact_on_the_server_sides_within_the_guard_on_the_others() {
+fn haproxy_speaking_h2_to_nginx_is_counted_at_both_hops() {
     let (nginx_addr, frontend) = (free_port(), free_port());
     let nginx = Nginx::start(&format!(
         "  server {{ listen {nginx_addr} http2; http2_max_concurrent_streams 128; \
@@ -274,21 +349,12 @@ fn haproxy_speaking_h2_to_nginx_exact_on_the_server_sides_within_the_guard_on_th
                 c.responses_rejected,
                 c.requests_abandoned,
             );
-            if side == Side::Server {
-                assert_eq!(seen, (total, rejected, 0), "{endpoint} {side:?}: {c:?}");
-                assert_eq!(c.in_flight(), 0, "{endpoint} {side:?}: {c:?}");
-                continue;
-            }
-            // The receiving side of the answers: a guard, not the target (see
-            // CLIENT_SIDE_GUARD_PER_10K); nothing counted twice.
-            let missed = total.saturating_sub(c.responses_completed);
-            assert!(
-                c.requests_started == total
-                    && c.responses_completed <= total
-                    && c.responses_rejected <= rejected
-                    && missed * 10_000 <= total * CLIENT_SIDE_GUARD_PER_10K,
+            assert_eq!(
+                seen,
+                (total, rejected, 0),
                 "{endpoint} {side:?}: {c:?} with {problems:?}"
             );
+            assert_eq!(c.in_flight(), 0, "{endpoint} {side:?}: {c:?}");
         }
     }
     for stat in [
