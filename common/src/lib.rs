@@ -454,10 +454,15 @@ pub struct ConnState {
     pub h2_entry: h2::StreamEntry,
     /// The bytes a segment overtook, in the direction this vantage point receives.
     pub hole: h2::Hole,
+    /// Who walks the HTTP/2 frames this vantage point receives right now: 0 nobody, else the
+    /// walking CPU + 1. Segments of one direction can be received on two CPUs at once; the
+    /// walk, the hole and the parked places are one CPU's at a time (taken and given back
+    /// atomically by the ingress programs).
+    pub h2_walker: u64,
 }
 
 // Every field is accounted for: no implicit padding, so the map value has no undefined bytes.
-const _: () = assert!(core::mem::size_of::<ConnState>() == 176);
+const _: () = assert!(core::mem::size_of::<ConnState>() == 184);
 
 impl ConnState {
     /// The HTTP/2 frame walk of the bytes `sender` sends.
@@ -512,6 +517,7 @@ impl ConnState {
                 side: side as u16,
             },
             hole: h2::Hole::NONE,
+            h2_walker: 0,
         }
     }
 }
@@ -562,6 +568,15 @@ pub enum ProbeStat {
     /// HTTP/2 connections left out: the kernel cannot run the programs that count streams
     /// (no `bpf_loop` or no atomic fetch operations), so their requests are not counted.
     Http2ConnectionsLeftOut => "http2_connections_left_out",
+    /// Segments of HTTP/2 connections walked while another CPU was still walking the same
+    /// direction's bytes after the wait for it ran out: the two walks may lose the framing
+    /// (`http2_segments_unframed`).
+    Http2WalksContended => "http2_walks_contended",
+    /// HTTP/2 connections whose client's first flight (the preface, and the streams it opens
+    /// with it) reached the listener with the handshake, before the connection existed:
+    /// under TCP_DEFER_ACCEPT or Fast Open, or when the handshake's last ACK was lost. The
+    /// streams that flight opened are not counted.
+    Http2FirstFlightsUnwalked => "http2_first_flights_unwalked",
 }
 }
 

@@ -169,13 +169,16 @@ fn adopt_as(full: *mut bpf_sock, found: &Adoption) -> Option<*mut ConnState> {
 
 /// A segment with payload reached a watched listener: it completes a handshake (or is a SYN
 /// with data) and carries the client's first bytes. Note the client, and whether the bytes
-/// begin a TLS ClientHello or the HTTP/2 preface (`EARLY_PAYLOADS`).
+/// begin a TLS ClientHello or the HTTP/2 preface (`EARLY_PAYLOADS`). The frames after a
+/// preface are not walked (there is no connection yet to walk them for): counted.
 #[inline(never)]
 fn note_early_payload(ctx: &SkBuffContext, segment: &packet::Segment, local_port: u16) {
     let kind = match ctx.load::<[u8; 5]>(segment.payload_offset as usize) {
-        Ok(first) if retry_after_common::tls::is_handshake_header(first) || first == *b"PRI *" => {
+        Ok(first) if first == *b"PRI *" => {
+            counters::probe_stat(&PROBE_STATS, ProbeStat::Http2FirstFlightsUnwalked);
             EARLY_NOT_A_REQUEST
         }
+        Ok(first) if retry_after_common::tls::is_handshake_header(first) => EARLY_NOT_A_REQUEST,
         _ => EARLY_OTHER,
     };
     if let Some((addr, port)) = packet::source(ctx, segment) {

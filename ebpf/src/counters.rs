@@ -15,7 +15,7 @@
 
 use core::{
     ffi::c_void,
-    intrinsics::{AtomicOrdering, atomic_and, atomic_xadd},
+    intrinsics::{AtomicOrdering, atomic_xadd},
     ptr::{read_volatile, write_volatile},
 };
 
@@ -184,16 +184,6 @@ impl FrameOps for KernelFrameOps {
         // SAFETY: the helper calls `callback` with `ctx`, on this stack, at most `n` times.
         unsafe { bpf_loop(n, callback, (&raw mut body).cast(), 0) };
     }
-}
-
-/// Atomically clear `mask` in `*word`, returning what it held (a fetch form: 5.12).
-///
-/// # Safety
-/// `word` must point into a live, 8-byte aligned map value.
-#[inline(always)]
-pub unsafe fn fetch_clear(word: *mut u64, mask: u64) -> u64 {
-    // SAFETY: guaranteed by the caller.
-    unsafe { atomic_and::<u64, u64, { AtomicOrdering::SeqCst }>(word, !mask) }
 }
 
 /// Count `n` occurrences of a probe-wide event, `n` made by the HTTP/2 frame loop (see

@@ -2,7 +2,11 @@
 //! accepted only by a kernel that has one feature the counting programs use, so the agent
 //! asks the verifier that will judge them, not a version number (distributions backport).
 
-use core::{ffi::c_void, ptr::read_volatile};
+use core::{
+    ffi::c_void,
+    intrinsics::{AtomicOrdering, atomic_cxchg},
+    ptr::read_volatile,
+};
 
 use aya_ebpf::{
     macros::{btf_tracepoint, cgroup_skb},
@@ -11,17 +15,19 @@ use aya_ebpf::{
 use retry_after_common::{ProbeStat, h2::FrameOps};
 
 use crate::{
-    counters::{self, KernelFrameOps},
+    counters::KernelFrameOps,
     maps::{PROBE_STATS, tracked},
 };
 
-/// Atomic fetch operations (fetch-and, fetch-or, exchange; 5.12).
-/// A fetch-and that keeps every bit of a probe-wide counter changes nothing.
+/// Atomic fetch operations (5.12), compare-and-exchange among them: the HTTP/2 walker word
+/// (`walk_lock.rs`). An exchange of 0 for 0 in a probe-wide counter changes nothing.
 #[cgroup_skb(ingress)]
 fn ra_has_atomics(_ctx: SkBuffContext) -> i32 {
     if let Some(slot) = PROBE_STATS.get_ptr_mut(ProbeStat::ConnectionsUntracked as u32) {
         // SAFETY: `slot` points into this CPU's copy of the array, 8-byte aligned.
-        let old = unsafe { counters::fetch_clear(slot, 0) };
+        let old = unsafe {
+            atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(slot, 0, 0)
+        };
         // Read, so the fetch form is kept.
         // SAFETY: a local value.
         let _ = unsafe { read_volatile(&old) };

@@ -44,6 +44,7 @@ mod packet;
 mod parking;
 mod segments;
 mod streams;
+mod walk_lock;
 
 #[cfg(not(test))]
 #[panic_handler]

@@ -22,6 +22,7 @@ use crate::{
     maps::{PROBE_STATS, forget, live_counters, port_watched, tracked},
     packet, parking,
     streams::ConnectionStreams,
+    walk_lock,
 };
 
 /// A segment arrives at a local socket.
@@ -121,16 +122,25 @@ fn on_segment<const INGRESS: bool, const HTTP2: bool>(ctx: &SkBuffContext) {
         // Nothing runs after it: the verifier checks the rest of this path once, not once for
         // each way out of the frame walk.
         Counted::ByStreams => {
+            // What a vantage point receives is walked by one CPU at a time (`walk_lock`).
+            if HTTP2 && INGRESS {
+                walk_lock::take(conn);
+            }
             // A segment the ingress program sees ahead of a gap is parked, and walked (with
             // whatever else was parked) once the gap fills: the walk sees the bytes in order.
             if HTTP2 && !(INGRESS && parking::park(ctx, sk, conn, &segment, sender)) {
                 http2_segment(conn, c.values(), &segment, &payload, sender);
             }
             // The parked segments are walked by a program of their own, which the verifier
-            // checks apart: this one ends here. After every segment, parked or walked: a
-            // chain of tail calls ends after 33, and what it left is walked at the next.
+            // checks apart: this one ends here, and the walk goes on held by this CPU, which
+            // that program gives back. After every segment, parked or walked: a chain of tail
+            // calls ends after 33, and what it left is walked at the next.
             if HTTP2 && INGRESS && parking::any_parked(sk) {
                 parking::walk_parked_next(ctx);
+            }
+            // No tail call (nothing parked, or the chain's end): the walk is given back here.
+            if HTTP2 && INGRESS {
+                walk_lock::give_back(conn);
             }
         }
         Counted::NotAtAll => {}
@@ -348,7 +358,8 @@ fn http2_segment(
 
 /// Parked segments of a tracked HTTP/2 connection, walked one per run: the ingress program
 /// tail-calls this one after a segment, and it calls itself while one more continues where
-/// the walk has got to. Never attached; reached only by tail calls.
+/// the walk has got to. Never attached; reached only by tail calls, always on the CPU that
+/// holds the connection's walk (`walk_lock`), which the last of the chain gives back.
 #[cgroup_skb(ingress)]
 fn ra_ingress_parked(ctx: SkBuffContext) -> i32 {
     let skb = ctx.as_ptr().cast::<__sk_buff>();
@@ -362,15 +373,14 @@ fn ra_ingress_parked(ctx: SkBuffContext) -> i32 {
     };
     // SAFETY: `conn` points at the socket's live state.
     let conn = unsafe { &mut *conn };
-    let Some(c) = live_counters::<true>(conn) else {
-        return 1;
-    };
-    let Some(places) = parking::places(sk, false) else {
-        return 1;
-    };
-    if walk_one_parked(conn, places, c.values(), sender_of(conn, true)) {
+    if let Some(c) = live_counters::<true>(conn)
+        && let Some(places) = parking::places(sk, false)
+        && walk_one_parked(conn, places, c.values(), sender_of(conn, true))
+    {
+        // Returns only at the chain's end.
         parking::walk_parked_next(&ctx);
     }
+    walk_lock::give_back(conn);
     1
 }
 

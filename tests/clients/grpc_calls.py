@@ -17,12 +17,12 @@ take and return raw bytes.
     grpc_calls.py retrying PORT CALLS AT_ONCE
         CALLS calls to Work, AT_ONCE at a time, by a channel whose service config retries
         RESOURCE_EXHAUSTED (5 attempts): prints how many succeeded and failed as JSON.
-    grpc_calls.py call PORT UNARY STREAMS REJECTS [--hold]
+    grpc_calls.py call PORT UNARY STREAMS REJECTS [--hold] [--wave N]
         One channel (one HTTP/2 connection): with --hold, one call first, then "ready" on
         stdout, then waits for a line on stdin (the connection is then open before it is
-        watched); then UNARY unary calls, STREAMS server-streaming calls and REJECTS rejected
-        calls on that connection, WAVE at once (the kernel's stream window holds the last 128
-        streams of a connection). Prints its own counts as JSON.
+        watched); then UNARY unary calls, REJECTS rejected calls and STREAMS server-streaming
+        calls on that connection, in that order, N at once (WAVE by default): each wave is
+        sent whole before any of its answers is read. Prints its own counts as JSON.
 """
 
 import json
@@ -33,7 +33,7 @@ from concurrent import futures
 import grpc
 
 SERVICE = "test.Calls"
-#: Calls a client has in flight at once, on its one connection.
+#: Calls a client has in flight at once, on its one connection, unless told otherwise.
 WAVE = 50
 
 
@@ -178,7 +178,7 @@ def retrying(port: int, calls: int, at_once: int) -> None:
     print(json.dumps(counts), flush=True)
 
 
-def call(port: int, unary: int, streams: int, rejects: int, hold: bool) -> None:
+def call(port: int, unary: int, streams: int, rejects: int, hold: bool, wave_size: int) -> None:
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         unary_call = channel.unary_unary(f"/{SERVICE}/Unary")
         stream_call = channel.unary_stream(f"/{SERVICE}/Stream")
@@ -191,9 +191,9 @@ def call(port: int, unary: int, streams: int, rejects: int, hold: bool) -> None:
         calls += [("stream", i) for i in range(streams)]
         counts = {"unary": 0, "rejected": 0, "stream": 0}
         parts = 0
-        for start in range(0, len(calls), WAVE):
+        for start in range(0, len(calls), wave_size):
             wave = []
-            for kind, i in calls[start : start + WAVE]:
+            for kind, i in calls[start : start + wave_size]:
                 if kind == "unary":
                     wave.append((kind, unary_call.future(b"%d" % i, timeout=30)))
                 elif kind == "rejected":
@@ -232,7 +232,8 @@ if __name__ == "__main__":
     elif command == "retrying":
         retrying(int(args[0]), int(args[1]), int(args[2]))
     elif command == "call":
-        call(int(args[0]), int(args[1]), int(args[2]), int(args[3]), "--hold" in args)
+        wave_size = int(args[args.index("--wave") + 1]) if "--wave" in args else WAVE
+        call(int(args[0]), int(args[1]), int(args[2]), int(args[3]), "--hold" in args, wave_size)
     elif command == "stats":
         stats(int(args[0]))
     else:

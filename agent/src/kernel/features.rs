@@ -14,7 +14,8 @@ use aya::{
 /// A kernel feature that some of the programs need.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum KernelFeature {
-    /// BPF atomic fetch operations (fetch-and, fetch-or, exchange): the HTTP/2 stream bits.
+    /// BPF atomic fetch operations, compare-and-exchange among them: the HTTP/2 walker word
+    /// (one CPU at a time walks what a connection receives).
     AtomicFetch,
     /// The `bpf_loop` helper: the HTTP/2 frame walk.
     BpfLoop,

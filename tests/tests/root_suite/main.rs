@@ -13,6 +13,7 @@ mod cli;
 mod deploy;
 mod detach;
 mod evaluation;
+mod haproxy_h2_backends;
 mod haproxy_lua;
 mod http2;
 mod in_flight;
