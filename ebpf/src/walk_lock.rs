@@ -65,7 +65,7 @@ pub(crate) fn give_back(conn: &mut ConnState) {
 /// # Safety
 /// `word` must point into a live, 8-byte aligned map value.
 #[inline(always)]
-unsafe fn exchange(word: *mut u64, old: u64, new: u64) -> bool {
+pub(crate) unsafe fn exchange(word: *mut u64, old: u64, new: u64) -> bool {
     // SAFETY: guaranteed by the caller.
     let (held, _) = unsafe {
         atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(word, old, new)

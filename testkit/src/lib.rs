@@ -205,6 +205,25 @@ pub fn sample(metrics: &str, name_and_labels: &str) -> Option<f64> {
         .and_then(|v| v.parse().ok())
 }
 
+/// The value of `retry_after_endpoint_<name>_total` for `endpoint` and `side` (`server` or
+/// `client`) in a Prometheus text exposition of the agent's (0 while not reported).
+pub fn endpoint_total(
+    metrics: &str,
+    name: &str,
+    endpoint: std::net::SocketAddr,
+    side: &str,
+) -> u64 {
+    let metric = format!("retry_after_endpoint_{name}_total{{");
+    let endpoint_label = format!("endpoint=\"{endpoint}\"");
+    let side_label = format!("side=\"{side}\"");
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(&metric))
+        .filter(|l| l.contains(&endpoint_label) && l.contains(&side_label))
+        .find_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
 /// How the agent process is started.
 #[derive(Clone, Debug, Default)]
 pub struct Launch {

@@ -17,7 +17,7 @@ use std::{
 };
 
 use retry_after_testkit::{
-    AgentProcess, SETTLE, free_port,
+    AgentProcess, SETTLE, endpoint_total, free_port,
     http::HttpServer,
     proxies::{Haproxy, Nginx, Wrk},
     sample,
@@ -45,21 +45,10 @@ struct Counts {
 impl Counts {
     /// The counts of `endpoint` on `side` (`server` or `client`) in the agent's `metrics`.
     fn read(metrics: &str, endpoint: SocketAddr, side: &str) -> Self {
-        let value = |name: &str| {
-            metrics
-                .lines()
-                .find(|l| {
-                    l.starts_with(name)
-                        && l.contains(&format!("endpoint=\"{endpoint}\""))
-                        && l.contains(&format!("side=\"{side}\""))
-                })
-                .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .map_or(0, |v| v as u64)
-        };
         Self {
-            started: value("retry_after_endpoint_requests_started_total{"),
-            completed: value("retry_after_endpoint_responses_completed_total{"),
-            abandoned: value("retry_after_endpoint_requests_abandoned_total{"),
+            started: endpoint_total(metrics, "requests_started", endpoint, side),
+            completed: endpoint_total(metrics, "responses_completed", endpoint, side),
+            abandoned: endpoint_total(metrics, "requests_abandoned", endpoint, side),
         }
     }
 }

@@ -20,7 +20,7 @@ use std::{
 };
 
 use retry_after_testkit::{
-    agent_binary, free_port,
+    agent_binary, endpoint_total, free_port,
     proxies::{Nginx, NginxStatus, Wrk, self_signed_certificate},
     vm,
 };
@@ -337,9 +337,9 @@ mod guest {
     fn counters(metrics: SocketAddr, endpoint: SocketAddr) -> (Side, Side) {
         let text = scrape(metrics).unwrap_or_default();
         let side = |side: &str| Side {
-            started: series(&text, "requests_started", endpoint, side),
-            completed: series(&text, "responses_completed", endpoint, side),
-            abandoned: series(&text, "requests_abandoned", endpoint, side),
+            started: endpoint_total(&text, "requests_started", endpoint, side),
+            completed: endpoint_total(&text, "responses_completed", endpoint, side),
+            abandoned: endpoint_total(&text, "requests_abandoned", endpoint, side),
         };
         (side("server"), side("client"))
     }
@@ -371,19 +371,6 @@ mod guest {
             }
             std::thread::sleep(Duration::from_millis(200));
         }
-    }
-
-    /// The value of `retry_after_endpoint_<name>_total` for `endpoint` and `side` (0 if absent).
-    fn series(metrics: &str, name: &str, endpoint: SocketAddr, side: &str) -> u64 {
-        let metric = format!("retry_after_endpoint_{name}_total{{");
-        let endpoint_label = format!("endpoint=\"{endpoint}\"");
-        let side_label = format!("side=\"{side}\"");
-        metrics
-            .lines()
-            .filter(|l| l.starts_with(&metric))
-            .filter(|l| l.contains(&endpoint_label) && l.contains(&side_label))
-            .find_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .map_or(0, |v| v as u64)
     }
 
     /// Every series of `metric` (one label, `label`) in the scraped `text`: label value → value.
