@@ -448,8 +448,8 @@ local function reject_kept(txn, name, state, hasher, found, depth, drain, now)
     place = key and seconds and T.keep(kept.book, key, now_s, seconds, clamp)
   end
   if place and kept.source == "cookie" then
-    txn:set_var("txn.retry_after_cookie", string.format("%s=%s; Max-Age=%d; Path=/; HttpOnly",
-      cookie_name, T.write_cookie(hasher, name, place.due, key), place.due - now_s + kept.book.settings.grace_s))
+    txn:set_var("txn.retry_after_cookie",
+      T.set_cookie(hasher, name, cookie_name, place.due, key, now_s, kept.book.settings.grace_s))
   end
   return seconds, rung
 end

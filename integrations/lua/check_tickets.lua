@@ -104,6 +104,8 @@ local function run(f)
     return h.mac(f[3]) .. "\t" .. h.key(f[3])
   elseif op == "cookie" then
     return T.write_cookie(hasher(f[2]), f[3], tonumber(f[4]), f[5])
+  elseif op == "setcookie" then
+    return T.set_cookie(hasher(f[2]), f[3], f[4], tonumber(f[5]), f[6], tonumber(f[7]), tonumber(f[8]))
   elseif op == "read" then
     local due, nonce = T.read_cookie(hasher(f[2]), f[3], f[4])
     if due == nil then return nonce end

@@ -20,7 +20,7 @@ local T = {}
 -- Slots per bucket: a key hashes to one bucket and takes any free slot in it.
 T.BUCKET = 8
 -- What became of places, in the order of REPORT's tickets= vocabulary (TicketOutcome).
-T.OUTCOMES = { "issued", "honoured", "early", "expired", "refused", "replayed" }
+T.OUTCOMES = { "issued", "honoured", "early", "expired", "refused", "replayed", "unrecorded" }
 local ISSUED, HONOURED, EARLY, EXPIRED, REFUSED, REPLAYED = 1, 2, 3, 4, 5, 6
 -- The settings' defaults (KeptReturnsSettings).
 T.DEFAULTS = { grace_s = 30, horizon_s = 300, max_keys = 100000, max_returns_per_key = 1 }
@@ -43,12 +43,17 @@ function T.table_store()
 end
 
 -- A store on an nginx lua_shared_dict, its names under prefix. safe_set never evicts another
--- entry: a full dictionary fails the write (size the dictionary for max_keys slots).
+-- entry: a full dictionary fails the write, and the store counts it in failed (this worker's
+-- count; the caller compares it before and after a decision and fails closed).
 function T.dict_store(dict, prefix)
-  return {
-    get = function(_, name) return dict:get(prefix .. name) end,
-    set = function(_, name, value) return (dict:safe_set(prefix .. name, value)) end,
-  }
+  local store = { failed = 0 }
+  function store.get(_, name) return dict:get(prefix .. name) end
+  function store.set(self, name, value)
+    local ok = dict:safe_set(prefix .. name, value)
+    if not ok then self.failed = self.failed + 1 end
+    return ok
+  end
+  return store
 end
 
 -- Keys and cookies -----------------------------------------------------------------------------
@@ -71,6 +76,15 @@ end
 function T.write_cookie(hasher, service, due, nonce)
   local body = string.format("%d.%s", due, string.lower(nonce))
   return body .. "." .. hasher.mac(service .. "." .. body)
+end
+
+-- The Set-Cookie value that hands a client at now_s the cookie of a place due at due under
+-- nonce, named name and signed for service: alive to the end of the last second of its grace
+-- (Max-Age = due - now_s + grace_s + 1), so that a client told less than the whole wait (the
+-- clamp) still carries it at its place. Rust's ReturnCookie::set_cookie; every proxy sends this.
+function T.set_cookie(hasher, service, name, due, nonce, now_s, grace_s)
+  local max_age = math.max(due - now_s, 0) + grace_s + 1
+  return string.format("%s=%s; Max-Age=%d; Path=/; HttpOnly", name, T.write_cookie(hasher, service, due, nonce), max_age)
 end
 
 -- Whether two strings are equal, looking at every byte whatever the first difference.

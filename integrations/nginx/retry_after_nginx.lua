@@ -50,6 +50,12 @@ local options = {
 }
 -- Kept returns per service: { source, header, max_queued, book, room }; the secret.
 local kept = {}
+-- How long a worker may hold a book's lock before another may take it: far beyond the
+-- in-memory work it covers (no I/O, no yield), so only a dead worker's lock ever runs out.
+local BOOK_LOCK_S = 1
+-- This worker's return-cookie nonces: HMAC-SHA1 of a counter under a key read from
+-- /dev/urandom when the worker starts (no two workers, containers or restarts share one).
+local nonce_key, nonces_drawn = nil, 0
 -- A place for a request the book let on that limit_req then rejected (defined with the book).
 local place_after_limit
 local secret
@@ -211,7 +217,11 @@ local function report_tickets(service, exchange)
   if k == nil then return true end
   local shared, reported = dict(), {}
   for i = 1, #tickets.OUTCOMES do reported[i] = shared:get("reported:" .. service .. ":" .. i) or 0 end
-  local entry, carried = tickets.tickets_entry(k.book:counters(), reported)
+  local counts = k.book:counters()
+  -- The book cannot count what it could not write: unrecorded is kept in the main dictionary.
+  local unrecorded_at = #tickets.OUTCOMES
+  counts[unrecorded_at] = counts[unrecorded_at] + (shared:get("unrecorded:" .. service) or 0)
+  local entry, carried = tickets.tickets_entry(counts, reported)
   if entry == nil then return true end
   if not exchange(string.format("REPORT %s admitted=0 rejected=0 tickets=%s", service, entry)) then
     return false
@@ -280,6 +290,10 @@ local function start_kept()
   assert(shared, "retry_after_nginx.start: keep needs a lua_shared_dict " .. options.tickets_dict)
   local settings = assert(tickets.settings(options))
   secret = read_secret(options.secret_file)
+  local random = assert(io.open("/dev/urandom", "rb"), "retry_after_nginx.start: /dev/urandom")
+  nonce_key = random:read(32)
+  random:close()
+  assert(nonce_key and #nonce_key == 32, "retry_after_nginx.start: 32 bytes from /dev/urandom")
   for service, how in pairs(options.keep) do
     local header = string.match(how.key or "", "^header:(.+)$")
     assert(header or how.key == "source" or how.key == "cookie",
@@ -287,7 +301,15 @@ local function start_kept()
     local store = tickets.dict_store(shared, service .. ":")
     kept[service] = { source = how.key, header = header, max_queued = how.max_queued or 64,
       book = tickets.book(settings, store), room = tickets.fresh_room(store) }
+    -- Made now, so that counting a request the book could not take never needs new memory.
+    dict():safe_add("unrecorded:" .. service, 0)
   end
+end
+
+-- A new return cookie's nonce: 16 hex digits, unpredictable and never repeated by a worker.
+local function new_nonce()
+  nonces_drawn = nonces_drawn + 1
+  return string.sub(tickets.hex(ngx.hmac_sha1(nonce_key, tostring(nonces_drawn))), 1, 16)
 end
 
 local hasher = tickets.hasher(function(message) return ngx.hmac_sha1(secret, message) end)
@@ -306,13 +328,16 @@ local function returning(service, k)
   return due and { key = nonce, cookie_due = due }
 end
 
--- Run f with the service's book held by this worker alone (a lock in the dictionary): waited
--- for up to 50 ms where the phase may sleep (may_sleep), else tried 50 times at once; false
--- when it could not be had.
+-- Run f with the service's book held by this worker alone (a lock in the dictionary, taken
+-- with safe_add: a full dictionary never evicts a place to make room for it): waited for up to
+-- 50 ms where the phase may sleep (may_sleep), else tried 50 times at once; false when it could
+-- not be had (busy, or no memory for the lock).
 local function with_book(service, f, may_sleep)
   local shared, lock = ngx.shared[options.tickets_dict], "lock:" .. service
   for _ = 1, 50 do
-    if shared:add(lock, true, 0.1) then
+    local taken, err = shared:safe_add(lock, true, BOOK_LOCK_S)
+    if err == "no memory" then return false end
+    if taken then
       local result = { pcall(f) }
       shared:delete(lock)
       if not result[1] then error(result[2]) end
@@ -347,7 +372,7 @@ end
 local function give_place(service, k, found, push, age, depth, drain, now)
   local clamp = push_clamp(push and push.retry_after_policy == "kept_returns" and push or nil)
   local key = found and found.key
-  if k.source == "cookie" then key = string.format("%08x%08x", math.random(0, 4294967295), math.random(0, 4294967295)) end
+  if k.source == "cookie" then key = new_nonce() end
   local place = key and tickets.promise(k.book, key, now, depth, drain, clamp)
   local seconds = place and place.seconds
   if place == nil then
@@ -357,8 +382,8 @@ local function give_place(service, k, found, push, age, depth, drain, now)
   local cookie
   local rung = (place or push) and "computed" or "static"
   if place and k.source == "cookie" then
-    cookie = string.format("%s=%s; Max-Age=%d; Path=/; HttpOnly", options.cookie,
-      tickets.write_cookie(hasher, service, place.due, key), place.due - math.floor(now) + k.book.settings.grace_s)
+    cookie = tickets.set_cookie(hasher, service, options.cookie, place.due, key, math.floor(now),
+      k.book.settings.grace_s)
   end
   return seconds, rung, cookie
 end
@@ -373,27 +398,41 @@ local function book_inputs(push)
 end
 
 -- The decision for one request under the book's lock: outcome and, for a rejection, seconds,
--- rung and cookie.
+-- rung and cookie. If the book failed a write on the way (a full dictionary), "unrecorded": the
+-- decision is dropped, and the request is treated as if kept returns were off.
 local function decide(service, k, push, age)
   local now = ngx.now()
   local now_s = math.floor(now)
+  local failed = k.book.store.failed
   local usable, drain, depth = book_inputs(push)
   local found = returning(service, k)
   local outcome, due = tickets.arrive(k.book, k.room, found, now_s, depth, depth >= k.max_queued, drain)
-  if outcome == "early" then return outcome, tickets.told(due, now_s, push_clamp(usable)).seconds, "computed" end
-  if outcome ~= "rejected" then return outcome end
-  return outcome, give_place(service, k, found, push, age, depth, drain, now)
+  local seconds, rung, cookie
+  if outcome == "early" then
+    seconds, rung = tickets.told(due, now_s, push_clamp(usable)).seconds, "computed"
+  elseif outcome == "rejected" then
+    seconds, rung, cookie = give_place(service, k, found, push, age, depth, drain, now)
+  end
+  if k.book.store.failed == failed then return outcome, seconds, rung, cookie end
+  return "unrecorded"
 end
 
 -- A place for a request the book let on as fresh (or early, taking its place) that limit_req
 -- then rejected, its burst full where the push's queue_depth was not: behind a full queue.
--- Seconds, rung and cookie; nil when the book's lock is busy (header_filter may not sleep).
+-- Seconds, rung and cookie; nil when the book's lock is busy (header_filter may not sleep) or
+-- the place could not be recorded.
 function place_after_limit(service)
   local k = kept[service]
   local push, age = fresh_push(service)
   local _, drain, depth = book_inputs(push)
   return select(2, with_book(service, function()
-    return give_place(service, k, returning(service, k), push, age, math.max(depth, k.max_queued), drain, ngx.now())
+    local failed = k.book.store.failed
+    local seconds, rung, cookie =
+      give_place(service, k, returning(service, k), push, age, math.max(depth, k.max_queued), drain, ngx.now())
+    if k.book.store.failed == failed then return seconds, rung, cookie end
+    -- A place the book could not record is not told: the hint, below, and counted.
+    dict():incr("unrecorded:" .. service, 1, 0)
+    return nil
   end, false))
 end
 
@@ -406,7 +445,13 @@ function M.admit(service)
   if k == nil then return end
   local push, age = fresh_push(service)
   local ok, outcome, seconds, rung, cookie = with_book(service, function() return decide(service, k, push, age) end, true)
-  if not ok then return end
+  if not ok or outcome == "unrecorded" then
+    -- No book to decide by (its lock busy for 50 ms, no memory for the lock, or a write of the
+    -- decision refused): the request goes on to limit_req as without kept returns, never past
+    -- it, with no place and no cookie; counted.
+    dict():incr("unrecorded:" .. service, 1, 0)
+    return
+  end
   if outcome == "returned" then ngx.var.retry_after_limit = "" end
   -- limit_req may still turn it away: stamp then gives it a place.
   if outcome == "queued" then ngx.ctx.retry_after_queued = true end
@@ -426,7 +471,7 @@ function M.start(given)
   assert(type(options.services) == "table" and #options.services > 0,
     "retry_after_nginx.start: services must name at least one service")
   assert(dict() ~= nil, "retry_after_nginx.start: no lua_shared_dict " .. options.dict)
-  -- Each worker draws its own return cookies' nonces.
+  -- Jitter only (reconnect delays, the ladder's spread); nonces come from new_nonce.
   math.randomseed(ngx.now() * 1000 + ngx.worker.pid())
   start_kept()
   if (ngx.worker.id() or 0) ~= 0 then return end

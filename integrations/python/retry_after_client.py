@@ -58,7 +58,7 @@ MAX_RETRY_AFTER_S = 60
 _U64_MAX = 2**64 - 1
 #: What became of the places a proxy keeps (kept returns), in the order ``tickets=`` lists
 #: them: the names of policy's ``TicketOutcome``.
-TICKET_OUTCOMES = ("issued", "honoured", "early", "expired", "refused", "replayed")
+TICKET_OUTCOMES = ("issued", "honoured", "early", "expired", "refused", "replayed", "unrecorded")
 #: The largest count a ``REPORT`` carries.
 MAX_REPORT_COUNT = 10_000_000
 

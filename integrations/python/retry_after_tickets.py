@@ -129,6 +129,19 @@ class ReturnCookie:
         body = f"{self.due}.{self.nonce:016x}"
         return f"{body}.{hasher.mac(f'{service}.{body}'.encode()).hex()}"
 
+    def set_cookie(self, hasher: KeyHasher, service: str, name: str, now_s: int, grace_s: int) -> str:
+        """The ``Set-Cookie`` value that hands this cookie, named ``name``, to a client at
+        ``now_s``: alive until the place's grace has passed (:meth:`max_age`). Rust's
+        ``ReturnCookie::set_cookie``; every proxy sends exactly this."""
+        value = self.write(hasher, service)
+        return f"{name}={value}; Max-Age={self.max_age(now_s, grace_s)}; Path=/; HttpOnly"
+
+    def max_age(self, now_s: int, grace_s: int) -> int:
+        """``Max-Age`` when set at ``now_s`` (any fraction of it): to the end of the last second
+        of the grace, ``due - now_s + grace_s + 1``, so that a client told less than the whole
+        wait (the clamp) still carries it at its place."""
+        return max(self.due - now_s, 0) + grace_s + 1
+
     @classmethod
     def read(cls, value: str, hasher: KeyHasher, service: str) -> "ReturnCookie":
         """A cookie's value read and verified for ``service``; raises :class:`CookieError`."""
@@ -542,15 +555,13 @@ class KeptReturns:
             return secrets.randbits(64)
         return None if returning is None else returning.key
 
-    def set_cookie(self, place: Promise, nonce: int) -> Optional[str]:
-        """The ``Set-Cookie`` value for ``place`` under ``nonce`` (cookie keys only), valid until
-        its grace ends."""
+    def set_cookie(self, place: Promise, nonce: int, now: float) -> Optional[str]:
+        """The ``Set-Cookie`` value for ``place`` under ``nonce``, given at ``now`` (Unix
+        seconds; cookie keys only): :meth:`ReturnCookie.set_cookie`."""
         kind, name = self.key_from
         if kind != "cookie":
             return None
-        value = ReturnCookie(place.due, nonce).write(self.hasher, self.service)
-        max_age = place.seconds + self.settings.grace_s + 1
-        return f"{name}={value}; Max-Age={max_age}; Path=/; HttpOnly"
+        return ReturnCookie(place.due, nonce).set_cookie(self.hasher, self.service, name, int(now), self.settings.grace_s)
 
     def arrive(
         self,

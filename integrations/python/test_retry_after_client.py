@@ -13,6 +13,7 @@ which start one and pass its socket:
 A test that cannot run fails, it does not skip.
 """
 
+import http.cookiejar
 import os
 import socket
 import sys
@@ -20,6 +21,8 @@ import tempfile
 import threading
 import time
 import unittest
+import urllib.request
+from unittest import mock
 
 import retry_after_client as client
 import retry_after_tickets as tickets
@@ -102,12 +105,15 @@ def ticket_line(book, fields):
 
 
 def cookie_line(op, args):
-    """A ``mac``, ``cookie`` or ``read`` vector's result (the ``mac`` line's two fields tab-joined)."""
+    """A ``mac``, ``cookie``, ``setcookie`` or ``read`` vector's result (the ``mac`` line's two fields tab-joined)."""
     hasher = tickets.KeyHasher(args[0].encode())
     if op == "mac":
         return f"{hasher.mac(args[1].encode()).hex()}\t{hasher.key(args[1].encode()):016x}"
     if op == "cookie":
         return tickets.ReturnCookie(int(args[2]), int(args[3], 16)).write(hasher, args[1])
+    if op == "setcookie":
+        cookie = tickets.ReturnCookie(int(args[3]), int(args[4], 16))
+        return cookie.set_cookie(hasher, args[1], args[2], int(args[5]), int(args[6]))
     try:
         cookie = tickets.ReturnCookie.read(args[2], hasher, args[1])
     except tickets.CookieError as error:
@@ -132,6 +138,77 @@ class TicketVectors(unittest.TestCase):
                 checked += 1
         self.assertGreater(checked, 5000)
         print(f"{checked} ticket vectors agree (Python)")
+
+
+class _JarClock:
+    """``http.cookiejar``'s view of ``time``, its ``time()`` set by the test."""
+
+    def __init__(self, now):
+        self.now = now
+
+    def time(self):
+        return self.now
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+
+class _Answer:
+    """A rejection's headers as ``http.cookiejar`` reads a response (``info().get_all``)."""
+
+    def __init__(self, headers):
+        self.headers = headers
+
+    def info(self):
+        return self
+
+    def get_all(self, name, default=None):
+        found = [v for k, v in self.headers.items() if k.lower() == name.lower()]
+        return found or default
+
+
+class ReturnCookieInARealJar(unittest.TestCase):
+    """The return cookie as the standard library's cookie jar keeps it: a place further away
+    than the clamp is told in steps, and the cookie must still be in the jar at the place."""
+
+    def test_a_place_150_s_away_is_kept_through_an_early_visit(self):
+        kept = tickets.KeptReturns("api", "cookie", b"s")
+        t0 = 1_700_000_000.25
+        # 300 queued at 2 a second: the place is 150 s away, told the clamp's 60.
+        key = kept.new_key(None)
+        place = kept.reject(key, t0, 300, 2.0, (1, 60), lambda: None)
+        self.assertEqual(place.seconds, 60)
+        self.assertGreaterEqual(place.due - int(t0), 150)
+        url = "http://api.example/v1"
+        jar, clock = http.cookiejar.CookieJar(), _JarClock(t0)
+        with mock.patch.object(http.cookiejar, "time", clock):
+            request = urllib.request.Request(url)
+            cookie = kept.set_cookie(place, key, t0)
+            jar.extract_cookies(_Answer({"Set-Cookie": cookie}), request)
+
+            def visit(at):
+                clock.now = at
+                request = urllib.request.Request(url)
+                jar.add_cookie_header(request)
+                returning = kept.returning({"cookie": request.get_header("Cookie") or ""})
+                return returning, kept.arrive(returning, at, 300, True, 2.0)
+
+            # Told 60, then 60 again, then the rest: no new cookie is set on an early visit.
+            at = t0
+            for told in (60, 60):
+                at += told
+                returning, early = visit(at)
+                self.assertIsNotNone(returning, f"the jar holds the cookie {at - t0:.0f} s on")
+                self.assertEqual((early.kind, early.due), ("early", place.due))
+                self.assertEqual(kept.told(early.due, at, (1, 60)), min(place.due - int(at), 60))
+            returning, back = visit(place.due + 0.9)
+            self.assertIsNotNone(returning, "the jar still holds the cookie at the place")
+            self.assertEqual(back.kind, "returned")
+            # At the end of the grace's last second it is still there; a second later, gone.
+            returning, _ = visit(place.due + kept.settings.grace_s + 0.9)
+            self.assertIsNotNone(returning)
+            returning, _ = visit(place.due + kept.settings.grace_s + 1.3)
+            self.assertIsNone(returning)
 
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "ray"))

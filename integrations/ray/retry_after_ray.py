@@ -202,7 +202,7 @@ class RetryAfter:
         # A place is a whole second: the seconds told bring the client back within it, so its
         # milliseconds are the same time.
         headers = rejection_headers(place.seconds, None, self.retry_after_ms)
-        cookie = self.kept.set_cookie(place, key)
+        cookie = self.kept.set_cookie(place, key, now)
         if cookie is not None:
             headers["Set-Cookie"] = cookie
         return self._status(push, error), headers

@@ -129,6 +129,11 @@ names! {
         Refused = "refused",
         /// A return cookie presented again after its place was taken (treated as fresh).
         Replayed = "replayed",
+        /// A request the proxy's book could not decide for (its storage full, or its lock not
+        /// had in time): handled as without kept returns, no place given and nothing let
+        /// around the proxy's queue bound. Only a book in shared storage (nginx's dictionary)
+        /// counts it.
+        Unrecorded = "unrecorded",
     }
 }
 

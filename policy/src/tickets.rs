@@ -121,6 +121,31 @@ impl ReturnCookie {
         format!("{body}.{}", hex(&mac))
     }
 
+    /// The `Set-Cookie` value that hands this cookie, named `name` and signed for `service`,
+    /// to a client at `now_s`: `HttpOnly`, for every path, and alive until the place's grace
+    /// has passed ([`ReturnCookie::max_age`]). Every proxy writes exactly this.
+    pub fn set_cookie(
+        &self,
+        hasher: &KeyHasher,
+        service: &str,
+        name: &str,
+        now_s: u64,
+        grace_s: u32,
+    ) -> String {
+        let value = self.write(hasher, service);
+        let max_age = self.max_age(now_s, grace_s);
+        format!("{name}={value}; Max-Age={max_age}; Path=/; HttpOnly")
+    }
+
+    /// The cookie's `Max-Age` when set at `now_s` (any fraction of it): to the end of the last
+    /// second of the grace, `due - now_s + grace_s + 1`, so that a client that was told
+    /// less than the whole wait (the clamp) and comes back early still carries it at its
+    /// place. A place cannot be due before it is given; were it, the cookie still lives
+    /// through the grace.
+    pub fn max_age(&self, now_s: u64, grace_s: u32) -> u64 {
+        self.due.saturating_sub(now_s) + u64::from(grace_s) + 1
+    }
+
     /// A cookie's value read and verified for `service`.
     ///
     /// # Errors

@@ -30,5 +30,12 @@ fn install_hmac(lua: &Lua) {
 fn the_lua_ticket_book_answers_as_the_rust_one_on_every_vector() {
     let line = lua_checker::first_line("check_tickets.lua", "ticket_vectors.tsv", install_hmac);
     eprintln!("{line}");
-    assert_eq!(line, "5144 ticket vectors agree (Lua 5.3)");
+    let vectors = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/ticket_vectors.tsv"),
+    )
+    .expect("policy/tests/ticket_vectors.tsv");
+    assert_eq!(
+        line,
+        format!("{} ticket vectors agree (Lua 5.3)", vectors.lines().count())
+    );
 }

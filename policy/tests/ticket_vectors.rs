@@ -18,6 +18,7 @@
 //! mac     secret service|- message      -> 40 hex digits (HMAC-SHA1), and the key (16)
 //! cookie  secret service due nonce      -> the cookie's value
 //! read    secret service value          -> <due>.<nonce> | malformed | forged
+//! setcookie secret service name due nonce now grace -> the whole Set-Cookie value
 //! ```
 //!
 //! Keys are 16 hex digits; `elapsed` and `drain` are written with `{:?}` (shortest exact).
@@ -153,6 +154,18 @@ fn macs(rng: &mut impl Rng, out: &mut String) {
             out,
             "cookie\t{secret}\tapi\t{}\t{:016x}\t{value}",
             cookie.due, cookie.nonce
+        );
+        // The Set-Cookie a proxy sends with it, at a moment up to 200 s before its due
+        // second (a place beyond the clamp) to 5 s after it, with a grace of 0 to 60 s.
+        let now = cookie.due + 5 - rng.random_range(0..206);
+        let grace: u32 = rng.random_range(0..61);
+        let name = ["retry_after_return", "r"][i % 2];
+        let _ = writeln!(
+            out,
+            "setcookie\t{secret}\tapi\t{name}\t{}\t{:016x}\t{now}\t{grace}\t{}",
+            cookie.due,
+            cookie.nonce,
+            cookie.set_cookie(&hasher, "api", name, now, grace)
         );
         let mut bad = value.clone();
         bad.replace_range(0..1, if value.starts_with('1') { "2" } else { "1" });

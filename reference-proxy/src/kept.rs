@@ -63,21 +63,23 @@ impl Keeping {
         }
     }
 
-    /// The `Set-Cookie` value for a place due at `place.due` (cookie keys only), valid until
-    /// its grace ends.
-    pub fn set_cookie(&self, service: &str, place: &Promise, nonce: u64) -> Option<String> {
+    /// The `Set-Cookie` value for a place due at `place.due`, given at `now_s` (cookie keys
+    /// only): [`ReturnCookie::set_cookie`], alive until the place's grace ends.
+    pub fn set_cookie(
+        &self,
+        service: &str,
+        place: &Promise,
+        nonce: u64,
+        now_s: u64,
+    ) -> Option<String> {
         let KeyFrom::Cookie(name) = &self.key_from else {
             return None;
         };
-        let value = ReturnCookie {
+        let cookie = ReturnCookie {
             due: place.due,
             nonce,
-        }
-        .write(&self.hasher, service);
-        let max_age = place.seconds + u64::from(self.settings.grace_s) + 1;
-        Some(format!(
-            "{name}={value}; Max-Age={max_age}; Path=/; HttpOnly"
-        ))
+        };
+        Some(cookie.set_cookie(&self.hasher, service, name, now_s, self.settings.grace_s))
     }
 }
 
@@ -260,8 +262,19 @@ mod tests {
             due: 1000,
             seconds: 7,
         };
-        let set = keeping.set_cookie("api", &place, 5).unwrap();
+        // Given at 993, due at 1000, 30 s of grace: alive through the whole of second 1030.
+        let set = keeping.set_cookie("api", &place, 5, 993).unwrap();
         assert!(set.ends_with("; Max-Age=38; Path=/; HttpOnly"), "{set}");
+        // A place 150 s away, told the clamp's 60: the cookie outlives the early visit.
+        let far = Promise {
+            due: 1150,
+            seconds: 60,
+        };
+        let far_set = keeping.set_cookie("api", &far, 5, 1000).unwrap();
+        assert!(
+            far_set.ends_with("; Max-Age=181; Path=/; HttpOnly"),
+            "{far_set}"
+        );
         let value = set.split(';').next().unwrap();
         let header = format!("theme=dark; {value}; lang=en");
         let back = keeping.returning("api", None, Some(&header)).unwrap();

@@ -431,7 +431,7 @@ fn arrive_kept(
     let Some(place) = place else {
         return Some(reject(state, depth, streak));
     };
-    let cookie = keeping.set_cookie(service, &place, key.0);
+    let cookie = keeping.set_cookie(service, &place, key.0, now.as_secs());
     Some(rejection(
         state,
         depth,

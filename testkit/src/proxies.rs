@@ -148,7 +148,19 @@ impl Wrk {
 
     /// `wrk -t threads -c connections -d seconds url`, started now (`https://` for TLS).
     pub fn start_url(url: &str, threads: u32, connections: u32, seconds: u32) -> Self {
+        Self::start_with(&[], url, threads, connections, seconds)
+    }
+
+    /// [`Wrk::start_url`] with `args` before the URL (`-s script.lua`, say).
+    pub fn start_with(
+        args: &[&str],
+        url: &str,
+        threads: u32,
+        connections: u32,
+        seconds: u32,
+    ) -> Self {
         let child = Command::new("wrk")
+            .args(args)
             .args([
                 "-t",
                 &threads.to_string(),
@@ -361,6 +373,11 @@ impl Nginx {
             accepts: numbers[0],
             requests: numbers[2],
         })
+    }
+
+    /// What nginx wrote to its error log so far (warnings and worse).
+    pub fn error_log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("error.log")).unwrap_or_default()
     }
 
     /// nginx's counters now. Reading them is itself one connection and one request, counted

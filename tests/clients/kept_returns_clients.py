@@ -10,8 +10,9 @@ each client keeps an ``http.cookiejar.CookieJar`` (as a browser or an SDK does) 
 each attempt, and the same urllib3 ``Retry`` decides, counts and sleeps between attempts.
 Prints one JSON object: clients, succeeded, gave_up, errors, retries (attempts after a
 rejection), retries_admitted (retries answered 200), answered (attempts answered, by status),
-the time to success of each client that succeeded, and every client's arrival (seconds from
-the start, in order).
+the time to success of each client that succeeded, every client's arrival (seconds from the
+start, in order), and for each client that gave up, what it was told at each rejection
+(seconds since it arrived, status, Retry-After).
 """
 
 import argparse
@@ -23,10 +24,35 @@ import urllib.request
 
 import urllib3
 from urllib3.exceptions import MaxRetryError
+from urllib3.util.retry import Retry
 
 from retrying_clients import open_loop, retry_policy
 
 TIMEOUT = urllib3.Timeout(total=150)
+
+#: Each client thread's attempts so far: (seconds since it arrived, status, Retry-After).
+_attempts = threading.local()
+
+
+def _told(response):
+    """A rejection's answer as a client that gave up is reported: the time since the client
+    arrived, the status and the Retry-After (``-`` if none)."""
+    return (round(time.monotonic() - _attempts.started, 3), response.status, response.headers.get("Retry-After", "-"))
+
+
+class WatchedRetry(Retry):
+    """urllib3's Retry, unchanged, that also notes each rejection it sleeps after (what the
+    client was told, for the record of a client that gave up)."""
+
+    def sleep(self, response=None):
+        if response is not None:
+            _attempts.told.append(_told(response))
+        super().sleep(response)
+
+
+def watched_policy(retries):
+    """``retry_policy(retries)`` as a :class:`WatchedRetry`."""
+    return WatchedRetry(**retry_policy(retries).__dict__ | {"history": ()})
 
 
 class _Headers:
@@ -44,14 +70,16 @@ class _Headers:
 
 def with_key_header(pool, url, retries, header, key):
     """One client's request, urllib3 retrying: (status, statuses of its attempts)."""
-    response = pool.request("GET", url, headers={header: key}, retries=retry_policy(retries), timeout=TIMEOUT)
+    response = pool.request("GET", url, headers={header: key}, retries=watched_policy(retries), timeout=TIMEOUT)
+    if response.status != 200:
+        _attempts.told.append(_told(response))
     history = response.retries.history if response.retries is not None else ()
     return response.status, [h.status for h in history] + [response.status]
 
 
 def with_cookies(pool, url, retries):
     """One client's request with a cookie jar of its own: (status, statuses of its attempts)."""
-    jar, retry, statuses = http.cookiejar.CookieJar(), retry_policy(retries), []
+    jar, retry, statuses = http.cookiejar.CookieJar(), watched_policy(retries), []
     while True:
         request = urllib.request.Request(url)
         jar.add_cookie_header(request)
@@ -60,10 +88,13 @@ def with_cookies(pool, url, retries):
         statuses.append(response.status)
         jar.extract_cookies(_Headers(response), request)
         if not retry.is_retry("GET", response.status, response.headers.get("Retry-After") is not None):
+            if response.status != 200:
+                _attempts.told.append(_told(response))
             return response.status, statuses
         try:
             retry = retry.increment("GET", url, response=response)
         except MaxRetryError:
+            _attempts.told.append(_told(response))
             return response.status, statuses
         retry.sleep(response)
 
@@ -71,6 +102,7 @@ def with_cookies(pool, url, retries):
 def client(args, pool, index, results, lock):
     """Client index: its outcome, attempts' statuses and time to its answer, into results."""
     started = time.monotonic()
+    _attempts.started, _attempts.told = started, []
     try:
         if args.cookies:
             status, statuses = with_cookies(pool, args.url, args.retries)
@@ -80,7 +112,7 @@ def client(args, pool, index, results, lock):
     except urllib3.exceptions.HTTPError:
         outcome, statuses = "error", []
     with lock:
-        results.append((outcome, statuses, time.monotonic() - started))
+        results.append((outcome, statuses, time.monotonic() - started, started, list(_attempts.told)))
 
 
 def main():
@@ -101,7 +133,7 @@ def main():
 
     succeeded = [r for r in results if r[0] == "ok"]
     answered = {}
-    for _, statuses, _ in results:
+    for _, statuses, *_ in results:
         for status in statuses:
             answered[str(status)] = answered.get(str(status), 0) + 1
     print(
@@ -116,6 +148,7 @@ def main():
                 "answered": answered,
                 "time_to_success_s": sorted(r[2] for r in succeeded),
                 "arrivals_s": arrivals,
+                "gave_up_told": [r[4] for r in results if r[0] == "gave_up"],
             }
         )
     )

@@ -21,6 +21,7 @@ mod integrations;
 mod kept_returns;
 mod kernel_matrix;
 mod least_privilege;
+mod nginx_book;
 mod nginx_lua;
 mod one_agent;
 mod openai_sdk;

@@ -448,7 +448,7 @@ fn serve_rejections_carry_the_agents_retry_after_in_both_places_serve_rejects() 
     // requests running, so it rarely sees the model idle and lets fresh arrivals fill it.
     // docs/integrations/ray-serve.md states the miss; these guard what is kept.
     assert!(kept.admitted_share() >= 0.9);
-    assert_eq!(kept.gave_up, 0);
+    assert_eq!(kept.gave_up, 0, "{}", kept.gave_up_story());
     assert!(p99 <= 4.0 * bound);
     assert!(issued > 0.0, "the ingress reported its book");
     drop(serve);
