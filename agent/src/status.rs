@@ -192,7 +192,17 @@ fn row(view: &mut String, s: &StatusResponse) {
 
 /// A rate with one decimal, `-` when unknown.
 fn rate(value: Option<f64>) -> String {
-    value.map_or_else(|| "-".to_owned(), |v| format!("{v:.1}"))
+    value.map_or_else(
+        || "-".to_owned(),
+        // Whole numbers from 10,000 a second, so that they fit the column.
+        |v| {
+            if v >= 9_999.95 {
+                format!("{v:.0}")
+            } else {
+                format!("{v:.1}")
+            }
+        },
+    )
 }
 
 /// `text` cut to `width` characters, a `~` marking the cut.

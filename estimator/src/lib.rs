@@ -240,11 +240,16 @@ impl ServiceEstimator {
         answer
     }
 
-    /// A report's requests are arrivals, and the values it handed out are returns due,
-    /// counted from the middle of the interval they were handed out in.
+    /// A report's requests are arrivals (its retries, where it tells them, returns among
+    /// them), and the values it handed out are returns due, counted from the middle of the
+    /// interval they were handed out in.
     fn schedule_reported(&mut self, from: Instant, at: Instant, report: &Report<'_>) {
+        let retries = match (report.retry_admitted, report.retry_rejected) {
+            (Some(a), Some(r)) => Some(a.saturating_add(r)),
+            _ => None,
+        };
         self.returns
-            .reported(at, report.admitted.saturating_add(report.rejected));
+            .reported(at, report.admitted.saturating_add(report.rejected), retries);
         let handed_out_at = from + at.saturating_duration_since(from) / 2;
         for h in report.handed_out() {
             self.returns.promise(handed_out_at, h.seconds, h.count);

@@ -7,7 +7,12 @@
 //!   that stops reporting leaves nothing behind after a minute. What does not fit (a counter
 //!   full) is counted in [`Returns::dropped`].
 //! * **Fresh arrivals** are the requests proxies report (`admitted + rejected`) less the
-//!   returns that fell due meanwhile. Each tick turns what arrived since the last one into a
+//!   returns among them. A proxy that tells its retries (`retry_admitted=`, `retry_rejected=`)
+//!   says how many were returns: those are taken, so a client told to come back that never
+//!   does (wrk, a closed browser) takes nothing from the fresh arrivals. For a proxy that
+//!   does not, the returns that fell due meanwhile are taken instead, in the share of the
+//!   arrivals such proxies reported over the last tick: every return told is then assumed to
+//!   come back. Each tick turns what arrived since the last one into a
 //!   rate, averaged with a time constant of [`ARRIVALS_TIME_CONSTANT`] (2 s). With no report for
 //!   [`ARRIVALS_STALE_AFTER`], the rate is unknown (and `scheduled_returns` counts no fresh
 //!   arrivals).
@@ -37,8 +42,15 @@ pub struct Returns {
     book: ReturnBook,
     /// The clock's zero: the first instant seen.
     epoch: Option<Instant>,
-    /// Arrivals reported since the last tick, less the returns that fell due.
+    /// Arrivals reported since the last tick, less the returns among them.
     pending: f64,
+    /// Arrivals reported since the last tick by proxies that tell their retries, and by
+    /// proxies that do not.
+    told: f64,
+    untold: f64,
+    /// The share of the last tick's arrivals whose proxies told their retries: returns due
+    /// are taken from the rest only (0 until a proxy tells).
+    told_share: f64,
     /// Fresh arrivals per second (EWMA), once a tick has followed a report.
     rate: Option<f64>,
     last_tick: Option<Instant>,
@@ -65,7 +77,7 @@ impl Returns {
         if due < self.due_counted_to {
             // Dated in a second already settled (a report's interval is dated at its
             // middle): it fell due there, so it is not a fresh arrival.
-            self.pending -= count as f64;
+            self.pending -= count as f64 * (1.0 - self.told_share);
             return;
         }
         let count32 = u32::try_from(count).unwrap_or(u32::MAX);
@@ -75,19 +87,30 @@ impl Returns {
         };
     }
 
-    /// A proxy reported `arrivals` requests (admitted or rejected) at `at`.
-    pub fn reported(&mut self, at: Instant, arrivals: u64) {
+    /// A proxy reported `arrivals` requests (admitted or rejected) at `at`, `retries` of
+    /// them returns if it tells its retries.
+    pub fn reported(&mut self, at: Instant, arrivals: u64, retries: Option<u64>) {
         let now = self.second(at);
         self.settle_dues(now);
-        self.pending += arrivals as f64;
+        match retries {
+            Some(retries) => {
+                self.pending += arrivals.saturating_sub(retries) as f64;
+                self.told += arrivals as f64;
+            }
+            None => {
+                self.pending += arrivals as f64;
+                self.untold += arrivals as f64;
+            }
+        }
         self.last_report = Some(at);
     }
 
-    /// Take the returns due in every second before `now` from the arrivals, once each,
-    /// before their bins can be reused.
+    /// Take the returns due in every second before `now` from the arrivals of proxies that do
+    /// not tell their retries, once each, before their bins can be reused.
     fn settle_dues(&mut self, now: u64) {
         if now > self.due_counted_to {
-            self.pending -= self.book.due_between(self.due_counted_to, now) as f64;
+            let due = self.book.due_between(self.due_counted_to, now) as f64;
+            self.pending -= due * (1.0 - self.told_share);
             self.due_counted_to = now;
         }
     }
@@ -129,6 +152,11 @@ impl Returns {
         if dt <= 0.0 {
             return;
         }
+        let reported = self.told + self.untold;
+        if reported > 0.0 {
+            self.told_share = self.told / reported;
+        }
+        (self.told, self.untold) = (0.0, 0.0);
         if self.arrival_rate(at).is_none() {
             // No proxy reports (or none lately): returns falling due tell nothing of fresh
             // arrivals, and the next report starts the average afresh.
@@ -206,7 +234,7 @@ mod tests {
         returns.promise(t0, 1, 4);
         for second in 1..60u64 {
             let at = t0 + s(second as f64);
-            returns.reported(at, 10);
+            returns.reported(at, 10, None);
             returns.promise(at, 1, 4);
             returns.tick(at, Some(8.0));
         }
@@ -220,13 +248,41 @@ mod tests {
     }
 
     #[test]
+    fn a_proxy_that_tells_its_retries_has_its_no_shows_count_as_nothing() {
+        let t0 = Instant::now();
+        let mut returns = Returns::default();
+        returns.tick(t0, None);
+        // wrk through a proxy that keeps places: 100 arrive each second, none a return, and
+        // 90 are told to come back in 2 s. They never do.
+        for second in 1..60u64 {
+            let at = t0 + s(second as f64);
+            returns.reported(at, 100, Some(0));
+            returns.promise(at, 2, 90);
+            returns.tick(at, Some(10.0));
+        }
+        let rate = returns.arrival_rate(t0 + s(59.0)).unwrap();
+        assert!((rate - 100.0).abs() < 0.5, "{rate}");
+        // The same through a proxy that cannot tell: every return told is assumed to come.
+        let mut untold = Returns::default();
+        untold.tick(t0, None);
+        for second in 1..60u64 {
+            let at = t0 + s(second as f64);
+            untold.reported(at, 100, None);
+            untold.promise(at, 2, 90);
+            untold.tick(at, Some(10.0));
+        }
+        let rate = untold.arrival_rate(t0 + s(59.0)).unwrap();
+        assert!((rate - 10.0).abs() < 0.5, "{rate}");
+    }
+
+    #[test]
     fn an_overload_ages_until_arrivals_stay_below_the_drain_for_a_while() {
         let t0 = Instant::now();
         let mut returns = Returns::default();
         returns.tick(t0, None);
         let mut tick = |second: u64, arrivals: u64, drain: f64| {
             let at = t0 + s(second as f64);
-            returns.reported(at, arrivals);
+            returns.reported(at, arrivals, None);
             returns.tick(at, Some(drain));
             returns.overload_age_s(at)
         };
@@ -268,7 +324,7 @@ mod tests {
         // Then a proxy reports 8 a second: the rate is 8, not dragged below 0 by a minute of
         // returns.
         for second in 61..64u64 {
-            returns.reported(t0 + s(second as f64), 8);
+            returns.reported(t0 + s(second as f64), 8, None);
             returns.tick(t0 + s(second as f64), Some(10.0));
         }
         let rate = returns.arrival_rate(t0 + s(63.0)).unwrap();
@@ -280,16 +336,16 @@ mod tests {
         let t0 = Instant::now();
         let mut returns = Returns::default();
         returns.tick(t0, None);
-        returns.reported(t0 + s(1.0), 30);
+        returns.reported(t0 + s(1.0), 30, None);
         returns.tick(t0 + s(1.0), Some(10.0));
         assert!(returns.overload_age_s(t0 + s(1.0)).is_some());
         // Drain rises far above the arrivals: still the overload for 5 s, then over.
-        returns.reported(t0 + s(2.0), 1);
+        returns.reported(t0 + s(2.0), 1, None);
         returns.tick(t0 + s(2.0), Some(1000.0));
-        returns.reported(t0 + s(5.5), 1);
+        returns.reported(t0 + s(5.5), 1, None);
         returns.tick(t0 + s(5.5), Some(1000.0));
         assert_eq!(returns.overload_age_s(t0 + s(5.5)), Some(4.5));
-        returns.reported(t0 + s(6.5), 1);
+        returns.reported(t0 + s(6.5), 1, None);
         returns.tick(t0 + s(6.5), Some(1000.0));
         assert_eq!(returns.overload_age_s(t0 + s(6.5)), None);
     }

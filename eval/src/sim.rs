@@ -33,13 +33,12 @@ use retry_after_estimator::{
     {BackendLoad, ServiceEstimator, ServiceLoad, ServiceSettings, SideLoad},
 };
 use retry_after_policy::{
-    KeptReturnsSettings, KeyHasher, ReturnCookie, Rung, TicketBook, TicketKey,
+    Hint, KeptReturnsSettings, KeyHasher, ReturnCookie, Rung, TicketBook, TicketKey,
 };
 use retry_after_protocol::{EstimatePush, HandedOut, Report};
 use retry_after_reference_proxy::{
-    Arrival, Fleet, HeaderPolicy, KeptArrival, RetryBacklog, Returning, Router, Wake,
-    kept::{keep, promise, told},
-    proxy::jitter_seed,
+    Arrival, Fleet, HeaderPolicy, KeptArrival, RetryBacklog, Returning, Router, Wake, give_place,
+    kept::promise, proxy::jitter_seed, told,
 };
 use retry_after_testkit::AGENT_TICK_MS;
 
@@ -385,7 +384,9 @@ impl<'a> Sim<'a> {
             } => {
                 proxy.counts.rejected += 1;
                 proxy.counts.retry_rejected += u64::from(retry);
-                let seconds = self.retry_after(p, queue_depth, backoff_streak);
+                let seconds = self
+                    .retry_after(p, queue_depth, backoff_streak)
+                    .map(|h| h.seconds);
                 self.answer(
                     index,
                     Outcome::Rejected {
@@ -431,25 +432,31 @@ impl<'a> Sim<'a> {
             KeptBy::Key => self.client_key(c),
             KeptBy::Cookie => TicketKey(self.proxies[p].jitter.random()),
         };
-        let proxy = &mut self.proxies[p];
+        // The place every proxy gives (give_place): without a drain rate yet, a computed
+        // hint's second; a key refused by the book, or no room within the horizon, gets the
+        // hint alone.
         let computed = promise(
-            &mut proxy.book,
+            &mut self.proxies[p].book,
             key,
             self.now,
             queue_depth,
             drain_rate,
             clamp,
         );
-        // Without a drain rate yet, the hint's second is kept instead; a key refused by the
-        // book, or no room within the horizon, gets the hint alone.
         let mut hint = None;
         let place = match computed {
             Some(place) => Some(place),
+            None if drain_rate.is_some() => {
+                hint = self
+                    .retry_after(p, queue_depth, backoff_streak)
+                    .map(|h| h.seconds);
+                None
+            }
             None => {
-                hint = self.retry_after(p, queue_depth, backoff_streak);
-                let book = &mut self.proxies[p].book;
-                hint.filter(|_| drain_rate.is_none())
-                    .and_then(|s| keep(book, key, self.now, s, clamp))
+                let asked = self.retry_after(p, queue_depth, backoff_streak);
+                hint = asked.map(|h| h.seconds);
+                let (now_s, book) = (self.now.as_secs(), &mut self.proxies[p].book);
+                give_place(book, key, now_s, 0.0, 0, None, clamp, || asked)
             }
         };
         let seconds = match place {
@@ -508,8 +515,9 @@ impl<'a> Sim<'a> {
         self.rejected(c, seconds);
     }
 
-    /// The `Retry-After` proxy `p` hands out, as the reference proxy computes it.
-    fn retry_after(&mut self, p: usize, depth: usize, streak: u32) -> Option<u64> {
+    /// The `Retry-After` proxy `p` hands out, as the reference proxy computes it, and whether
+    /// it is the computed rung.
+    fn retry_after(&mut self, p: usize, depth: usize, streak: u32) -> Option<Hint> {
         let now = self.instant();
         let header = self.policy.header();
         let proxy = &mut self.proxies[p];
@@ -542,7 +550,10 @@ impl<'a> Sim<'a> {
             .handed_out
             .entry((decision.rung, seconds))
             .or_default() += 1;
-        Some(seconds)
+        Some(Hint {
+            seconds,
+            fresh: decision.rung == Rung::Computed || decision.reason.is_some(),
+        })
     }
 
     /// Client `c` was rejected with `suggested_s`: it comes back, or gives up.

@@ -150,13 +150,19 @@ end
 -- counts once the agent acknowledged it. False if the connection failed.
 local function report(sock, name, state)
   local admitted, rejected = state.admitted, state.rejected
-  local lines = M.report_lines(name, admitted, rejected, backend_queue(state.backend), state.handed_out)
+  -- With kept returns the book tells the returns (requests that held a place) from the rest.
+  local retries = state.kept and { admitted = state.retries.admitted, rejected = state.retries.rejected }
+  local lines = M.report_lines(name, admitted, rejected, backend_queue(state.backend), state.handed_out, retries)
   local function exchange(line)
     return sock:send(line .. "\n") and sock:receive("*l") == "OK"
   end
   local sent = M.send_report(lines, exchange, function(i, line)
     if i == 1 then
       state.admitted, state.rejected = state.admitted - admitted, state.rejected - rejected
+      if retries then
+        state.retries.admitted = state.retries.admitted - retries.admitted
+        state.retries.rejected = state.retries.rejected - retries.rejected
+      end
     end
     for value, count in pairs(line.carried) do
       local left = state.handed_out[value] - count
@@ -260,7 +266,8 @@ core.register_init(function()
   for item in string.gmatch(os.getenv("RETRY_AFTER_SERVICES") or "", "[^,]+") do
     local name, backend = string.match(item, "^%s*([^:%s]+):([^%s]+)%s*$")
     if name then
-      services[name] = { backend = backend, admitted = 0, rejected = 0, handed_out = {}, own = {} }
+      services[name] = { backend = backend, admitted = 0, rejected = 0, handed_out = {}, own = {},
+        retries = { admitted = 0, rejected = 0 } }
     end
   end
   read_kept_settings()
@@ -289,9 +296,10 @@ local function computed_answer(state, depth, now)
 end
 
 -- One rejection counted, and the value it carried (as the agent takes it: whole seconds, 60
--- at most).
-local function count_rejection(state, seconds, rung)
+-- at most); retry: the request was a return (it held a place).
+local function count_rejection(state, seconds, rung, retry)
   state.rejected = state.rejected + 1
+  if retry then state.retries.rejected = state.retries.rejected + 1 end
   if seconds then
     local value = M.handed_out_value(rung, seconds)
     state.handed_out[value] = (state.handed_out[value] or 0) + 1
@@ -369,36 +377,11 @@ end)
 
 -- Kept returns ---------------------------------------------------------------------------------
 
--- The header's clamp of a push ({ low, high } seconds; 1 to 60 without one).
-local function push_clamp(push)
-  if push == nil then return { 1, MAX_RETRY_AFTER_S } end
-  local high = math.max(math.min(push.max_retry_after_s, MAX_RETRY_AFTER_S), 1)
-  return { math.max(math.min(push.min_retry_after_s, high), 1), high }
-end
-
--- The held push when it is fresh and asks for kept_returns, else nil.
-local function kept_push(state, now)
+-- The held push and its age in seconds when it is fresh, else nil.
+local function fresh_push(state, now)
   local push = state.push
-  if push and now - state.received_ms <= stale_ms and push.retry_after_policy == "kept_returns" then
-    return push
-  end
+  if push and now - state.received_ms <= stale_ms then return push, math.max(now - state.received_ms, 0) / 1000 end
   return nil
-end
-
--- The hint a rejection gets when no place can be computed: the agent's kept_returns answer
--- (scheduled_returns filling capacity) from a fresh push, else the static value. Seconds (nil:
--- no header) and rung.
-local function kept_hint(state, depth, now)
-  local push = state.push
-  if not (push and now - state.received_ms <= stale_ms) then return retry_after_s, "static" end
-  local as_agent = {}
-  for k, v in pairs(push) do as_agent[k] = v end
-  if push.retry_after_policy == "kept_returns" then
-    as_agent.retry_after_policy, as_agent.overload_rule = "scheduled_returns", "fill_capacity"
-  end
-  local elapsed_s = math.max(now - state.received_ms, 0) / 1000
-  local seconds, _millis, rung = M.answer(as_agent, depth, 0, math.random(), M.schedule(as_agent, elapsed_s, {}))
-  return seconds, rung
 end
 
 -- The request's place in the book if it may hold one: { key, cookie_due } (cookie_due for a
@@ -434,22 +417,20 @@ local function new_key(txn, kept, found)
   return found and found.key
 end
 
--- A rejection in kept mode: a place given (or the hint, kept as a place when there is no drain
--- rate yet); sets txn.retry_after and, in cookie mode, txn.retry_after_cookie.
+-- A rejection in kept mode (T.reject: a place, or the hint); sets txn.retry_after and, in
+-- cookie mode with a place, txn.retry_after_cookie. Seconds (nil: no header) and rung.
 local function reject_kept(txn, name, state, hasher, found, depth, drain, now)
-  local kept, now_s, clamp = state.kept, now // 1000, push_clamp(kept_push(state, now))
+  local kept = state.kept
+  local push, age_s = fresh_push(state, now)
+  local clamp = T.push_clamp(T.book_inputs(push), MAX_RETRY_AFTER_S)
   local key = new_key(txn, kept, found)
-  local place = key and T.promise(kept.book, key, now / 1000, depth, drain, clamp)
-  local seconds, rung = nil, "computed"
-  if place then
-    seconds = place.seconds
-  else
-    seconds, rung = kept_hint(state, depth, now)
-    place = key and seconds and T.keep(kept.book, key, now_s, seconds, clamp)
-  end
+  local seconds, rung, place = T.reject(kept.book, key, now / 1000, depth, drain, clamp, function()
+    if push == nil then return retry_after_s, "static" end
+    return T.push_hint(M, push, age_s, depth, math.random())
+  end)
   if place and kept.source == "cookie" then
     txn:set_var("txn.retry_after_cookie",
-      T.set_cookie(hasher, name, cookie_name, place.due, key, now_s, kept.book.settings.grace_s))
+      T.set_cookie(hasher, name, cookie_name, place.due, key, now // 1000, kept.book.settings.grace_s))
   end
   return seconds, rung
 end
@@ -466,27 +447,28 @@ core.register_action("retry_after_admit", { "http-req" }, function(txn, name)
   full = full == true or full == 1
   local depth = state and txn.f:queue(state.backend) or 0
   local now = now_ms()
-  local outcome, due, hasher, found = full and "rejected" or "queued", nil, nil, nil
-  local push = state and kept_push(state, now)
-  local drain = push and push.drain_rate
-  if drain and not (drain > 0 and drain < math.huge) then drain = nil end
+  local outcome, due, hasher, found, held = full and "rejected" or "queued", nil, nil, nil, nil
+  local push, drain = nil, nil
+  if state then push, drain = T.book_inputs(fresh_push(state, now)) end
   if state and state.kept then
     hasher = T.hasher(function(message) return txn.c:hmac(message, "sha1", secret_b64) end)
     found = returning(txn, state.kept, hasher, name)
-    outcome, due = T.arrive(state.kept.book, state.kept.room, found, now // 1000, depth, full, drain)
+    outcome, due, held = T.arrive(state.kept.book, state.kept.room, found, now // 1000, depth, full, drain)
   end
   txn:set_var("txn.retry_after_kept", outcome)
+  local retry = T.is_return(held)
+  if retry then txn:set_var("txn.retry_after_return", true) end
   if outcome == "returned" or outcome == "queued" then return end
   local seconds, millis, rung = retry_after_s, nil, "static"
   if state and outcome == "early" then
-    seconds, rung = T.told(due, now // 1000, push_clamp(push)).seconds, "computed"
+    seconds, rung = T.told(due, now // 1000, T.push_clamp(push, MAX_RETRY_AFTER_S)).seconds, "computed"
   elseif state and state.kept then
     seconds, rung = reject_kept(txn, name, state, hasher, found, depth, drain, now)
   elseif state then
     local answered, answered_ms, answered_rung = computed_answer(state, depth, now)
     if answered_rung then seconds, millis, rung = answered, answered_ms, answered_rung end
   end
-  if state then count_rejection(state, seconds, rung) end
+  if state then count_rejection(state, seconds, rung, retry) end
   -- A kept place (and the static value) is a whole second: the seconds told bring the client
   -- back within it, at the fraction of a second it left at, so its milliseconds are the same
   -- time. Only a computed answer has milliseconds of its own.
@@ -497,7 +479,10 @@ end, 1)
 -- http-request lua.retry_after_admitted <service>: counts a request let through.
 core.register_action("retry_after_admitted", { "http-req" }, function(txn, name)
   local state = services[name]
-  if state then state.admitted = state.admitted + 1 end
+  if state then
+    state.admitted = state.admitted + 1
+    if txn:get_var("txn.retry_after_return") then state.retries.admitted = state.retries.admitted + 1 end
+  end
 end, 1)
 
 return M

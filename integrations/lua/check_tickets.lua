@@ -91,6 +91,11 @@ local function run(f)
   elseif op == "place" then
     local due = book:place(tonumber(f[2]), tonumber(f[3]), tonumber(f[4]), tonumber(f[5]), tonumber(f[6]))
     return due and string.format("%d", due) or "none"
+  elseif op == "give" then
+    local hint_s, fresh = opt(f[9]), f[10] == "1"
+    local place = T.give_place(book, f[2], tonumber(f[3]), tonumber(f[4]), tonumber(f[5]), opt(f[6]),
+      { tonumber(f[7]), tonumber(f[8]) }, function() return hint_s, fresh end)
+    return place and string.format("%d:%d", place.due, place.seconds) or "none"
   elseif op == "expected" then
     return string.format("%.6f", book:expected(tonumber(f[2])))
   elseif op == "counters" then

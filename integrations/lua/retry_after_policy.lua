@@ -227,13 +227,17 @@ end
 
 -- The REPORT lines for one report, each with the handed_out entries it carries: handed_out
 -- maps handed_out_value entries ("c5", "s5") to counts; entries that do not fit one line go on in
--- further lines with admitted=0 rejected=0.
-function M.report_lines(name, admitted, rejected, queue_depth, handed_out)
+-- further lines with admitted=0 rejected=0. retries: { admitted = n, rejected = n }, the
+-- returns among them, for a proxy that tells them (one keeping places); nil otherwise.
+function M.report_lines(name, admitted, rejected, queue_depth, handed_out, retries)
   local keys = {}
   for value in pairs(handed_out) do keys[#keys + 1] = value end
   table.sort(keys)
   local head = string.format("REPORT %s admitted=%d rejected=%d", name, admitted, rejected)
   if queue_depth then head = head .. string.format(" queue_depth=%d", queue_depth) end
+  if retries then
+    head = head .. string.format(" retry_admitted=%d retry_rejected=%d", retries.admitted, retries.rejected)
+  end
   local lines, line, carried = {}, head .. " handed_out=", {}
   local rest = string.format("REPORT %s admitted=0 rejected=0 handed_out=", name)
   for _, value in ipairs(keys) do

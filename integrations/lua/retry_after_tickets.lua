@@ -20,8 +20,10 @@ local T = {}
 -- Slots per bucket: a key hashes to one bucket and takes any free slot in it.
 T.BUCKET = 8
 -- What became of places, in the order of REPORT's tickets= vocabulary (TicketOutcome).
-T.OUTCOMES = { "issued", "honoured", "early", "expired", "refused", "replayed", "unrecorded" }
-local ISSUED, HONOURED, EARLY, EXPIRED, REFUSED, REPLAYED = 1, 2, 3, 4, 5, 6
+T.OUTCOMES = { "issued", "honoured", "early", "expired", "refused", "replayed", "unrecorded",
+  "unplaced" }
+local ISSUED, HONOURED, EARLY, EXPIRED, REFUSED, REPLAYED, UNRECORDED, UNPLACED = 1, 2, 3, 4, 5, 6, 7, 8
+T.UNRECORDED = UNRECORDED
 -- The settings' defaults (KeptReturnsSettings).
 T.DEFAULTS = { grace_s = 30, horizon_s = 300, max_keys = 100000, max_returns_per_key = 1 }
 -- Settled places beyond which older ones count half.
@@ -257,6 +259,18 @@ function Book:find(key)
   return nil
 end
 
+-- Whether key's bucket has a slot holding nothing live at now.
+function Book:has_free_slot(key, now)
+  local first = self:bucket(key)
+  for i = first, first + T.BUCKET - 1 do
+    local slot = self:slot(i)
+    if slot == nil or (slot.count == 0 and not slot.spent) or slot.due + self.settings.grace_s < now then
+      return true
+    end
+  end
+  return false
+end
+
 -- A slot of key's bucket holding nothing live at now; an expired place found there is counted.
 function Book:free_slot(key, now)
   local first = self:bucket(key)
@@ -296,6 +310,12 @@ function Book:held(key, cookie_due_s, now)
     end
   elseif cookie_due_s ~= nil then
     held, due = window(cookie_due_s)
+    if held ~= "nothing" and not self:has_free_slot(key, now) then
+      -- Its taking could not be remembered (the bucket full of live places): a fresh arrival,
+      -- never a place every replay would find.
+      self:count(UNRECORDED, 1)
+      return "nothing"
+    end
   else
     held = "nothing"
   end
@@ -395,24 +415,85 @@ function T.told(due, now_s, clamp_s)
   return { due = due, seconds = clamp(math.max(due - now_s, 0), clamp_s[1], clamp_s[2]) }
 end
 
--- Give key a place at now (Unix seconds, with their fraction) behind queue_depth queued and
--- every place given, at drain_rate, no sooner than clamp_s[1]: { due, seconds }, or nil without
--- a drain rate, without room up to the horizon, or when the book refuses the key.
-function T.promise(book, key, now, queue_depth, drain_rate, clamp_s)
-  if drain_rate == nil then return nil end
-  local now_s = math.floor(now)
-  local elapsed = math.floor((now - now_s) * 1000) / 1000
-  local due = book:place(now_s, elapsed, queue_depth, drain_rate, clamp_s[1])
-  if due == nil then return nil end
+-- The place a rejected client with key is given at second now_s (elapsed seconds into it):
+-- with a drain rate, the earliest second with room behind queue_depth queued and every place
+-- given, no sooner than clamp_s[1]; before the drain rate is known, the second of hint()
+-- (which gives seconds and whether they are the computed rung), if computed: the static value
+-- knows no room, and a place at it would pass the queue's bound when it falls due (the agent
+-- stopped, or restarting). { due, seconds }, or nil (the rejection carries the hint alone).
+-- Rust's give_place.
+function T.give_place(book, key, now_s, elapsed, queue_depth, drain_rate, clamp_s, hint)
+  local due
+  if drain_rate ~= nil then
+    due = book:place(now_s, elapsed, queue_depth, drain_rate, clamp_s[1])
+  else
+    local seconds, fresh = hint()
+    due = seconds and fresh and now_s + seconds or nil
+  end
+  if due == nil then
+    book:count(UNPLACED, 1)
+    return nil
+  end
   due = book:issue(key, due, now_s)
   return due and T.told(due, now_s, clamp_s)
 end
 
--- Give key a place seconds from now_s (a hint's answer, when no place can be computed),
--- without looking for room: { due, seconds }, or nil when the book refuses the key.
-function T.keep(book, key, now_s, seconds, clamp_s)
-  local due = book:issue(key, now_s + seconds, now_s)
-  return due and T.told(due, now_s, clamp_s)
+-- Glue: the rule around the book that HAProxy's and nginx's Lua share ----------------------
+
+-- The header's clamp places are told within ({ low, high } seconds): a push's own, within 1 to
+-- max_s; 1 to max_s without one.
+function T.push_clamp(push, max_s)
+  if push == nil then return { 1, max_s } end
+  local high = math.max(math.min(push.max_retry_after_s, max_s), 1)
+  return { math.max(math.min(push.min_retry_after_s, high), 1), high }
+end
+
+-- What the book is given from a fresh push (nil: none): the push if its policy keeps returns,
+-- and its drain rate (nil unless a positive, finite number).
+function T.book_inputs(push)
+  local usable = push and push.retry_after_policy == "kept_returns" and push or nil
+  local drain = usable and usable.drain_rate
+  if drain and not (drain > 0 and drain < math.huge) then drain = nil end
+  return usable, drain
+end
+
+-- The hint a rejection carries without a place, from a fresh push received age_s ago, for
+-- queue_depth (policy: retry_after_policy.lua; jitter: a draw in [0, 1)): the agent's own
+-- answer, kept_returns answering as scheduled_returns filling capacity. Seconds (nil: no
+-- header), rung, and true: a hint from a fresh push.
+function T.push_hint(policy, push, age_s, queue_depth, jitter)
+  local as_agent = {}
+  for key, value in pairs(push) do as_agent[key] = value end
+  if push.retry_after_policy == "kept_returns" then
+    as_agent.retry_after_policy, as_agent.overload_rule = "scheduled_returns", "fill_capacity"
+  end
+  local seconds, _millis, rung = policy.answer(as_agent, queue_depth, 0, jitter, policy.schedule(as_agent, age_s, {}))
+  return seconds, rung, true
+end
+
+-- A rejection with kept returns at now (Unix seconds, with their fraction): the place given to
+-- key (nil: none can be) by T.give_place, and the seconds that tell it, rung "computed"; else
+-- the hint's seconds and rung. hint() gives seconds (nil: no header), rung, and whether they
+-- come from a fresh push (T.push_hint; false for the proxy's own static value), and is asked
+-- at most once. Seconds, rung, place.
+function T.reject(book, key, now, queue_depth, drain_rate, clamp_s, hint)
+  local asked
+  local function ask()
+    if asked == nil then asked = { hint() } end
+    return asked[1], asked[2], asked[3]
+  end
+  local place
+  if key ~= nil then
+    local now_s = math.floor(now)
+    local elapsed = math.floor((now - now_s) * 1000) / 1000
+    place = T.give_place(book, key, now_s, elapsed, queue_depth, drain_rate, clamp_s, function()
+      local seconds, _rung, fresh = ask()
+      return seconds, fresh == true
+    end)
+  end
+  if place then return place.seconds, "computed", place end
+  local seconds, rung = ask()
+  return seconds, rung, nil
 end
 
 -- The fresh arrivals admitted in the current second, kept in store (FreshRoom).
@@ -440,13 +521,14 @@ end
 -- { key, cookie_due } or nil (no key); queue_len the requests queued, queue_full whether the
 -- queue is at its bound. "returned" (its place is due: admit it ahead of the queue), "queued"
 -- (admit it: fresh into free room, or early taking its place), "early" and the place's second
--- (reject it, told the time left), or "rejected" (give it a place).
+-- (reject it, told the time left), or "rejected" (give it a place); then what the request held
+-- (book:held's "nothing", "due", "early" or "spent").
 function T.arrive(book, room, returning, now_s, queue_len, queue_full, drain_rate)
   local held, due = "nothing", nil
   if returning then held, due = book:held(returning.key, returning.cookie_due, now_s) end
   if held == "due" then
     book:take(returning.key, returning.cookie_due, now_s)
-    return "returned"
+    return "returned", nil, held
   end
   -- Free room goes to a client in line first: a newcomer gets it only when no one is.
   local in_line = held == "early"
@@ -455,11 +537,15 @@ function T.arrive(book, room, returning, now_s, queue_len, queue_full, drain_rat
   if has_room then
     if in_line then book:take(returning.key, returning.cookie_due, now_s) end
     room.admitted(now_s)
-    return "queued"
+    return "queued", nil, held
   end
-  if in_line then return "early", due end
-  return "rejected"
+  if in_line then return "early", due, held end
+  return "rejected", nil, held
 end
+
+-- Whether a request the book saw held a place (T.arrive's third value, "due" or "early"): a
+-- return, which a report counts as a retry.
+function T.is_return(held) return held == "due" or held == "early" end
 
 -- Reports ----------------------------------------------------------------------------------------
 

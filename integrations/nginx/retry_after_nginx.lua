@@ -134,6 +134,14 @@ local function answer(service, push, age)
   return seconds, millis, rung
 end
 
+-- Count one request of service as admitted or rejected (outcome), for the reports; with kept
+-- returns, also as a retry if the book saw it hold a place.
+local function count(service, outcome)
+  local shared = dict()
+  shared:incr(outcome .. ":" .. service, 1, 0)
+  if ngx.ctx.retry_after_return then shared:incr("retry_" .. outcome .. ":" .. service, 1, 0) end
+end
+
 -- header_filter_by_lua: a 429 or 503 without Retry-After gets the agent's (for a service
 -- keeping returns, a request admit let on that limit_req rejected gets a place); every response
 -- is counted, as admitted or rejected, for the reports. With { replace_upstream = true }, an
@@ -144,10 +152,10 @@ function M.stamp(service, stamp_options)
   local shared = dict()
   local status = ngx.status
   if status ~= 429 and status ~= 503 then
-    shared:incr("admitted:" .. service, 1, 0)
+    count(service, "admitted")
     return
   end
-  shared:incr("rejected:" .. service, 1, 0)
+  count(service, "rejected")
   -- limit_req's rejections carry no Retry-After; an upstream's own is left to the rules below.
   if ngx.ctx.retry_after_queued and ngx.header["Retry-After"] == nil then
     local seconds, rung, cookie = place_after_limit(service)
@@ -219,7 +227,7 @@ local function report_tickets(service, exchange)
   for i = 1, #tickets.OUTCOMES do reported[i] = shared:get("reported:" .. service .. ":" .. i) or 0 end
   local counts = k.book:counters()
   -- The book cannot count what it could not write: unrecorded is kept in the main dictionary.
-  local unrecorded_at = #tickets.OUTCOMES
+  local unrecorded_at = tickets.UNRECORDED
   counts[unrecorded_at] = counts[unrecorded_at] + (shared:get("unrecorded:" .. service) or 0)
   local entry, carried = tickets.tickets_entry(counts, reported)
   if entry == nil then return true end
@@ -236,7 +244,10 @@ local function report(sock, service)
   local shared = dict()
   local admitted = shared:get("admitted:" .. service) or 0
   local rejected = shared:get("rejected:" .. service) or 0
-  local lines = policy.report_lines(service, admitted, rejected, nil, take_handed_out(service))
+  -- With kept returns the book tells the returns (requests that held a place) from the rest.
+  local retries = kept[service] and { admitted = shared:get("retry_admitted:" .. service) or 0,
+    rejected = shared:get("retry_rejected:" .. service) or 0 }
+  local lines = policy.report_lines(service, admitted, rejected, nil, take_handed_out(service), retries)
   local function exchange(line)
     return sock:send(line .. "\n") and sock:receive("*l") == "OK"
   end
@@ -244,6 +255,10 @@ local function report(sock, service)
     if i == 1 then
       shared:incr("admitted:" .. service, -admitted, 0)
       shared:incr("rejected:" .. service, -rejected, 0)
+      if retries then
+        shared:incr("retry_admitted:" .. service, -retries.admitted, 0)
+        shared:incr("retry_rejected:" .. service, -retries.rejected, 0)
+      end
     end
     for value, count in pairs(line.carried) do
       shared:incr(handed_out_key(service, value), -count, 0)
@@ -348,39 +363,21 @@ local function with_book(service, f, may_sleep)
   return false
 end
 
--- The header's clamp of a push ({ low, high } seconds; 1 to 60 without one).
-local function push_clamp(push)
-  if push == nil then return { 1, policy.MAX_RETRY_AFTER_S } end
-  local high = math.max(math.min(push.max_retry_after_s, policy.MAX_RETRY_AFTER_S), 1)
-  return { math.max(math.min(push.min_retry_after_s, high), 1), high }
-end
+-- The header's clamp places are told within, from a push (tickets.push_clamp).
+local function push_clamp(push) return tickets.push_clamp(push, policy.MAX_RETRY_AFTER_S) end
 
--- The hint when no place can be computed: the agent's kept_returns answer (scheduled_returns
--- filling capacity) from a fresh push, else the static value.
-local function kept_hint(push, age, depth)
-  if push == nil then return options.retry_after_s or nil end
-  local as_agent = {}
-  for key, value in pairs(push) do as_agent[key] = value end
-  if push.retry_after_policy == "kept_returns" then
-    as_agent.retry_after_policy, as_agent.overload_rule = "scheduled_returns", "fill_capacity"
-  end
-  return (policy.answer(as_agent, depth, 0, math.random(), policy.schedule(as_agent, age, {})))
-end
-
--- A place for a rejected request (its key, or a fresh nonce in cookie mode), or the hint kept
--- as one: seconds to tell (nil: no header), their rung and the Set-Cookie value in cookie mode.
+-- A place for a rejected request (its key, or a fresh nonce in cookie mode), or the hint
+-- (tickets.reject): seconds to tell (nil: no header), their rung and, in cookie mode with a
+-- place, the Set-Cookie value. push: the fresh push (nil: none), age seconds old.
 local function give_place(service, k, found, push, age, depth, drain, now)
-  local clamp = push_clamp(push and push.retry_after_policy == "kept_returns" and push or nil)
+  local clamp = push_clamp(tickets.book_inputs(push))
   local key = found and found.key
   if k.source == "cookie" then key = new_nonce() end
-  local place = key and tickets.promise(k.book, key, now, depth, drain, clamp)
-  local seconds = place and place.seconds
-  if place == nil then
-    seconds = kept_hint(push, age, depth)
-    place = key and seconds and tickets.keep(k.book, key, math.floor(now), seconds, clamp)
-  end
+  local seconds, rung, place = tickets.reject(k.book, key, now, depth, drain, clamp, function()
+    if push == nil then return options.retry_after_s or nil, "static" end
+    return tickets.push_hint(policy, push, age, depth, math.random())
+  end)
   local cookie
-  local rung = (place or push) and "computed" or "static"
   if place and k.source == "cookie" then
     cookie = tickets.set_cookie(hasher, service, options.cookie, place.due, key, math.floor(now),
       k.book.settings.grace_s)
@@ -388,12 +385,9 @@ local function give_place(service, k, found, push, age, depth, drain, now)
   return seconds, rung, cookie
 end
 
--- What the book is given from a push: the push if its policy keeps returns, its drain rate
--- (nil unless a positive number) and its queue_depth (0 without one).
+-- What the book is given from a push: tickets.book_inputs, and its queue_depth (0 without one).
 local function book_inputs(push)
-  local usable = push and push.retry_after_policy == "kept_returns" and push or nil
-  local drain = usable and usable.drain_rate
-  if drain and not (drain > 0 and drain < math.huge) then drain = nil end
+  local usable, drain = tickets.book_inputs(push)
   return usable, drain, (push and push.queue_depth) or 0
 end
 
@@ -406,15 +400,19 @@ local function decide(service, k, push, age)
   local failed = k.book.store.failed
   local usable, drain, depth = book_inputs(push)
   local found = returning(service, k)
-  local outcome, due = tickets.arrive(k.book, k.room, found, now_s, depth, depth >= k.max_queued, drain)
+  -- The queue's bound is limit_req's (its burst), never the agent's depth: that depth counts
+  -- the requests nginx is answering 429 too, so under a flood of rejections it reads the
+  -- flood's concurrency and would shut fresh arrivals out with the replicas idle.
+  local outcome, due, held = tickets.arrive(k.book, k.room, found, now_s, depth, false, drain)
   local seconds, rung, cookie
   if outcome == "early" then
     seconds, rung = tickets.told(due, now_s, push_clamp(usable)).seconds, "computed"
   elseif outcome == "rejected" then
     seconds, rung, cookie = give_place(service, k, found, push, age, depth, drain, now)
   end
-  if k.book.store.failed == failed then return outcome, seconds, rung, cookie end
-  return "unrecorded"
+  if k.book.store.failed ~= failed then return "unrecorded" end
+  ngx.ctx.retry_after_return = tickets.is_return(held)
+  return outcome, seconds, rung, cookie
 end
 
 -- A place for a request the book let on as fresh (or early, taking its place) that limit_req
@@ -456,7 +454,7 @@ function M.admit(service)
   -- limit_req may still turn it away: stamp then gives it a place.
   if outcome == "queued" then ngx.ctx.retry_after_queued = true end
   if outcome == "returned" or outcome == "queued" then return end
-  dict():incr("rejected:" .. service, 1, 0)
+  count(service, "rejected")
   ngx.ctx.retry_after_answered = true
   tell_place(service, seconds, rung, cookie)
   ngx.header["Content-Type"] = "text/plain"

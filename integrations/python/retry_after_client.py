@@ -58,7 +58,16 @@ MAX_RETRY_AFTER_S = 60
 _U64_MAX = 2**64 - 1
 #: What became of the places a proxy keeps (kept returns), in the order ``tickets=`` lists
 #: them: the names of policy's ``TicketOutcome``.
-TICKET_OUTCOMES = ("issued", "honoured", "early", "expired", "refused", "replayed", "unrecorded")
+TICKET_OUTCOMES = (
+    "issued",
+    "honoured",
+    "early",
+    "expired",
+    "refused",
+    "replayed",
+    "unrecorded",
+    "unplaced",
+)
 #: The largest count a ``REPORT`` carries.
 MAX_REPORT_COUNT = 10_000_000
 
@@ -461,14 +470,20 @@ def report_lines(
     queue_depth: Optional[int] = None,
     handed_out: Optional[Dict[Tuple[str, int], int]] = None,
     tickets: Optional[Dict[str, int]] = None,
+    retries: Optional[Tuple[int, int]] = None,
 ) -> list:
     """The ``REPORT`` lines for one report: values handed out are counted at most 60 s (as the
     agent takes them), and entries that do not fit one line of ``MAX_LINE_LEN`` bytes go on
     in further lines with ``admitted=0 rejected=0``. ``tickets`` (outcome → count since the
-    last report, kept returns) goes on the first line as ``tickets=``, non-zero counts only."""
+    last report, kept returns) goes on the first line as ``tickets=``, non-zero counts only.
+    ``retries`` (admitted, rejected): the returns among them, for a proxy that tells them (one
+    keeping places); the agent then takes those, not the returns falling due, from the
+    arrivals."""
     head = f"REPORT {service} admitted={int(admitted)} rejected={int(rejected)}"
     if queue_depth is not None:
         head += f" queue_depth={int(queue_depth)}"
+    if retries is not None:
+        head += f" retry_admitted={int(retries[0])} retry_rejected={int(retries[1])}"
     head += tickets_option(tickets)
     if handed_out is None:
         return [head]
@@ -506,14 +521,16 @@ def report(
     timeout: float = 0.05,
     handed_out: Optional[Dict[Tuple[str, int], int]] = None,
     tickets: Optional[Dict[str, int]] = None,
+    retries: Optional[Tuple[int, int]] = None,
 ) -> None:
     """Tell the agent what this proxy did since its previous report (``REPORT``): the judge's
     evidence and, with ``scheduled_returns``, the agent's schedule. ``handed_out`` maps
     (rung, seconds) to how many rejections carried that value (``{}``: none carried one;
     ``None``: not tracked). :meth:`Subscription.report` fills it in. ``tickets``: what became
-    of the places the proxy keeps (kept returns). Each line goes on a connection of its own,
-    so the agent dates it at its arrival (protocol.md)."""
-    for line in report_lines(service, admitted, rejected, queue_depth, handed_out, tickets):
+    of the places the proxy keeps (kept returns); ``retries``: as for :func:`report_lines`.
+    Each line goes on a connection of its own, so the agent dates it at its arrival
+    (protocol.md)."""
+    for line in report_lines(service, admitted, rejected, queue_depth, handed_out, tickets, retries):
         _request(path, line, timeout)
 
 
@@ -608,13 +625,14 @@ class Subscription:
         queue_depth: Optional[int] = None,
         timeout: float = 0.05,
         tickets: Optional[Dict[str, int]] = None,
+        retries: Optional[Tuple[int, int]] = None,
     ) -> None:
         """:func:`report` with the values this subscription handed out since its last report
         (kept if the report fails, to go with the next one)."""
         with self._handed_out_lock:
             handed_out, self._handed_out = self._handed_out, {}
         try:
-            report(self.path, self.service, admitted, rejected, queue_depth, timeout, handed_out, tickets)
+            report(self.path, self.service, admitted, rejected, queue_depth, timeout, handed_out, tickets, retries)
         except (AgentError, OSError):
             with self._handed_out_lock:
                 for key, count in handed_out.items():
@@ -660,13 +678,24 @@ class Reporter:
     """Counts a proxy's admissions and rejections, and reports them with what its
     subscription handed out, every ``every`` seconds, from a daemon thread. Counting never
     waits on the agent; a report that fails is kept for the next one. ``collect``, if given,
-    is called before each report (kept returns: to pass the book's counts to :meth:`tickets`)."""
+    is called before each report (kept returns: to pass the book's counts to :meth:`tickets`).
+    ``tells_retries``: the proxy tells returns from fresh arrivals (``retry=`` of
+    :meth:`admitted` and :meth:`rejected`: a proxy keeping places), and the reports say how
+    many were returns."""
 
-    def __init__(self, subscription: Subscription, every: float = 1.0, collect: Optional[Callable[[], None]] = None):
+    def __init__(
+        self,
+        subscription: Subscription,
+        every: float = 1.0,
+        collect: Optional[Callable[[], None]] = None,
+        tells_retries: bool = False,
+    ):
         self._subscription = subscription
         self._lock = threading.Lock()
         self._admitted = 0
         self._rejected = 0
+        self._tells_retries = tells_retries
+        self._retries = [0, 0]
         self._tickets = dict.fromkeys(TICKET_OUTCOMES, 0)
         self._collect = collect
         self._every = every
@@ -676,15 +705,17 @@ class Reporter:
         )
         self._thread.start()
 
-    def admitted(self) -> None:
-        """Count a request let through."""
+    def admitted(self, retry: bool = False) -> None:
+        """Count a request let through (``retry``: a return)."""
         with self._lock:
             self._admitted += 1
+            self._retries[0] += retry
 
-    def rejected(self) -> None:
-        """Count a request turned away."""
+    def rejected(self, retry: bool = False) -> None:
+        """Count a request turned away (``retry``: a return)."""
         with self._lock:
             self._rejected += 1
+            self._retries[1] += retry
 
     def tickets(self, since_last: Dict[str, int]) -> None:
         """What became of the places the proxy keeps since it last said (kept returns): sent
@@ -704,11 +735,15 @@ class Reporter:
             self._collect()
         with self._lock:
             admitted, rejected = self._admitted, self._rejected
+            retries = tuple(self._retries) if self._tells_retries else None
             tickets = {o: min(n, MAX_REPORT_COUNT) for o, n in self._tickets.items()}
-        self._subscription.report(admitted, rejected, tickets=tickets)
+        self._subscription.report(admitted, rejected, tickets=tickets, retries=retries)
         with self._lock:
             self._admitted -= admitted
             self._rejected -= rejected
+            if retries is not None:
+                self._retries[0] -= retries[0]
+                self._retries[1] -= retries[1]
             for outcome, count in tickets.items():
                 self._tickets[outcome] -= count
 

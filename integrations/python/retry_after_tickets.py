@@ -5,7 +5,7 @@ Rust answers in policy/tests/ticket_vectors.tsv.
 
 A rejected client with a key (a request header's value, its address, or the nonce of a signed
 :class:`ReturnCookie`) is given a place in a bounded :class:`TicketBook` at the earliest second
-with room (:func:`promise`) and told that second. Coming back from then to ``grace_s`` after
+with room (:func:`give_place`) and told that second. Coming back from then to ``grace_s`` after
 it, it is admitted whatever the queue holds; fresh arrivals only get the room the second's
 expected returns leave (:class:`FreshRoom`). The book is a fixed table made once: ``max_keys``
 slots in buckets of :data:`BUCKET`, and one counter per second up to the horizon.
@@ -57,9 +57,8 @@ __all__ = [
     "TicketCounters",
     "RETURN_COOKIE",
     "cookie_value",
-    "keep",
+    "give_place",
     "parse_keep",
-    "promise",
     "told",
 ]
 
@@ -253,6 +252,10 @@ class TicketBook:
         """The share of places kept by their clients lately (1 until places have been settled)."""
         return self._shows.rate()
 
+    def unplaced(self) -> None:
+        """A rejected client given no place (:func:`give_place`): counted."""
+        self._counters.add("unplaced", 1)
+
     def counters(self) -> TicketCounters:
         """What it has done so far (a copy)."""
         return self._counters.copy()
@@ -291,7 +294,13 @@ class TicketBook:
                 self._counters.add("expired", self._count[i])
                 self._clear(i)
             return self._count_early(held)
-        return self._count_early(NOTHING if cookie_due is None else self._window(cookie_due, now))
+        held = NOTHING if cookie_due is None else self._window(cookie_due, now)
+        if held is not NOTHING and not self._has_free_slot(key, now):
+            # Its taking could not be remembered (the bucket full of live places): a fresh
+            # arrival, never a place every replay would find.
+            self._counters.add("unrecorded", 1)
+            return NOTHING
+        return self._count_early(held)
 
     def _window(self, due: int, now: int) -> Held:
         """What a place due at ``due`` is at ``now``."""
@@ -398,6 +407,13 @@ class TicketBook:
                 return i
         return None
 
+    def _has_free_slot(self, key: int, now: int) -> bool:
+        """Whether ``key``'s bucket has a slot holding nothing live at ``now``."""
+        grace = self.settings.grace_s
+        return any(
+            (self._count[i] == 0 and not self._spent[i]) or self._due[i] + grace < now for i in self._bucket(key)
+        )
+
     def _free_slot(self, key: int, now: int) -> Optional[int]:
         """A slot of ``key``'s bucket holding nothing live at ``now``; an expired ticket found
         on the way is counted."""
@@ -432,25 +448,32 @@ class Promise(NamedTuple):
     seconds: int
 
 
-def promise(
-    book: TicketBook, key: int, now: float, queue_depth: int, drain_rate: Optional[float], clamp
+def give_place(
+    book: TicketBook,
+    key: int,
+    now_s: int,
+    elapsed: float,
+    queue_depth: int,
+    drain_rate: Optional[float],
+    clamp,
+    hint: Callable[[], Tuple[Optional[int], bool]],
 ) -> Optional[Promise]:
-    """Give ``key`` a place at ``now`` (Unix seconds) behind the queue and every place given, no
-    sooner than ``clamp[0]`` s; ``None`` without a drain rate, room or a slot for the key."""
-    if drain_rate is None:
+    """The place a rejected client with ``key`` is given at second ``now_s`` (``elapsed``
+    seconds into it), as Rust's ``give_place``: with a drain rate, the earliest second with
+    room behind the queue and every place given, no sooner than ``clamp[0]``; before the drain
+    rate is known, the second of ``hint()`` (seconds, and whether they come from a fresh
+    estimate), if fresh: the proxy's own static value knows no room, and a place at it would pass the queue's
+    bound when it falls due (the agent stopped, or restarting). ``None``: the rejection
+    carries the hint alone, counted as ``unplaced`` (or ``refused`` by the book)."""
+    if drain_rate is not None:
+        due = book.place(now_s, elapsed, queue_depth, drain_rate, clamp[0])
+    else:
+        seconds, fresh = hint()
+        due = now_s + seconds if seconds is not None and fresh else None
+    if due is None:
+        book.unplaced()
         return None
-    now_s = int(now)
-    elapsed = math.floor((now - now_s) * 1000.0) / 1000.0
-    due = book.place(now_s, elapsed, queue_depth, drain_rate, clamp[0])
-    due = None if due is None else book.issue(key, due, now_s)
-    return None if due is None else told(due, now_s, clamp)
-
-
-def keep(book: TicketBook, key: int, now: float, seconds: int, clamp) -> Optional[Promise]:
-    """Give ``key`` a place ``seconds`` from ``now`` (a hint's answer), without looking for
-    room; ``None`` when the book refuses the key."""
-    now_s = int(now)
-    due = book.issue(key, now_s + seconds, now_s)
+    due = book.issue(key, due, now_s)
     return None if due is None else told(due, now_s, clamp)
 
 
@@ -481,10 +504,12 @@ class FreshRoom:
 
 class KeptArrival(NamedTuple):
     """What became of an arrival: ``returned`` (its place was due), ``queued`` (into free
-    room), ``early`` (told its place's ``due`` second) or ``rejected`` (give it a place)."""
+    room), ``early`` (told its place's ``due`` second) or ``rejected`` (give it a place);
+    ``is_return``: it held a place (due or early), so a report counts it as a retry."""
 
     kind: str
     due: Optional[int] = None
+    is_return: bool = False
 
 
 #: The return cookie's name unless configured otherwise.
@@ -581,7 +606,7 @@ class KeptReturns:
             held = NOTHING if returning is None else book.held(returning.key, returning.cookie_due, now_s)
             if held is DUE:
                 book.take(returning.key, returning.cookie_due, now_s)
-                return KeptArrival("returned")
+                return KeptArrival("returned", None, True)
             early = held.kind == "early"
             # Free room goes to a client in line first: a newcomer gets it only when no one is.
             in_turn = early or not book.line_ahead(now_s)
@@ -592,8 +617,8 @@ class KeptReturns:
                 if early:
                     book.take(returning.key, returning.cookie_due, now_s)
                 self._fresh.admitted(now_s)
-                return KeptArrival("queued")
-            return KeptArrival("early", held.second) if early else KeptArrival("rejected")
+                return KeptArrival("queued", None, early)
+            return KeptArrival("early", held.second, True) if early else KeptArrival("rejected")
 
     def reject(
         self,
@@ -602,25 +627,19 @@ class KeptReturns:
         queue_depth: int,
         drain_rate: Optional[float],
         clamp: Tuple[int, int],
-        hint: Callable[[], Optional[int]],
+        hint: Callable[[], Tuple[Optional[int], bool]],
     ) -> Optional[Promise]:
-        """A place for a rejected client with ``key``, as :func:`promise` gives it, or at the
-        ``hint()``'s second (called outside the lock) when the drain rate is unknown or no
-        second has room, as :func:`keep`; ``None`` without a key, a second or a slot."""
+        """A place for a rejected client with ``key`` (:func:`give_place`); ``hint()`` gives
+        the hint's seconds and whether they come from a fresh estimate, and is called outside
+        the lock, only when the drain rate is unknown. ``None`` without a key, a second or a
+        slot."""
         if key is None:
             return None
         now_s = int(now)
         elapsed = math.floor((now - now_s) * 1000.0) / 1000.0
+        hinted = hint() if drain_rate is None else (None, False)
         with self._lock:
-            due = None if drain_rate is None else self._book.place(now_s, elapsed, queue_depth, drain_rate, clamp[0])
-            if due is not None:
-                due = self._book.issue(key, due, now_s)
-                return None if due is None else told(due, now_s, clamp)
-        seconds = hint()
-        if seconds is None:
-            return None
-        with self._lock:
-            return keep(self._book, key, now, seconds, clamp)
+            return give_place(self._book, key, now_s, elapsed, queue_depth, drain_rate, clamp, lambda: hinted)
 
     def told(self, due: int, now: float, clamp: Tuple[int, int]) -> int:
         """The seconds an early client is told."""

@@ -97,6 +97,14 @@ def ticket_line(book, fields):
     if op == "place":
         due = book.place(int(args[0]), float(args[1]), int(args[2]), float(args[3]), int(args[4]))
         return book, "none" if due is None else str(due)
+    if op == "give":
+        hint = (None if args[7] == "-" else int(args[7]), args[8] == "1")
+        drain = None if args[4] == "-" else float(args[4])
+        place = tickets.give_place(
+            book, int(args[0], 16), int(args[1]), float(args[2]), int(args[3]), drain,
+            (int(args[5]), int(args[6])), lambda: hint,
+        )
+        return book, "none" if place is None else f"{place.due}:{place.seconds}"
     if op == "expected":
         return book, f"{book.expected(int(args[0])):.6f}"
     if op == "counters":
@@ -286,6 +294,19 @@ class KeptReturnsInServe(unittest.TestCase):
             self.assertEqual(client.answer(push, depth), client.answer(filling, depth))
         self.assertEqual(client.answer(push, 8).rung, "computed")
 
+    def test_without_a_fresh_estimate_a_rejection_gets_the_static_value_and_no_place(self):
+        for keep in ("header:x-api-key", "cookie"):
+            ingress = self.ingress(keep=keep, retry_after_s=5)
+            ingress._subscription._held = None  # the agent away: nothing fresh held
+            status, headers = ingress.rejection(BackPressure(8, 8, 429), {"x-api-key": "client-a"})
+            self.assertEqual(headers, {"Retry-After": "5", "retry-after-ms": "5000"}, keep)
+            counts = ingress.kept.counters()
+            self.assertEqual(counts.get("issued"), 0, "no place at a second that knows no room")
+            self.assertEqual(counts.get("unplaced"), 1, "and the rejection without one is counted")
+            # Five seconds on, the client is a fresh arrival: it does not pass a full queue.
+            self.at(ingress, 1005)
+            self.assertEqual(ingress.admission({"x-api-key": "client-a"})[0], 429, keep)
+
     def test_a_due_return_is_admitted_while_the_queue_is_full(self):
         ingress = self.ingress(keep="header:x-api-key")
         a, b = {"x-api-key": "client-a"}, {"x-api-key": "client-b"}
@@ -363,7 +384,19 @@ class KeptReturnsInServe(unittest.TestCase):
         for t in threads:
             t.join()
         counts = ingress.kept.counters()
-        self.assertEqual(counts.get("issued") + counts.get("refused"), 2400, "every rejection counted once")
+        # The same 2,400 rejections one after another: the same places, no more, no fewer
+        # (room for 2 a second up to the horizon; the rest get the hint alone).
+        alone = self.ingress(keep="header:x-api-key")
+        alone.queue.refused(BackPressure(8, 8, 429))
+        for key in (f"t{n}-{i}" for n in range(8) for i in range(300)):
+            alone.admission({"x-api-key": key})
+        expected = alone.kept.counters()
+        self.assertGreater(expected.get("issued"), 500)
+        self.assertEqual(
+            (counts.get("issued"), counts.get("refused")),
+            (expected.get("issued"), expected.get("refused")),
+            "every rejection counted once",
+        )
 
     def test_tickets_are_reported_with_the_counts(self):
         self.assertEqual(
@@ -379,7 +412,8 @@ class KeptReturnsInServe(unittest.TestCase):
         ingress.admission({"x-api-key": "a"})
         ingress._reporter.report_once()
         self.assertEqual(len(agent.reports), 1, agent.reports)
-        head = "REPORT api admitted=0 rejected=2 tickets=issued:1,early:1 handed_out="
+        # The ingress keeps places, so it tells returns: the early one was a retry.
+        head = "REPORT api admitted=0 rejected=2 retry_admitted=0 retry_rejected=1 tickets=issued:1,early:1 handed_out="
         self.assertTrue(agent.reports[0].startswith(head), agent.reports[0])
         self.assertIn("c3:1", agent.reports[0], "the early one told 3 s")
         ingress._reporter.report_once()

@@ -143,23 +143,29 @@ class RetryAfter:
             socket, service, retry_after_s=None, stale_after=stale_after, reconnect_max=reconnect_max
         )
         collect = None if self.kept is None else self._collect_tickets
-        self._reporter = Reporter(self._subscription, every=report_every, collect=collect)
+        # Keeping places, the book tells returns from fresh arrivals, and the reports say so.
+        self._reporter = Reporter(
+            self._subscription, every=report_every, collect=collect, tells_retries=self.kept is not None
+        )
 
-    def rejection(self, error, headers=None) -> Tuple[int, Dict[str, str]]:
+    def rejection(self, error, headers=None, is_return: bool = False) -> Tuple[int, Dict[str, str]]:
         """The status and headers for a ``BackPressureError`` (with kept returns, a place for
-        the request whose ``headers`` are given). Never blocks on the agent."""
+        the request whose ``headers`` are given; ``is_return``: :meth:`admission` let it on as
+        a return). Never blocks on the agent."""
         self.queue.refused(error)
-        self._reporter.rejected()
+        self._reporter.rejected(is_return)
         depth = _queued(error)
         if self.kept is None or headers is None:
             return self._headers(*self._decide(depth, error))
         push = self._subscription.push()
         return self._place(self.kept.returning(headers), self.clock(), depth or 0, push, error)
 
-    def admission(self, headers) -> Optional[Tuple[int, Dict[str, str]]]:
+    def admission(self, headers, state=None) -> Optional[Tuple[int, Dict[str, str]]]:
         """Kept returns, before the request goes on to the deployment: ``None`` to let it
         through (a return due, or a fresh or early one into free room), else the rejection's
-        status and headers (an early one told the time left, a fresh one given a place)."""
+        status and headers (an early one told the time left, a fresh one given a place). A
+        request let through as a return is marked on ``state`` (Starlette's
+        ``request.state``: ``retry_after_return``), for the reports."""
         if self.kept is None:
             return None
         now, push = self.clock(), self._subscription.push()
@@ -168,8 +174,10 @@ class RetryAfter:
         arrival = self.kept.arrive(returning, now, depth, full, _drain_rate(push))
         if arrival.kind in ("returned", "queued"):
             self.queue.entered()
+            if state is not None:
+                state.retry_after_return = arrival.is_return
             return None
-        self._reporter.rejected()
+        self._reporter.rejected(arrival.is_return)
         if arrival.kind == "early":
             seconds = self.kept.told(arrival.due, now, _clamp(push) if push else (1, 60))
             self._subscription.handed("computed", seconds)
@@ -188,9 +196,12 @@ class RetryAfter:
         the hint when it gets no place."""
         hinted: List[Tuple[int, Optional[int], Optional[int]]] = []
 
-        def hint() -> Optional[int]:
-            hinted.append(self._decide(depth, error))
-            return hinted[0][1]
+        def hint() -> Tuple[Optional[int], bool]:
+            decision = self._subscription.retry_after(queue_depth=depth)
+            hinted.append(self._decide(depth, error, decision))
+            # Only a hint from a fresh estimate (computed, or the agent's own fallback while
+            # its drain rate warms) may be kept as a place.
+            return hinted[0][1], decision.rung == "computed" or decision.reason is not None
 
         key = self.kept.new_key(returning)
         clamp = _clamp(push) if push else (1, 60)
@@ -207,10 +218,14 @@ class RetryAfter:
             headers["Set-Cookie"] = cookie
         return self._status(push, error), headers
 
-    def _decide(self, depth: Optional[int], error) -> Tuple[int, Optional[int], Optional[int]]:
-        """The status, seconds and milliseconds without a place: the agent's value, else
-        ``retry_after_s``, else Serve's own from ``error``."""
-        decision: Decision = self._subscription.retry_after(queue_depth=depth)
+    def _decide(
+        self, depth: Optional[int], error, decision: Optional[Decision] = None
+    ) -> Tuple[int, Optional[int], Optional[int]]:
+        """The status, seconds and milliseconds without a place: the agent's value (its
+        ``decision`` for ``depth``, asked here if not given), else ``retry_after_s``, else
+        Serve's own from ``error``."""
+        if decision is None:
+            decision = self._subscription.retry_after(queue_depth=depth)
         if decision.seconds is not None:
             return decision.status_code, decision.seconds, decision.millis
         fallback = self.retry_after_s
@@ -235,9 +250,9 @@ class RetryAfter:
         """Before each report: what became of the book's places since the last."""
         self._reporter.tickets(self.kept.since_last())
 
-    def admitted(self) -> None:
-        """Count a request the ingress let through."""
-        self._reporter.admitted()
+    def admitted(self, is_return: bool = False) -> None:
+        """Count a request the ingress let through (``is_return``: as a return)."""
+        self._reporter.admitted(is_return)
 
     def close(self) -> None:
         """Stop the subscription and the reporter."""
@@ -304,7 +319,8 @@ def _handler(service: str, options: Tuple):
         from starlette.responses import PlainTextResponse
 
         request.state.retry_after_rejected = True
-        status, headers = _instance(service, options).rejection(error, request.headers)
+        is_return = getattr(request.state, "retry_after_return", False)
+        status, headers = _instance(service, options).rejection(error, request.headers, is_return)
         return PlainTextResponse("overloaded, retry later\n", status_code=status, headers=headers)
 
     return handler
@@ -313,7 +329,7 @@ def _handler(service: str, options: Tuple):
 def _counter(service: str, options: Tuple):
     async def count(request, call_next):
         ingress = _instance(service, options)
-        refusal = ingress.admission(request.headers)
+        refusal = ingress.admission(request.headers, request.state)
         if refusal is not None:
             from starlette.responses import PlainTextResponse
 
@@ -327,7 +343,7 @@ def _counter(service: str, options: Tuple):
         rejected = getattr(request.state, "retry_after_rejected", False)
         ingress.finished(rejected)
         if not rejected:
-            ingress.admitted()
+            ingress.admitted(getattr(request.state, "retry_after_return", False))
         return response
 
     return count

@@ -130,10 +130,14 @@ names! {
         /// A return cookie presented again after its place was taken (treated as fresh).
         Replayed = "replayed",
         /// A request the proxy's book could not decide for (its storage full, or its lock not
-        /// had in time): handled as without kept returns, no place given and nothing let
-        /// around the proxy's queue bound. Only a book in shared storage (nginx's dictionary)
-        /// counts it.
+        /// had in time), or a return cookie whose taking it could not remember (the nonce's
+        /// bucket full of live places): handled as without kept returns, no place given or
+        /// taken and nothing let around the proxy's queue bound.
         Unrecorded = "unrecorded",
+        /// A rejected client with a key given no place: no room up to the horizon, or no
+        /// room known (no drain rate, and no computed hint: the agent away or just
+        /// restarted). It is told the hint alone.
+        Unplaced = "unplaced",
     }
 }
 

@@ -360,6 +360,11 @@ impl TicketBook {
         self.counters
     }
 
+    /// A rejected client given no place ([`give_place`](crate::give_place)): counted.
+    pub fn unplaced(&mut self) {
+        self.counters.add(TicketOutcome::Unplaced, 1);
+    }
+
     /// Bytes of memory it holds (fixed at creation).
     pub fn memory_bytes(&self) -> usize {
         size_of::<Self>()
@@ -369,7 +374,9 @@ impl TicketBook {
 
     /// What `key` holds at second `now`. `cookie_due` is the due second of a verified return
     /// cookie whose nonce `key` is: it stands for a place another proxy gave. An expired
-    /// ticket is counted and forgotten here.
+    /// ticket is counted and forgotten here. A cookie the book could not remember as taken
+    /// (its bucket full of live places) holds nothing, counted as unrecorded: never a place
+    /// that every replay would find.
     pub fn held(&mut self, key: TicketKey, cookie_due: Option<u64>, now: u64) -> Held {
         self.settle(now);
         let grace = u64::from(self.settings.grace_s);
@@ -401,6 +408,12 @@ impl TicketBook {
             return self.count_early(held);
         }
         let held = cookie_due.map_or(Held::Nothing, window);
+        if held != Held::Nothing && !self.has_free_slot(key, now) {
+            // A cookie's place whose taking could not be remembered (its bucket full of live
+            // places) would stay good for every replay: it is a fresh arrival instead.
+            self.counters.add(TicketOutcome::Unrecorded, 1);
+            return Held::Nothing;
+        }
         self.count_early(held)
     }
 
@@ -553,6 +566,12 @@ impl TicketBook {
         })
     }
 
+    /// Whether `key`'s bucket has a slot that holds nothing live at `now`.
+    fn has_free_slot(&self, key: TicketKey, now: u64) -> bool {
+        let grace = u64::from(self.settings.grace_s);
+        self.bucket(key).any(|i| self.slots[i].is_free(now, grace))
+    }
+
     /// A slot of `key`'s bucket that holds nothing live at `now`; an expired ticket found on
     /// the way is counted.
     fn free_slot(&mut self, key: TicketKey, now: u64) -> Option<usize> {
@@ -679,6 +698,27 @@ mod tests {
         own.issue(K, 110, 100);
         own.take(K, Some(110), 110);
         assert_eq!(own.held(K, Some(110), 110), Held::Spent);
+    }
+
+    #[test]
+    fn a_cookie_whose_taking_cannot_be_remembered_is_a_fresh_arrival() {
+        // One bucket, full of live places: a cookie's nonce there could not be remembered as
+        // taken, so it would be good for every replay. It holds nothing instead.
+        let mut b = TicketBook::new(KeptReturnsSettings {
+            max_keys: BUCKET,
+            ..KeptReturnsSettings::default()
+        });
+        for k in 100..100 + BUCKET as u64 {
+            assert_eq!(b.issue(TicketKey(k), 200, 100), Some(200));
+        }
+        assert_eq!(b.held(K, Some(110), 110), Held::Nothing);
+        assert_eq!(b.held(K, Some(110), 110), Held::Nothing, "nor on a replay");
+        assert_eq!(b.counters().get(TicketOutcome::Unrecorded), 2);
+        // Once a slot frees (a place taken), the cookie is honoured, once.
+        b.take(TicketKey(100), None, 200);
+        assert_eq!(b.held(K, Some(110), 111), Held::Due);
+        b.take(K, Some(110), 111);
+        assert_eq!(b.held(K, Some(110), 112), Held::Spent);
     }
 
     #[test]

@@ -13,8 +13,10 @@
 //! take    key cookie_due|- now          -> ok
 //! issue   key due now                   -> <second> | refused
 //! place   now elapsed depth drain min_s -> <second> | none
+//! give    key now elapsed depth drain|- low high hint|- fresh -> <due>:<seconds> | none
+//!                                       (give_place: the place a rejection is given)
 //! expected second                       -> <returns, 6 decimals>
-//! counters                              -> issued,honoured,early,expired,refused,replayed
+//! counters                              -> every TicketOutcome's count, in its order
 //! mac     secret service|- message      -> 40 hex digits (HMAC-SHA1), and the key (16)
 //! cookie  secret service due nonce      -> the cookie's value
 //! read    secret service value          -> <due>.<nonce> | malformed | forged
@@ -27,7 +29,8 @@ use std::fmt::Write as _;
 
 use rand::{Rng, RngExt, SeedableRng, rngs::SmallRng};
 use retry_after_policy::{
-    CookieError, Held, KeptReturnsSettings, KeyHasher, ReturnCookie, TicketBook, TicketKey,
+    CookieError, Held, Hint, KeptReturnsSettings, KeyHasher, ReturnCookie, TicketBook, TicketKey,
+    give_place,
 };
 
 #[path = "common/vectors_file.rs"]
@@ -78,7 +81,7 @@ fn one_book(rng: &mut impl Rng, out: &mut String) {
         let cookie_due = rng
             .random_bool(0.3)
             .then(|| now + rng.random_range(0..10) - 5);
-        match rng.random_range(0..8) {
+        match rng.random_range(0..9) {
             0 | 1 => {
                 let held = book.held(k, cookie_due, now);
                 let _ = writeln!(
@@ -120,6 +123,7 @@ fn one_book(rng: &mut impl Rng, out: &mut String) {
                     got.map_or_else(|| "none".to_owned(), |s| s.to_string())
                 );
             }
+            8 => give(rng, &mut book, k, now, out),
             _ => {
                 let second = now + rng.random_range(0..6) - 2;
                 let _ = writeln!(out, "expected\t{second}\t{:.6}", book.expected(second));
@@ -128,6 +132,34 @@ fn one_book(rng: &mut impl Rng, out: &mut String) {
     }
     let counts: Vec<String> = book.counters().iter().map(|(_, n)| n.to_string()).collect();
     let _ = writeln!(out, "counters\t{}", counts.join(","));
+}
+
+/// A `give` line: the place [`give_place`] gives `key` at `now`, with or without a drain
+/// rate, and a hint from a fresh estimate, the static value or absent.
+fn give(rng: &mut impl Rng, book: &mut TicketBook, key: TicketKey, now: u64, out: &mut String) {
+    let elapsed = f64::from(rng.random_range(0..1000u32)) / 1000.0;
+    let depth = rng.random_range(0..20u64);
+    let drain = rng
+        .random_bool(0.5)
+        .then(|| [0.5, 1.0, 2.5, 7.25, 40.0][rng.random_range(0..5)]);
+    let low = rng.random_range(1..3u64);
+    let clamp = (low, low + rng.random_range(0..60u64));
+    let hint = rng.random_bool(0.8).then(|| Hint {
+        seconds: rng.random_range(1..70),
+        fresh: rng.random_bool(0.6),
+    });
+    let got = give_place(book, key, now, elapsed, depth, drain, clamp, || hint);
+    let _ = writeln!(
+        out,
+        "give\t{:016x}\t{now}\t{elapsed:?}\t{depth}\t{}\t{}\t{}\t{}\t{}\t{}",
+        key.0,
+        drain.map_or_else(|| "-".to_owned(), |d| format!("{d:?}")),
+        clamp.0,
+        clamp.1,
+        hint.map_or_else(|| "-".to_owned(), |h| h.seconds.to_string()),
+        u8::from(hint.is_some_and(|h| h.fresh)),
+        got.map_or_else(|| "none".to_owned(), |p| format!("{}:{}", p.due, p.seconds))
+    );
 }
 
 fn macs(rng: &mut impl Rng, out: &mut String) {

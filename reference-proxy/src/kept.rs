@@ -10,7 +10,9 @@
 
 use std::time::Duration;
 
-use retry_after_policy::{KeptReturnsSettings, KeyHasher, ReturnCookie, TicketBook, TicketKey};
+use retry_after_policy::{
+    KeptReturnsSettings, KeyHasher, Promise, ReturnCookie, TicketBook, TicketKey, give_place,
+};
 
 /// The return cookie's name unless configured otherwise.
 pub const RETURN_COOKIE: &str = "retry_after_return";
@@ -101,20 +103,10 @@ pub struct Returning {
     pub cookie_due: Option<u64>,
 }
 
-/// The place a rejection promised: the second it is due and the `Retry-After` that says it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Promise {
-    /// The second the place is due, on the book's clock.
-    pub due: u64,
-    /// Seconds from now to it, within the header's clamp (a client told the clamp's top
-    /// comes back early and is told the rest).
-    pub seconds: u64,
-}
-
 /// Give `key` a place at `now` (on the book's clock), behind the `queue_depth` requests
-/// queued and every place already given, at `drain_rate`, no sooner than `clamp.0` seconds;
-/// `None` when the drain rate is not known, no second up to the book's horizon has room, or
-/// the book refuses the key (the rejection is then answered as a hint).
+/// queued and every place already given, at `drain_rate`, no sooner than `clamp.0` seconds:
+/// [`give_place`] without a hint. `None` when the drain rate is not known, no second up to
+/// the book's horizon has room, or the book refuses the key.
 pub fn promise(
     book: &mut TicketBook,
     key: TicketKey,
@@ -123,34 +115,18 @@ pub fn promise(
     drain_rate: Option<f64>,
     clamp: (u64, u64),
 ) -> Option<Promise> {
-    let now_s = now.as_secs();
     let elapsed = f64::from(now.subsec_millis()) / 1000.0;
-    let due = book.place(now_s, elapsed, queue_depth as u64, drain_rate?, clamp.0)?;
-    let due = book.issue(key, due, now_s)?;
-    Some(told(due, now_s, clamp))
-}
-
-/// Give `key` a place `seconds` from `now` (a hint's answer, when no place can be computed:
-/// the drain rate is not known yet), without looking for room; `None` when the book refuses
-/// the key.
-pub fn keep(
-    book: &mut TicketBook,
-    key: TicketKey,
-    now: Duration,
-    seconds: u64,
-    clamp: (u64, u64),
-) -> Option<Promise> {
-    let now_s = now.as_secs();
-    let due = book.issue(key, now_s + seconds, now_s)?;
-    Some(told(due, now_s, clamp))
-}
-
-/// What a client whose place is due at `due` is told at `now_s`.
-pub fn told(due: u64, now_s: u64, clamp: (u64, u64)) -> Promise {
-    Promise {
-        due,
-        seconds: due.saturating_sub(now_s).clamp(clamp.0, clamp.1),
-    }
+    let depth = queue_depth as u64;
+    give_place(
+        book,
+        key,
+        now.as_secs(),
+        elapsed,
+        depth,
+        drain_rate,
+        clamp,
+        || None,
+    )
 }
 
 /// The fresh arrivals a router admitted in the current second, against the room the
@@ -281,12 +257,5 @@ mod tests {
         assert_eq!((back.key, back.cookie_due), (TicketKey(5), Some(1000)));
         assert_eq!(keeping.returning("other", None, Some(&header)), None);
         assert_eq!(keeping.returning("api", None, Some("theme=dark")), None);
-    }
-
-    #[test]
-    fn a_place_beyond_the_clamp_is_told_in_steps() {
-        assert_eq!(told(190, 100, (1, 60)).seconds, 60);
-        assert_eq!(told(190, 160, (1, 60)).seconds, 30);
-        assert_eq!(told(100, 100, (1, 60)).seconds, 1);
     }
 }

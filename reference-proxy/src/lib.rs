@@ -16,6 +16,7 @@ pub mod kept;
 pub mod proxy;
 pub mod router;
 
-pub use kept::{Keeping, KeyFrom, Promise, RETURN_COOKIE, Returning, keep, promise, told};
+pub use kept::{Keeping, KeyFrom, RETURN_COOKIE, Returning, promise};
 pub use proxy::{HeaderPolicy, Proxy, ProxyConfig, Rejection};
+pub use retry_after_policy::{Hint, Promise, give_place, told};
 pub use router::{Arrival, Fleet, KeptArrival, RetryBacklog, Router, Wake};

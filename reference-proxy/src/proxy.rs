@@ -36,11 +36,12 @@ use tokio::{
 };
 
 use retry_after_policy::{
-    KeptReturnsSettings, MAX_RETRY_AFTER_S, TicketBook, TicketCounters, TicketKey,
+    Hint, KeptReturnsSettings, MAX_RETRY_AFTER_S, TicketBook, TicketCounters, TicketKey,
+    give_place, told,
 };
 
 use crate::{
-    kept::{Keeping, KeyFrom, keep, promise, told},
+    kept::{Keeping, KeyFrom},
     router::{Arrival, Fleet, KeptArrival, RetryBacklog, Router, Wake},
 };
 
@@ -416,16 +417,28 @@ fn arrive_kept(
         }
         (KeyFrom::Cookie(_), _) => TicketKey(rand::RngExt::random(rng)),
     };
-    let mut place = promise(book, key, now, depth, drain_rate, clamp);
-    if place.is_none() && drain_rate.is_none() {
-        // No drain rate yet: the hint's second is kept instead (a key the book refused, or
-        // no room within the horizon, gets the hint alone).
-        let hint = state
+    let elapsed = f64::from(now.subsec_millis()) / 1000.0;
+    // Before the drain rate is known, the hint's second, if it is the agent's (a fresh
+    // estimate: computed, or the agent's own fallback while its drain rate warms).
+    let hint = || {
+        let decision = state
             .subscription
-            .retry_after_with(Some(depth as u64), Some(streak), rng)
-            .seconds;
-        place = hint.and_then(|s| keep(book, key, now, s, clamp));
-    }
+            .retry_after_with(Some(depth as u64), Some(streak), rng);
+        decision.seconds.map(|seconds| Hint {
+            seconds,
+            fresh: decision.rung == Rung::Computed || decision.reason.is_some(),
+        })
+    };
+    let place = give_place(
+        book,
+        key,
+        now_s,
+        elapsed,
+        depth as u64,
+        drain_rate,
+        clamp,
+        hint,
+    );
     report_tickets(state, &mut routing);
     drop(routing);
     let Some(place) = place else {

@@ -18,6 +18,8 @@ mod haproxy_lua;
 mod http2;
 mod in_flight;
 mod integrations;
+mod kept_cookies;
+mod kept_outage;
 mod kept_returns;
 mod kernel_matrix;
 mod least_privilege;

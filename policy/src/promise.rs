@@ -1,0 +1,142 @@
+//! What a rejection promises: the place a proxy gives a rejected client in its [`TicketBook`],
+//! and the seconds that tell it. Every proxy (the Rust reference proxy, HAProxy's and nginx's
+//! Lua, Ray Serve's Python) gives places by this rule, held to the shared ticket vectors.
+
+use crate::{TicketBook, TicketKey};
+
+/// The place a rejection promised: the second it is due and the `Retry-After` that says it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Promise {
+    /// The second the place is due, on the book's clock.
+    pub due: u64,
+    /// Seconds from now to it, within the header's clamp (a client told the clamp's top
+    /// comes back early and is told the rest).
+    pub seconds: u64,
+}
+
+/// The answer a rejection would carry without a place: its seconds, and whether they come
+/// from a fresh estimate (the agent's answer: computed, or its static fallback while the
+/// drain rate warms) or are the proxy's own static value (no fresh estimate held).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hint {
+    /// `Retry-After`'s seconds.
+    pub seconds: u64,
+    /// From a fresh estimate; `false` for the proxy's own static value (the agent away).
+    pub fresh: bool,
+}
+
+/// What a client whose place is due at `due` is told at `now_s`: the seconds to it, within
+/// `clamp` (low, high).
+pub fn told(due: u64, now_s: u64, clamp: (u64, u64)) -> Promise {
+    Promise {
+        due,
+        seconds: due.saturating_sub(now_s).clamp(clamp.0, clamp.1),
+    }
+}
+
+/// The place a rejected client with `key` is given at `now_s` (`elapsed` seconds into it).
+///
+/// With a drain rate, the earliest second with room behind the `queue_depth` queued and
+/// every place given, no sooner than `clamp.0` ([`TicketBook::place`]); no room up to the
+/// horizon, or a key the book refuses, gets no place. Before the drain rate is known, the
+/// `hint`'s second is kept as the place, without looking for room, but only a hint from a
+/// fresh estimate (the agent up, its drain rate warming): without one the agent may be away
+/// for long, and places at the static value would pass the queue's bound when they fall due,
+/// for as long as it is away. `None`:
+/// the rejection carries the hint alone, counted as unplaced (or as refused by the book).
+/// `hint` is asked only when it is needed.
+#[allow(clippy::too_many_arguments)]
+pub fn give_place(
+    book: &mut TicketBook,
+    key: TicketKey,
+    now_s: u64,
+    elapsed: f64,
+    queue_depth: u64,
+    drain_rate: Option<f64>,
+    clamp: (u64, u64),
+    hint: impl FnOnce() -> Option<Hint>,
+) -> Option<Promise> {
+    let due = match drain_rate {
+        Some(drain_rate) => book.place(now_s, elapsed, queue_depth, drain_rate, clamp.0),
+        None => hint().filter(|h| h.fresh).map(|h| now_s + h.seconds),
+    };
+    let Some(due) = due else {
+        book.unplaced();
+        return None;
+    };
+    let due = book.issue(key, due, now_s)?;
+    Some(told(due, now_s, clamp))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::KeptReturnsSettings;
+
+    fn book() -> TicketBook {
+        TicketBook::new(KeptReturnsSettings::default())
+    }
+
+    #[test]
+    fn a_place_beyond_the_clamp_is_told_in_steps() {
+        assert_eq!(told(190, 100, (1, 60)).seconds, 60);
+        assert_eq!(told(190, 160, (1, 60)).seconds, 30);
+        assert_eq!(told(100, 100, (1, 60)).seconds, 1);
+    }
+
+    #[test]
+    fn with_a_drain_rate_the_place_is_behind_the_queue() {
+        // 8 queued at 2 a second, half a second in: the end of second 4 from now.
+        let place = give_place(
+            &mut book(),
+            TicketKey(1),
+            1000,
+            0.5,
+            8,
+            Some(2.0),
+            (1, 60),
+            || panic!("no hint is asked for while the drain rate is known"),
+        );
+        assert_eq!(
+            place,
+            Some(Promise {
+                due: 1004,
+                seconds: 4
+            })
+        );
+    }
+
+    #[test]
+    fn without_a_drain_rate_only_a_fresh_hint_is_kept() {
+        let fresh = || {
+            Some(Hint {
+                seconds: 7,
+                fresh: true,
+            })
+        };
+        let fallback = || {
+            Some(Hint {
+                seconds: 5,
+                fresh: false,
+            })
+        };
+        let mut b = book();
+        let kept = give_place(&mut b, TicketKey(1), 1000, 0.0, 8, None, (1, 60), fresh);
+        assert_eq!(
+            kept,
+            Some(Promise {
+                due: 1007,
+                seconds: 7
+            })
+        );
+        assert_eq!(
+            give_place(&mut b, TicketKey(2), 1000, 0.0, 8, None, (1, 60), fallback),
+            None
+        );
+        assert_eq!(
+            give_place(&mut b, TicketKey(3), 1000, 0.0, 8, None, (1, 60), || None),
+            None
+        );
+        assert_eq!(b.counters().get(crate::TicketOutcome::Unplaced), 2);
+    }
+}
