@@ -294,9 +294,20 @@ struct Figures {
     honoured: f64,
     /// Rejections given no place (the hint alone): no room known, or none up to the horizon.
     unplaced: f64,
+    /// Keys refused a place (their bucket full of live places).
+    refused: f64,
+    /// Returns before their second (told the time left, or let into free room).
+    early: f64,
+    /// Cookies whose taking the book could not remember (a fresh arrival instead).
+    unrecorded: f64,
 }
 
 impl Figures {
+    /// Rejections the book gave no place, for a reason it counted.
+    fn not_placed(&self) -> f64 {
+        self.unplaced + self.refused + self.unrecorded
+    }
+
     fn p99(&self) -> f64 {
         quantile(&self.record.times, 0.99)
     }
@@ -305,7 +316,7 @@ impl Figures {
     fn describe(&self) -> String {
         let r = &self.record;
         format!(
-            "{} ({:?}, {:.1}x for {} s): {} clients, {:.1}% of {} retries admitted, {} gave up, {} errors; p99 to success {:.1} s, the bound's {:.1} s ({:.2}x); proxy 2xx {} 4xx {} (clients: {} succeeded, {} answered 429); agent: {} places issued, {} honoured, {} rejections unplaced",
+            "{} ({:?}, {:.1}x for {} s): {} clients, {:.1}% of {} retries admitted, {} gave up, {} errors; p99 to success {:.1} s, the bound's {:.1} s ({:.2}x); proxy 2xx {} 4xx {} (clients: {} succeeded, {} answered 429); agent: {} places issued, {} honoured, {} unplaced, {} refused, {} early, {} unrecorded",
             self.spec.name,
             self.spec.keep,
             self.spec.load,
@@ -325,6 +336,9 @@ impl Figures {
             self.issued,
             self.honoured,
             self.unplaced,
+            self.refused,
+            self.early,
+            self.unrecorded,
         )
     }
 
@@ -340,17 +354,24 @@ impl Figures {
         assert_eq!(self.proxy_2xx, r.succeeded, "{line}");
         r.agrees_with_the_proxy(self.proxy_2xx, self.proxy_4xx, &line);
         // As docs/evaluation.md's tables state them, from the proxy's book (REPORT's
-        // tickets=): every rejection was a place given or counted as told the hint alone
-        // (unplaced: no room known, or none up to the horizon), and every retry that got
-        // in was admitted at its place (honoured), not as a fresh arrival into room.
-        assert_eq!(
-            self.issued + self.unplaced,
-            r.answered_429 as f64,
-            "a place per 429, or the hint counted: {line}"
+        // tickets=): every rejection was a place given, a place the book counted as not given
+        // (unplaced, refused, unrecorded) or an early return told the time left; and every
+        // retry that got in was admitted at its place (honoured), but for those the book
+        // counted as placeless or early. In the runs so far all but a few are places.
+        let answered = r.answered_429 as f64;
+        assert!(
+            self.issued + self.not_placed() <= answered
+                && answered <= self.issued + self.not_placed() + self.early,
+            "a place per 429, or the reason counted: {line}"
         );
-        assert_eq!(
-            self.honoured, r.retries_admitted as f64,
-            "every admitted retry at its place: {line}"
+        let admitted = r.retries_admitted as f64;
+        assert!(
+            self.honoured <= admitted && admitted <= self.honoured + self.not_placed() + self.early,
+            "every admitted retry at its place, or the reason counted: {line}"
+        );
+        assert!(
+            self.not_placed() + self.early <= 0.01 * answered,
+            "nearly every rejection a place kept: {line}"
         );
     }
 }
@@ -632,6 +653,9 @@ impl Scenario for KeptReturnsThroughProxies {
                     issued: tickets(&metrics, spec.name, "issued"),
                     honoured: tickets(&metrics, spec.name, "honoured"),
                     unplaced: tickets(&metrics, spec.name, "unplaced"),
+                    refused: tickets(&metrics, spec.name, "refused"),
+                    early: tickets(&metrics, spec.name, "early"),
+                    unrecorded: tickets(&metrics, spec.name, "unrecorded"),
                     record,
                 }
             })
