@@ -41,7 +41,7 @@ mod report;
 use arc_swap::ArcSwapOption;
 pub use own_returns::OwnReturns;
 pub use report::Reporter;
-pub use retry_after_protocol::policy::{FallbackReason, Rung};
+pub use retry_after_protocol::policy::{FallbackReason, Hint, Rung};
 use retry_after_protocol::{
     EstimatePush, HealthResponse, MAX_RESPONSE_LEN, QueryResponse, Request, Response, Schedule,
     StatusResponse,
@@ -94,6 +94,18 @@ pub struct Decision {
     pub reason: Option<FallbackReason>,
     /// The status code to reject with.
     pub status_code: u16,
+}
+
+impl Decision {
+    /// As a kept-returns hint (`None` without a header): fresh when it is the agent's answer,
+    /// computed or the agent's own fallback (which names its reason), not this client's
+    /// static value for want of a fresh estimate.
+    pub fn hint(&self) -> Option<Hint> {
+        self.seconds.map(|seconds| Hint {
+            seconds,
+            fresh: self.rung == Rung::Computed || self.reason.is_some(),
+        })
+    }
 }
 
 struct Held {

@@ -38,7 +38,7 @@ use retry_after_policy::{
 use retry_after_protocol::{EstimatePush, HandedOut, Report};
 use retry_after_reference_proxy::{
     Arrival, Fleet, HeaderPolicy, KeptArrival, RetryBacklog, Returning, Router, Wake, give_place,
-    kept::promise, proxy::jitter_seed, told,
+    proxy::jitter_seed, told,
 };
 use retry_after_testkit::AGENT_TICK_MS;
 
@@ -432,33 +432,29 @@ impl<'a> Sim<'a> {
             KeptBy::Key => self.client_key(c),
             KeptBy::Cookie => TicketKey(self.proxies[p].jitter.random()),
         };
-        // The place every proxy gives (give_place): without a drain rate yet, a computed
-        // hint's second; a key refused by the book, or no room within the horizon, gets the
-        // hint alone.
-        let computed = promise(
+        // The place every proxy gives (give_place): without a drain rate yet, a fresh hint's
+        // second; a key refused by the book, or no room within the horizon, gets the hint
+        // alone. The hint is handed out (and counted) only where it is asked for: always
+        // without a drain rate, else only when no place is given.
+        let asked = match drain_rate {
+            None => self.retry_after(p, queue_depth, backoff_streak),
+            Some(_) => None,
+        };
+        let place = give_place(
             &mut self.proxies[p].book,
             key,
-            self.now,
-            queue_depth,
+            self.now.as_secs(),
+            f64::from(self.now.subsec_millis()) / 1000.0,
+            queue_depth as u64,
             drain_rate,
             clamp,
+            || asked,
         );
-        let mut hint = None;
-        let place = match computed {
-            Some(place) => Some(place),
-            None if drain_rate.is_some() => {
-                hint = self
-                    .retry_after(p, queue_depth, backoff_streak)
-                    .map(|h| h.seconds);
-                None
-            }
-            None => {
-                let asked = self.retry_after(p, queue_depth, backoff_streak);
-                hint = asked.map(|h| h.seconds);
-                let (now_s, book) = (self.now.as_secs(), &mut self.proxies[p].book);
-                give_place(book, key, now_s, 0.0, 0, None, clamp, || asked)
-            }
-        };
+        let hint = match (place, drain_rate) {
+            (None, Some(_)) => self.retry_after(p, queue_depth, backoff_streak),
+            _ => asked,
+        }
+        .map(|h| h.seconds);
         let seconds = match place {
             Some(place) => {
                 if by == KeptBy::Cookie {
@@ -516,7 +512,7 @@ impl<'a> Sim<'a> {
     }
 
     /// The `Retry-After` proxy `p` hands out, as the reference proxy computes it, and whether
-    /// it is the computed rung.
+    /// it comes from a fresh estimate.
     fn retry_after(&mut self, p: usize, depth: usize, streak: u32) -> Option<Hint> {
         let now = self.instant();
         let header = self.policy.header();
@@ -541,7 +537,8 @@ impl<'a> Sim<'a> {
             (Some(counted as u64), Some(streak)),
             jitter_draw,
         );
-        let seconds = decision.seconds?;
+        let hint = decision.hint()?;
+        let seconds = hint.seconds;
         if with_backlog {
             proxy.backlog.promise(now + Duration::from_secs(seconds));
         }
@@ -550,10 +547,7 @@ impl<'a> Sim<'a> {
             .handed_out
             .entry((decision.rung, seconds))
             .or_default() += 1;
-        Some(Hint {
-            seconds,
-            fresh: decision.rung == Rung::Computed || decision.reason.is_some(),
-        })
+        Some(hint)
     }
 
     /// Client `c` was rejected with `suggested_s`: it comes back, or gives up.

@@ -259,14 +259,16 @@ function Book:find(key)
   return nil
 end
 
+-- Whether slot (nil: never used) holds nothing live at now.
+function Book:is_free(slot, now)
+  return slot == nil or (slot.count == 0 and not slot.spent) or slot.due + self.settings.grace_s < now
+end
+
 -- Whether key's bucket has a slot holding nothing live at now.
 function Book:has_free_slot(key, now)
   local first = self:bucket(key)
   for i = first, first + T.BUCKET - 1 do
-    local slot = self:slot(i)
-    if slot == nil or (slot.count == 0 and not slot.spent) or slot.due + self.settings.grace_s < now then
-      return true
-    end
+    if self:is_free(self:slot(i), now) then return true end
   end
   return false
 end
@@ -276,8 +278,7 @@ function Book:free_slot(key, now)
   local first = self:bucket(key)
   for i = first, first + T.BUCKET - 1 do
     local slot = self:slot(i)
-    if slot == nil or (slot.count == 0 and not slot.spent)
-        or slot.due + self.settings.grace_s < now then
+    if self:is_free(slot, now) then
       if slot and not slot.spent then self:count(EXPIRED, slot.count) end
       return i
     end
@@ -418,10 +419,10 @@ end
 -- The place a rejected client with key is given at second now_s (elapsed seconds into it):
 -- with a drain rate, the earliest second with room behind queue_depth queued and every place
 -- given, no sooner than clamp_s[1]; before the drain rate is known, the second of hint()
--- (which gives seconds and whether they are the computed rung), if computed: the static value
--- knows no room, and a place at it would pass the queue's bound when it falls due (the agent
--- stopped, or restarting). { due, seconds }, or nil (the rejection carries the hint alone).
--- Rust's give_place.
+-- (which gives seconds and whether they come from a fresh estimate), if fresh: the proxy's own
+-- static value knows no room, and a place at it would pass the queue's bound when it falls due
+-- (the agent away). { due, seconds }, or nil (the rejection carries the hint alone, counted as
+-- unplaced, or refused by the book). Rust's give_place.
 function T.give_place(book, key, now_s, elapsed, queue_depth, drain_rate, clamp_s, hint)
   local due
   if drain_rate ~= nil then

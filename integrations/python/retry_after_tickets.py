@@ -407,19 +407,19 @@ class TicketBook:
                 return i
         return None
 
+    def _is_free(self, i: int, now: int) -> bool:
+        """Whether slot ``i`` holds nothing live at ``now``."""
+        return (self._count[i] == 0 and not self._spent[i]) or self._due[i] + self.settings.grace_s < now
+
     def _has_free_slot(self, key: int, now: int) -> bool:
         """Whether ``key``'s bucket has a slot holding nothing live at ``now``."""
-        grace = self.settings.grace_s
-        return any(
-            (self._count[i] == 0 and not self._spent[i]) or self._due[i] + grace < now for i in self._bucket(key)
-        )
+        return any(self._is_free(i, now) for i in self._bucket(key))
 
     def _free_slot(self, key: int, now: int) -> Optional[int]:
         """A slot of ``key``'s bucket holding nothing live at ``now``; an expired ticket found
         on the way is counted."""
-        grace = self.settings.grace_s
         for i in self._bucket(key):
-            if (self._count[i] == 0 and not self._spent[i]) or self._due[i] + grace < now:
+            if self._is_free(i, now):
                 if not self._spent[i]:
                     self._counters.add("expired", self._count[i])
                 return i
@@ -462,9 +462,9 @@ def give_place(
     seconds into it), as Rust's ``give_place``: with a drain rate, the earliest second with
     room behind the queue and every place given, no sooner than ``clamp[0]``; before the drain
     rate is known, the second of ``hint()`` (seconds, and whether they come from a fresh
-    estimate), if fresh: the proxy's own static value knows no room, and a place at it would pass the queue's
-    bound when it falls due (the agent stopped, or restarting). ``None``: the rejection
-    carries the hint alone, counted as ``unplaced`` (or ``refused`` by the book)."""
+    estimate), if fresh: the proxy's own static value knows no room, and a place at it would
+    pass the queue's bound when it falls due (the agent away). ``None``: the rejection carries
+    the hint alone, counted as ``unplaced`` (or ``refused`` by the book)."""
     if drain_rate is not None:
         due = book.place(now_s, elapsed, queue_depth, drain_rate, clamp[0])
     else:

@@ -135,8 +135,8 @@ names! {
         /// taken and nothing let around the proxy's queue bound.
         Unrecorded = "unrecorded",
         /// A rejected client with a key given no place: no room up to the horizon, or no
-        /// room known (no drain rate, and no computed hint: the agent away or just
-        /// restarted). It is told the hint alone.
+        /// room known (no drain rate, and no hint from a fresh estimate: the agent away).
+        /// It is told the hint alone.
         Unplaced = "unplaced",
     }
 }

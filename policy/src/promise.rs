@@ -42,9 +42,8 @@ pub fn told(due: u64, now_s: u64, clamp: (u64, u64)) -> Promise {
 /// `hint`'s second is kept as the place, without looking for room, but only a hint from a
 /// fresh estimate (the agent up, its drain rate warming): without one the agent may be away
 /// for long, and places at the static value would pass the queue's bound when they fall due,
-/// for as long as it is away. `None`:
-/// the rejection carries the hint alone, counted as unplaced (or as refused by the book).
-/// `hint` is asked only when it is needed.
+/// for as long as it is away. `None`: the rejection carries the hint alone, counted as
+/// unplaced (or as refused by the book). `hint` is asked only when it is needed.
 #[allow(clippy::too_many_arguments)]
 pub fn give_place(
     book: &mut TicketBook,

@@ -36,8 +36,7 @@ use tokio::{
 };
 
 use retry_after_policy::{
-    Hint, KeptReturnsSettings, MAX_RETRY_AFTER_S, TicketBook, TicketCounters, TicketKey,
-    give_place, told,
+    KeptReturnsSettings, MAX_RETRY_AFTER_S, TicketBook, TicketCounters, TicketKey, give_place, told,
 };
 
 use crate::{
@@ -421,13 +420,10 @@ fn arrive_kept(
     // Before the drain rate is known, the hint's second, if it is the agent's (a fresh
     // estimate: computed, or the agent's own fallback while its drain rate warms).
     let hint = || {
-        let decision = state
+        state
             .subscription
-            .retry_after_with(Some(depth as u64), Some(streak), rng);
-        decision.seconds.map(|seconds| Hint {
-            seconds,
-            fresh: decision.rung == Rung::Computed || decision.reason.is_some(),
-        })
+            .retry_after_with(Some(depth as u64), Some(streak), rng)
+            .hint()
     };
     let place = give_place(
         book,
