@@ -4,7 +4,10 @@
 
 use aya_ebpf::{
     EbpfContext,
-    bindings::{__sk_buff, BPF_TCP_ESTABLISHED, BPF_TCP_LISTEN, BPF_TCP_SYN_SENT, bpf_sock},
+    bindings::{
+        __sk_buff, BPF_TCP_ESTABLISHED, BPF_TCP_LISTEN, BPF_TCP_SYN_RECV, BPF_TCP_SYN_SENT,
+        bpf_sock,
+    },
     helpers::{bpf_sk_fullsock, bpf_tcp_sock},
     programs::SkBuffContext,
 };
@@ -25,6 +28,13 @@ use crate::{
 /// connection pool, open before the agent started): at the first request it carries, that
 /// is, at a client→server segment with payload on an established socket of a watched
 /// endpoint. Its close is seen by `ra_destroy`. `None` if it is not to be tracked.
+///
+/// Also a server-side connection whose request arrives before the established callback has
+/// run: the segment completing the handshake made the socket and is still being processed on
+/// one CPU (the socket in SYN_RECV, the callback to come) while the request's segment passes
+/// this program on another. The callback then finds neither bytes counted nor a note, and the
+/// request would be missed; it is started here, and the callback finds the connection tracked
+/// (and asks for its close, as for any connection it sees).
 ///
 /// Also a client-side connection whose first response arrives before the established callback
 /// has run: TCP Fast Open, the request in the SYN. While the connecting socket is busy in the
@@ -61,7 +71,7 @@ pub(crate) fn adopt(
         note_early_payload(ctx, segment, unsafe { (*full).src_port } as u16);
         return None;
     }
-    if state != BPF_TCP_ESTABLISHED && state != BPF_TCP_SYN_SENT {
+    if state != BPF_TCP_ESTABLISHED && state != BPF_TCP_SYN_SENT && state != BPF_TCP_SYN_RECV {
         return None;
     }
     let mut found = Adoption {
@@ -69,6 +79,7 @@ pub(crate) fn adopt(
         side: Side::Server,
         request_end: 0,
         request_in_syn: false,
+        open_before: false,
     };
     if !adoption(ctx, full, state, ingress, &mut found) {
         return None;
@@ -76,17 +87,19 @@ pub(crate) fn adopt(
     adopt_as(full, &found)
 }
 
-/// A connection `adopt` is to track: its watch, seen from `side`, and where the request that
-/// went in its SYN ends (`request_in_syn`).
+/// A connection `adopt` is to track: its watch, seen from `side`, where the request that went
+/// in its SYN ends (`request_in_syn`), and whether it was open before it was watched (counted
+/// as adopted) rather than made a moment ago, its callback still to come.
 struct Adoption {
     watch: WatchValue,
     side: Side,
     request_end: u32,
     request_in_syn: bool,
+    open_before: bool,
 }
 
-/// Whether a full socket `full` in `state` (ESTABLISHED or SYN_SENT) is to be adopted at this
-/// segment, and as what (into `found`). A function of its own, as is `adopt_as`: called one
+/// Whether a full socket `full` in `state` (ESTABLISHED, SYN_SENT or SYN_RECV) is to be
+/// adopted at this segment, and as what (into `found`). A function of its own, as is `adopt_as`: called one
 /// after the other, their stacks (the addresses read here, the state stored there) are not
 /// added together, nor to `note_early_payload`'s.
 #[inline(never)]
@@ -109,12 +122,18 @@ fn adoption(
     // A request begins with client data: an established connection is adopted there. Server
     // data is taken only on the client side, as the first response of a connection whose
     // request went in the SYN: nothing received yet, something sent.
-    let request_end = if (side == Side::Server) == ingress {
+    let mut open_before = false;
+    let request_end = if side == Side::Server && ingress && state == BPF_TCP_SYN_RECV {
+        // The request overtook the established callback, which will ask for the close even
+        // where adoption is off (see `adopt`).
+        None
+    } else if (side == Side::Server) == ingress {
         if state != BPF_TCP_ESTABLISHED || setting(Setting::AdoptionOff) != 0 {
             return false;
         }
+        open_before = true;
         None
-    } else if side == Side::Client {
+    } else if side == Side::Client && state != BPF_TCP_SYN_RECV {
         // SAFETY: the helper checks the full socket it is given.
         let tcp = unsafe { bpf_tcp_sock(full) };
         if tcp.is_null() {
@@ -135,6 +154,7 @@ fn adoption(
         side,
         request_end: request_end.unwrap_or(0),
         request_in_syn: request_end.is_some(),
+        open_before,
     };
     true
 }
@@ -160,7 +180,7 @@ fn adopt_as(full: *mut bpf_sock, found: &Adoption) -> Option<*mut ConnState> {
             return None;
         }
     };
-    if !found.request_in_syn {
+    if found.open_before {
         counters::probe_stat(&PROBE_STATS, ProbeStat::ConnectionsAdopted);
     }
     count_opened(&conn, &early_delta);
