@@ -15,6 +15,7 @@
 //! earlier answers forward ([`judge`]). Per rejection: the signals are gathered and the
 //! policy's ladder answers.
 
+pub mod arrivals;
 pub mod config;
 pub mod drain_rate;
 pub mod endpoint;
@@ -205,12 +206,14 @@ impl ServiceEstimator {
         }
     }
 
-    /// A proxy's report of what it did since `from`: its admissions and rejections are the
-    /// evidence of what a retry met, and its rejections are judged as answers. Where the
+    /// A proxy's report of what it did since `from` (`None`: since a time the agent does not
+    /// know, as for the first report on a connection, which may carry what an earlier
+    /// connection could not send): its admissions and rejections are the evidence of what a
+    /// retry met, and its rejections are judged as answers. Where the
     /// report says which values it handed out (`handed_out`), those are judged, whatever the
     /// proxy computed them from; otherwise the answer it would have computed from the
     /// subscription (its depth and streak, without jitter). Returns that answer.
-    pub fn report(&mut self, from: Instant, at: Instant, report: &Report<'_>) -> Answer {
+    pub fn report(&mut self, from: Option<Instant>, at: Instant, report: &Report<'_>) -> Answer {
         self.advance(at);
         self.schedule_reported(from, at, report);
         let answer = self.answer(
@@ -236,21 +239,26 @@ impl ServiceEstimator {
             (Some(a), Some(r)) if a + r > 0 => (a, r),
             _ => (report.admitted, report.rejected),
         };
-        self.judge.report_outcome(from, at, admitted, rejected);
+        self.judge
+            .report_outcome(from.unwrap_or(at), at, admitted, rejected);
         answer
     }
 
     /// A report's requests are arrivals (its retries, where it tells them, returns among
     /// them), and the values it handed out are returns due, counted from the middle of the
     /// interval they were handed out in.
-    fn schedule_reported(&mut self, from: Instant, at: Instant, report: &Report<'_>) {
+    fn schedule_reported(&mut self, from: Option<Instant>, at: Instant, report: &Report<'_>) {
         let retries = match (report.retry_admitted, report.retry_rejected) {
             (Some(a), Some(r)) => Some(a.saturating_add(r)),
             _ => None,
         };
-        self.returns
-            .reported(at, report.admitted.saturating_add(report.rejected), retries);
-        let handed_out_at = from + at.saturating_duration_since(from) / 2;
+        self.returns.reported(
+            from,
+            at,
+            report.admitted.saturating_add(report.rejected),
+            retries,
+        );
+        let handed_out_at = from.map_or(at, |from| from + at.saturating_duration_since(from) / 2);
         for h in report.handed_out() {
             self.returns.promise(handed_out_at, h.seconds, h.count);
         }

@@ -12,8 +12,10 @@
 //!   does (wrk, a closed browser) takes nothing from the fresh arrivals. For a proxy that
 //!   does not, the returns that fell due meanwhile are taken instead, in the share of the
 //!   arrivals such proxies reported over the last tick: every return told is then assumed to
-//!   come back. Each tick turns what arrived since the last one into a
-//!   rate, averaged with a time constant of [`ARRIVALS_TIME_CONSTANT`] (2 s). With no report for
+//!   come back. Each report's count is laid over the interval it covers on a [`Timeline`],
+//!   and each tick turns the part of it every reporter has covered since the last tick (up to
+//!   the longest report interval back) into a rate, averaged with a time constant of
+//!   [`ARRIVALS_TIME_CONSTANT`] (2 s). With no report for
 //!   [`ARRIVALS_STALE_AFTER`], the rate is unknown (and `scheduled_returns` counts no fresh
 //!   arrivals).
 //! * **The overload's age**: since when fresh arrivals have matched or exceeded the drain rate,
@@ -24,7 +26,9 @@
 
 use std::time::{Duration, Instant};
 
-use retry_after_policy::{MAX_RETRY_AFTER_S, PromisedReturns, ReturnBook};
+use retry_after_policy::{MAX_RETRY_AFTER_S, PromisedReturns, RETURN_BINS, ReturnBook};
+
+use crate::arrivals::Timeline;
 
 /// How fast the fresh arrival rate follows a change: the weight of older samples falls by e
 /// every 2 s (5 s admitted 78% of the retries on the real-socket scenarios in the simulator,
@@ -42,8 +46,11 @@ pub struct Returns {
     book: ReturnBook,
     /// The clock's zero: the first instant seen.
     epoch: Option<Instant>,
-    /// Arrivals reported since the last tick, less the returns among them.
-    pending: f64,
+    /// Arrivals reported, less the returns among them, over the intervals they cover.
+    arrivals: Timeline,
+    /// Since when (from the epoch) the timeline holds every report, once reports began after
+    /// none: the rate's first sample is no earlier.
+    measured_from: Duration,
     /// Arrivals reported since the last tick by proxies that tell their retries, and by
     /// proxies that do not.
     told: f64,
@@ -53,7 +60,6 @@ pub struct Returns {
     told_share: f64,
     /// Fresh arrivals per second (EWMA), once a tick has followed a report.
     rate: Option<f64>,
-    last_tick: Option<Instant>,
     /// Every second before this one has had its returns subtracted from the arrivals.
     due_counted_to: u64,
     last_report: Option<Instant>,
@@ -77,7 +83,7 @@ impl Returns {
         if due < self.due_counted_to {
             // Dated in a second already settled (a report's interval is dated at its
             // middle): it fell due there, so it is not a fresh arrival.
-            self.pending -= count as f64 * (1.0 - self.told_share);
+            self.take_returns(due, count as f64);
             return;
         }
         let count32 = u32::try_from(count).unwrap_or(u32::MAX);
@@ -87,19 +93,46 @@ impl Returns {
         };
     }
 
-    /// A proxy reported `arrivals` requests (admitted or rejected) at `at`, `retries` of
-    /// them returns if it tells its retries.
-    pub fn reported(&mut self, at: Instant, arrivals: u64, retries: Option<u64>) {
+    /// A proxy reported `arrivals` requests (admitted or rejected) over `from..at` (`None`:
+    /// since a time unknown), `retries` of them returns if it tells its retries.
+    pub fn reported(
+        &mut self,
+        from: Option<Instant>,
+        at: Instant,
+        arrivals: u64,
+        retries: Option<u64>,
+    ) {
         let now = self.second(at);
+        let end = self.offset(at);
+        // A report of a time unknown is taken to cover the reporters' pace, if any is known.
+        let pace = self.arrivals.pace(at);
+        let start = match from {
+            Some(from) => Some(self.offset(from)),
+            None => pace.map(|pace| end.saturating_sub(pace)),
+        };
+        if !self.reported_lately(at) {
+            // The first report after none: the rate is measured from its start (from its end
+            // if that is unknown), and returns that fell due before fell due in no reported
+            // arrivals.
+            let measured_from = start.unwrap_or(end);
+            self.measured_from = measured_from;
+            self.due_counted_to = self.due_counted_to.max(measured_from.as_secs());
+        }
         self.settle_dues(now);
-        match retries {
+        let fresh = match retries {
             Some(retries) => {
-                self.pending += arrivals.saturating_sub(retries) as f64;
                 self.told += arrivals as f64;
+                arrivals.saturating_sub(retries)
             }
             None => {
-                self.pending += arrivals as f64;
                 self.untold += arrivals as f64;
+                arrivals
+            }
+        };
+        if let Some(start) = start {
+            self.arrivals.add(start, end, fresh as f64);
+            if from.is_some() {
+                self.arrivals.paced(end.saturating_sub(start), at);
             }
         }
         self.last_report = Some(at);
@@ -108,10 +141,23 @@ impl Returns {
     /// Take the returns due in every second before `now` from the arrivals of proxies that do
     /// not tell their retries, once each, before their bins can be reused.
     fn settle_dues(&mut self, now: u64) {
-        if now > self.due_counted_to {
-            let due = self.book.due_between(self.due_counted_to, now) as f64;
-            self.pending -= due * (1.0 - self.told_share);
-            self.due_counted_to = now;
+        let from = self
+            .due_counted_to
+            .max(now.saturating_sub(RETURN_BINS as u64));
+        for second in from..now {
+            self.take_returns(second, f64::from(self.book.due(second)));
+        }
+        self.due_counted_to = self.due_counted_to.max(now);
+    }
+
+    /// `count` returns due in `second`: taken from the arrivals of that second in the share
+    /// of proxies that do not tell their retries.
+    fn take_returns(&mut self, second: u64, count: f64) {
+        let start = Duration::from_secs(second);
+        let share = 1.0 - self.told_share;
+        if count > 0.0 && share > 0.0 {
+            self.arrivals
+                .add(start, start + Duration::from_secs(1), -count * share);
         }
     }
 
@@ -144,41 +190,50 @@ impl Returns {
     fn sample_arrivals(&mut self, at: Instant) {
         let now = self.second(at);
         self.settle_dues(now);
-        let Some(last) = self.last_tick.replace(at) else {
-            self.pending = 0.0;
-            return;
-        };
-        let dt = at.saturating_duration_since(last).as_secs_f64();
-        if dt <= 0.0 {
-            return;
-        }
         let reported = self.told + self.untold;
         if reported > 0.0 {
             self.told_share = self.told / reported;
         }
         (self.told, self.untold) = (0.0, 0.0);
-        if self.arrival_rate(at).is_none() {
-            // No proxy reports (or none lately): returns falling due tell nothing of fresh
-            // arrivals, and the next report starts the average afresh.
-            (self.pending, self.rate) = (0.0, None);
+        let recent = self.reported_lately(at);
+        if recent && self.arrivals.pace(at).is_none() {
+            // Only reports of a time unknown so far: wait for one that says when it began.
             return;
         }
-        let sample = self.pending / dt;
+        let until = self
+            .offset(at)
+            .saturating_sub(self.arrivals.settled_before(at));
+        let taken = self.arrivals.take(until);
+        if !recent {
+            // No proxy reports (or none lately): returns falling due tell nothing of fresh
+            // arrivals, and the next report starts the average afresh.
+            self.rate = None;
+            return;
+        }
+        let dt = taken.span.as_secs_f64();
+        let began = until.saturating_sub(taken.span);
+        if dt <= 0.0 || self.rate.is_none() && began < self.measured_from {
+            return;
+        }
+        // Returns taken in a window can outnumber what was reported in it (returns answered
+        // while no proxy reported): a window has no fewer than no fresh arrivals.
+        let sample = (taken.count / dt).max(0.0);
         let weight = 1.0 - (-dt / ARRIVALS_TIME_CONSTANT.as_secs_f64()).exp();
         self.rate = Some(match self.rate {
             Some(rate) => rate + weight * (sample - rate),
-            None => sample.max(0.0),
+            None => sample,
         });
-        self.pending = 0.0;
     }
 
-    /// Fresh arrivals per second at `at`, if a proxy reported lately (0 until the first
-    /// tick after the first report).
+    /// Fresh arrivals per second at `at`, if a proxy reported lately and a whole report
+    /// interval has been read since reports began.
     pub fn arrival_rate(&self, at: Instant) -> Option<f64> {
-        let recent = self
-            .last_report
-            .is_some_and(|r| at.saturating_duration_since(r) <= ARRIVALS_STALE_AFTER);
-        recent.then(|| self.rate.unwrap_or(0.0).max(0.0))
+        self.rate.filter(|_| self.reported_lately(at))
+    }
+
+    fn reported_lately(&self, at: Instant) -> bool {
+        self.last_report
+            .is_some_and(|r| at.saturating_duration_since(r) <= ARRIVALS_STALE_AFTER)
     }
 
     /// The schedule from `at` on.
@@ -198,8 +253,13 @@ impl Returns {
 
     /// Whole seconds from the epoch to `at` (the first instant seen is the epoch).
     fn second(&mut self, at: Instant) -> u64 {
+        self.offset(at).as_secs()
+    }
+
+    /// The time from the epoch to `at` (the first instant seen is the epoch).
+    fn offset(&mut self, at: Instant) -> Duration {
         let epoch = *self.epoch.get_or_insert(at);
-        at.saturating_duration_since(epoch).as_secs()
+        at.saturating_duration_since(epoch)
     }
 }
 
@@ -234,7 +294,7 @@ mod tests {
         returns.promise(t0, 1, 4);
         for second in 1..60u64 {
             let at = t0 + s(second as f64);
-            returns.reported(at, 10, None);
+            returns.reported(Some(at - s(1.0)), at, 10, None);
             returns.promise(at, 1, 4);
             returns.tick(at, Some(8.0));
         }
@@ -255,7 +315,7 @@ mod tests {
         returns.tick(t0, None);
         for second in 1..60u64 {
             let at = t0 + s(second as f64);
-            returns.reported(at, 100, retries);
+            returns.reported(Some(at - s(1.0)), at, 100, retries);
             returns.promise(at, 2, 90);
             returns.tick(at, Some(10.0));
         }
@@ -273,22 +333,72 @@ mod tests {
     }
 
     #[test]
+    fn a_reporter_a_little_slower_than_the_tick_reads_as_its_rate_at_every_tick() {
+        // HAProxy's Lua sleeps 1 s between reports and spends a little on each: 1.05 s
+        // apart, 100 requests a second, against the agent's tick every second. Read per tick,
+        // some ticks saw no report and others two, and the rate swung from 0.6 to 1.3 times
+        // the truth for tens of seconds at a time.
+        let t0 = Instant::now();
+        let mut returns = Returns::default();
+        returns.tick(t0, None);
+        let (mut reported_to, mut next_report) = (0.0, 1.05);
+        for tick in 1..60 {
+            let now = tick as f64;
+            while next_report <= now {
+                let (from, at) = (t0 + s(reported_to), t0 + s(next_report));
+                returns.reported(Some(from), at, 105, Some(0));
+                (reported_to, next_report) = (next_report, next_report + 1.05);
+            }
+            returns.tick(t0 + s(now), Some(1000.0));
+            if tick > 20 {
+                let rate = returns.arrival_rate(t0 + s(now)).unwrap();
+                assert!((rate - 100.0).abs() < 1.0, "tick {tick}: {rate}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_first_report_of_a_time_unknown_does_not_start_the_rate_from_a_lump() {
+        // HAProxy's Lua connects and reports what it counted since it started (or since its
+        // last report on a connection that failed): 20,000 at once, then 10,000 a second.
+        let t0 = Instant::now();
+        let mut returns = Returns::default();
+        let mut seen = Vec::new();
+        for tick in 0..200 {
+            let at = t0 + s(1.0 + f64::from(tick) * 0.2);
+            if tick == 0 {
+                returns.reported(None, at, 20_000, Some(0));
+            } else if tick % 5 == 0 {
+                returns.reported(Some(at - s(1.0)), at, 10_000, Some(0));
+            }
+            returns.tick(at, Some(1.0));
+            seen.extend(returns.rate);
+        }
+        assert!(
+            seen.iter().all(|&rate| (rate - 10_000.0).abs() < 1.0),
+            "{seen:?}"
+        );
+    }
+
+    #[test]
     fn an_overload_ages_until_arrivals_stay_below_the_drain_for_a_while() {
         let t0 = Instant::now();
         let mut returns = Returns::default();
         returns.tick(t0, None);
         let mut tick = |second: u64, arrivals: u64, drain: f64| {
             let at = t0 + s(second as f64);
-            returns.reported(at, arrivals, None);
+            returns.reported(Some(at - s(1.0)), at, arrivals, None);
             returns.tick(at, Some(drain));
             returns.overload_age_s(at)
         };
-        assert_eq!(tick(1, 20, 10.0), Some(0.0), "begins");
-        assert_eq!(tick(2, 20, 10.0), Some(1.0));
+        // Read a report interval behind: the first second is read at the second tick.
+        assert_eq!(tick(1, 20, 10.0), None);
+        assert_eq!(tick(2, 20, 10.0), Some(0.0), "begins");
+        assert_eq!(tick(3, 0, 10.0), Some(1.0));
         // One quiet second does not end it (the average is still above the drain).
-        assert_eq!(tick(3, 0, 10.0), Some(2.0));
+        assert_eq!(tick(4, 0, 10.0), Some(2.0));
         let mut last = None;
-        for second in 4..20 {
+        for second in 5..20 {
             last = tick(second, 0, 10.0);
         }
         assert_eq!(last, None, "over once arrivals stayed below the drain");
@@ -320,11 +430,16 @@ mod tests {
         assert_eq!(returns.arrival_rate(t0 + s(60.0)), None);
         // Then a proxy reports 8 a second: the rate is 8, not dragged below 0 by a minute of
         // returns.
-        for second in 61..64u64 {
-            returns.reported(t0 + s(second as f64), 8, None);
+        for second in 61..66u64 {
+            returns.reported(
+                Some(t0 + s(second as f64 - 1.0)),
+                t0 + s(second as f64),
+                8,
+                None,
+            );
             returns.tick(t0 + s(second as f64), Some(10.0));
         }
-        let rate = returns.arrival_rate(t0 + s(63.0)).unwrap();
+        let rate = returns.arrival_rate(t0 + s(65.0)).unwrap();
         assert!(rate > 5.0, "{rate}");
     }
 
@@ -333,17 +448,18 @@ mod tests {
         let t0 = Instant::now();
         let mut returns = Returns::default();
         returns.tick(t0, None);
-        returns.reported(t0 + s(1.0), 30, None);
-        returns.tick(t0 + s(1.0), Some(10.0));
-        assert!(returns.overload_age_s(t0 + s(1.0)).is_some());
+        let mut step = |from: f64, to: f64, arrivals: u64, drain: f64| {
+            returns.reported(Some(t0 + s(from)), t0 + s(to), arrivals, None);
+            returns.tick(t0 + s(to), Some(drain));
+            returns.overload_age_s(t0 + s(to))
+        };
+        // Read a report interval behind: the second second reads the first.
+        step(0.0, 1.0, 30, 10.0);
+        assert_eq!(step(1.0, 2.0, 30, 10.0), Some(0.0));
         // Drain rises far above the arrivals: still the overload for 5 s, then over.
-        returns.reported(t0 + s(2.0), 1, None);
-        returns.tick(t0 + s(2.0), Some(1000.0));
-        returns.reported(t0 + s(5.5), 1, None);
-        returns.tick(t0 + s(5.5), Some(1000.0));
-        assert_eq!(returns.overload_age_s(t0 + s(5.5)), Some(4.5));
-        returns.reported(t0 + s(6.5), 1, None);
-        returns.tick(t0 + s(6.5), Some(1000.0));
-        assert_eq!(returns.overload_age_s(t0 + s(6.5)), None);
+        step(2.0, 3.0, 1, 1000.0);
+        step(3.0, 4.0, 1, 1000.0);
+        assert_eq!(step(4.0, 6.5, 1, 1000.0), Some(4.5));
+        assert_eq!(step(6.5, 7.5, 1, 1000.0), None);
     }
 }

@@ -72,7 +72,7 @@ proptest! {
         let Ok(Request::Report(report)) = Request::parse(report.as_bytes()) else {
             panic!("not a report: {report}");
         };
-        agent.report(last - Duration::from_millis(500), last, &report);
+        agent.report(Some(last - Duration::from_millis(500)), last, &report);
         agent.observe_load(last + Duration::from_millis(700), ServiceLoad {
             rejected_at,
             backends: vec![BackendLoad { client: SideLoad { in_flight: 1, completed_total: completed + 9 }, server: SideLoad { in_flight: 1, completed_total: completed + 9 }, max_ongoing_requests: max_ongoing }],

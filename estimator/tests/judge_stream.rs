@@ -103,7 +103,7 @@ fn every_answer_is_judged_against_completions_after_it_by_rung() {
         queue_depth: depth,
         ..Report::default()
     };
-    let a = api.report(at(3000), at(4400), &report(10, 20, Some(30)));
+    let a = api.report(Some(at(3000)), at(4400), &report(10, 20, Some(30)));
     assert_eq!((a.seconds, a.rung), (Some(3), Rung::Computed));
     for t in 5..=6 {
         api.observe_load(at(t * 1000), load(t));
@@ -111,8 +111,8 @@ fn every_answer_is_judged_against_completions_after_it_by_rung() {
     // What the proxy did next: all 30 admitted in [4.4, 6.0] (the 1 s answer was due at 4.5,
     // the 2 s one at 5.5); 6 of 8 in [6.0, 8.0] (the 5 s static answer was due at 6.5, the
     // reported ones at 7.4).
-    api.report(at(4400), at(6000), &report(30, 0, None));
-    api.report(at(6000), at(8000), &report(6, 2, None));
+    api.report(Some(at(4400)), at(6000), &report(30, 0, None));
+    api.report(Some(at(6000)), at(8000), &report(6, 2, None));
     for t in 7..=12 {
         api.observe_load(at(t * 1000), load(t));
     }

@@ -13,8 +13,10 @@ use std::{
 
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 use retry_after_policy::{KeptReturnsSettings, KeyHasher};
-use retry_after_reference_proxy::{Keeping, KeyFrom, Proxy, ProxyConfig, RETURN_COOKIE};
-use retry_after_testkit::{AgentProcess, replica::Replica};
+use retry_after_reference_proxy::{
+    Keeping, KeyFrom, Proxy, ProxyConfig, REPORT_EVERY, RETURN_COOKIE,
+};
+use retry_after_testkit::{AGENT_TICK_MS, AgentProcess, replica::Replica};
 
 use crate::{
     load::{CLIENT_KEY_HEADER, Load, arrivals},
@@ -50,6 +52,14 @@ pub fn run(scenario: &Scenario, policy: Policy, seed: u64, progress: impl FnMut(
         scenario.proxies, 1,
         "{}: the real-socket run has one proxy; run scenarios with more in the simulator",
         scenario.name
+    );
+    assert!(
+        scenario.agent_tick == Duration::from_millis(AGENT_TICK_MS)
+            && scenario.report_every == REPORT_EVERY,
+        "{}: the real-socket run ticks every {AGENT_TICK_MS} ms and reports every {} ms; run \
+         scenarios with other intervals in the simulator",
+        scenario.name,
+        REPORT_EVERY.as_millis()
     );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

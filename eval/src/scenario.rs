@@ -56,6 +56,10 @@ pub struct Scenario {
     pub clients: Vec<(f64, Behaviour)>,
     /// Attempts a client makes at most.
     pub attempts: u32,
+    /// The agent's tick (its `tick_interval_ms`).
+    pub agent_tick: Duration,
+    /// How often each proxy reports to its agent.
+    pub report_every: Duration,
 }
 
 /// One replica of a scenario.
@@ -186,6 +190,10 @@ struct ScenarioFile {
     max_queued_requests: usize,
     #[serde(default = "default_attempts")]
     attempts: u32,
+    #[serde(default = "default_interval_ms")]
+    agent_tick_ms: u64,
+    #[serde(default = "default_interval_ms")]
+    report_every_ms: u64,
     #[serde(default = "default_warm_up_s")]
     warm_up_s: f64,
     #[serde(default = "default_warm_up_rate")]
@@ -203,6 +211,12 @@ fn one() -> usize {
 }
 fn default_attempts() -> u32 {
     8
+}
+/// The agent's tick and the proxies' report interval unless a scenario says otherwise: those
+/// of the real-socket runs (the testkit's agent tick and the reference proxy's reports; the
+/// agent's own default tick is 1 s and HAProxy's Lua reports every second).
+fn default_interval_ms() -> u64 {
+    200
 }
 fn default_warm_up_s() -> f64 {
     5.0
@@ -311,6 +325,12 @@ impl ScenarioFile {
             self.attempts,
             "1 to 100",
         )?;
+        for (field, value) in [
+            ("agent_tick_ms", self.agent_tick_ms),
+            ("report_every_ms", self.report_every_ms),
+        ] {
+            check((10..=60_000).contains(&value), field, value, "10 to 60000")?;
+        }
         check(
             self.warm_up_s > 0.0 && self.warm_up_s <= 7200.0,
             "warm_up_s",
@@ -348,6 +368,8 @@ impl ScenarioFile {
             events,
             clients,
             attempts: self.attempts,
+            agent_tick: Duration::from_millis(self.agent_tick_ms),
+            report_every: Duration::from_millis(self.report_every_ms),
         })
     }
 

@@ -40,7 +40,6 @@ use retry_after_reference_proxy::{
     Arrival, Fleet, HeaderPolicy, KeptArrival, RetryBacklog, Returning, Router, Wake, give_place,
     proxy::jitter_seed, told,
 };
-use retry_after_testkit::AGENT_TICK_MS;
 
 use crate::{
     load::{Attempt, Behaviour, Outcome},
@@ -55,9 +54,6 @@ use crate::{
 /// headers at once and the first chunk after a pause, and the turn ends at the first pause
 /// once the client has acknowledged the headers (a loopback round trip and a delayed ACK).
 const STREAM_SEEN_COMPLETE: Duration = Duration::from_millis(1);
-
-/// How often a proxy reports to its agent (the reference proxy's interval).
-const REPORT_EVERY: Duration = Duration::from_millis(200);
 
 /// Simulate `scenario` under `policy` with `seed`: the same arrivals, behaviours and seeds as
 /// the real-socket run ([`crate::run::run`]), and the same record.
@@ -334,11 +330,11 @@ impl<'a> Sim<'a> {
                 }
                 Event::Tick => {
                     self.tick();
-                    self.at(when + Duration::from_millis(AGENT_TICK_MS), Event::Tick);
+                    self.at(when + self.scenario.agent_tick, Event::Tick);
                 }
                 Event::Report => {
                     self.report();
-                    self.at(when + REPORT_EVERY, Event::Report);
+                    self.at(when + self.scenario.report_every, Event::Report);
                 }
                 Event::Fleet(i) => self.fleet_event(i),
             }
@@ -722,7 +718,7 @@ impl<'a> Sim<'a> {
                 retry_rejected: Some(counts.retry_rejected),
                 tickets: None,
             };
-            proxy.agent.report(base + counts.since, now, &report);
+            proxy.agent.report(Some(base + counts.since), now, &report);
             proxy.reported.0 += counts.admitted;
             proxy.reported.1 += counts.rejected;
         }
@@ -792,7 +788,8 @@ fn agent_settings(scenario: &Scenario, policy: Policy) -> ServiceSettings {
         .map(|(i, r)| (format!("127.0.0.1:{}", 10_000 + i), r.max_ongoing_requests))
         .collect();
     let text = format!(
-        "[agent]\ntick_interval_ms = {AGENT_TICK_MS}\n{}",
+        "[agent]\ntick_interval_ms = {}\n{}",
+        scenario.agent_tick.as_millis(),
         policy.service_config(&backends)
     );
     let config = Config::parse(&text).expect("the evaluation's agent configuration is valid");
@@ -859,7 +856,8 @@ mod tests {
             Policy::KeptReturns(KeptBy::Key),
             Policy::KeptReturns(KeptBy::Cookie),
         ] {
-            let result = simulate(&scenario(""), policy, 1);
+            let scenario = scenario("");
+            let result = simulate(&scenario, policy, 1);
             check_bookkeeping(&result);
             let f = figures(&result);
             assert_eq!(
@@ -875,7 +873,7 @@ mod tests {
             let last_interval = result
                 .attempts
                 .iter()
-                .filter(|a| a.sent + REPORT_EVERY > end)
+                .filter(|a| a.sent + scenario.report_every > end)
                 .count();
             assert!(reported <= result.attempts.len(), "{policy}");
             assert!(

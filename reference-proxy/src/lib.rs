@@ -17,6 +17,6 @@ pub mod proxy;
 pub mod router;
 
 pub use kept::{Keeping, KeyFrom, RETURN_COOKIE, Returning, promise};
-pub use proxy::{HeaderPolicy, Proxy, ProxyConfig, Rejection};
+pub use proxy::{HeaderPolicy, Proxy, ProxyConfig, REPORT_EVERY, Rejection};
 pub use retry_after_policy::{Hint, Promise, give_place, told};
 pub use router::{Arrival, Fleet, KeptArrival, RetryBacklog, Router, Wake};

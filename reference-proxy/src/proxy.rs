@@ -56,6 +56,9 @@ pub enum HeaderPolicy {
     FromAgentWithRetryBacklog,
 }
 
+/// How often the proxy reports what it did to the agent.
+pub const REPORT_EVERY: Duration = Duration::from_millis(200);
+
 /// How the proxy is set up.
 #[derive(Clone, Debug)]
 pub struct ProxyConfig {
@@ -200,7 +203,7 @@ impl Proxy {
             routing: Mutex::new(routing),
             queued: Notify::new(),
             subscription: Subscription::spawn(agent_socket, &config.service, options),
-            reporter: Reporter::spawn(agent_socket, &config.service, Duration::from_millis(200)),
+            reporter: Reporter::spawn(agent_socket, &config.service, REPORT_EVERY),
             rejections: Mutex::new(Vec::new()),
             client: Client::builder(TokioExecutor::new())
                 .pool_idle_timeout(Duration::from_secs(60))

@@ -15,9 +15,13 @@ use std::{
 /// A running `haproxy -db` with a configuration of the test's.
 pub struct Haproxy {
     child: Child,
-    stats: PathBuf,
+    stats: HaproxyStats,
     dir: PathBuf,
 }
+
+/// HAProxy's stats socket, to be read from any thread.
+#[derive(Clone, Debug)]
+pub struct HaproxyStats(PathBuf);
 
 impl Haproxy {
     /// Start HAProxy with `sections` (frontends and backends) after a `global` section with a
@@ -69,7 +73,11 @@ impl Haproxy {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("haproxy is installed (./dev setup installs it)");
-        let haproxy = Self { child, stats, dir };
+        let haproxy = Self {
+            child,
+            stats: HaproxyStats(stats),
+            dir,
+        };
         let deadline = Instant::now() + Duration::from_secs(10);
         while haproxy.command("show info").is_err() {
             assert!(Instant::now() < deadline, "haproxy did not start");
@@ -80,7 +88,39 @@ impl Haproxy {
 
     /// One command on the stats socket; the whole answer.
     pub fn command(&self, command: &str) -> std::io::Result<String> {
-        let mut stream = UnixStream::connect(&self.stats)?;
+        self.stats.command(command)
+    }
+
+    /// A field of `show stat` (see [`HaproxyStats::stat`]).
+    pub fn stat(&self, pxname: &str, svname: &str, field: &str) -> u64 {
+        self.stats.stat(pxname, svname, field)
+    }
+
+    /// The stats socket, for a thread of its own.
+    pub fn stats(&self) -> HaproxyStats {
+        self.stats.clone()
+    }
+
+    /// Stop it now (SIGKILL).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Haproxy {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+impl HaproxyStats {
+    /// One command on the stats socket; the whole answer.
+    pub fn command(&self, command: &str) -> std::io::Result<String> {
+        let mut stream = UnixStream::connect(&self.0)?;
         stream.set_read_timeout(Some(Duration::from_secs(5)))?;
         stream.write_all(format!("{command}\n").as_bytes())?;
         let mut answer = String::new();
@@ -109,22 +149,7 @@ impl Haproxy {
             .and_then(|row| row.get(column)?.parse().ok())
             .unwrap_or_else(|| panic!("no {pxname}/{svname} {field} in {csv}"))
     }
-
-    /// Stop it now (SIGKILL).
-    pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
-
-impl Drop for Haproxy {
-    fn drop(&mut self) {
-        self.kill();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// A running `wrk` (keep-alive HTTP/1.1 load from a separate process).
 pub struct Wrk {

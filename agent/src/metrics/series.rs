@@ -127,7 +127,7 @@ impl ServiceSeries {
             occupancy: s.gauges("retry_after_service_occupancy_ratio", "Requests in flight in the service's scope over fleet capacity (absent when capacity is unknown).", &SERVICE),
             saturation_factor: s.gauges("retry_after_service_saturation_factor", "1 + w1·occupancy (the backoff term depends on each query).", &SERVICE),
             fallback_reason: s.int_gauges("retry_after_service_fallback_reason", "1 for the reason the agent's own answer (no proxy depth) is not computed, at the last tick; all 0 when it is.", &["service", "reason"]),
-            arrival_rate: s.gauges("retry_after_service_arrival_rate_per_second", "Fresh arrivals per second (reported requests less the returns due), absent while no proxy reports.", &SERVICE),
+            arrival_rate: s.gauges("retry_after_service_arrival_rate_per_second", "Fresh arrivals per second (reported requests less the returns among them), absent while no proxy reports.", &SERVICE),
             returns_promised: s.int_gauges("retry_after_service_returns_promised", "Clients told to come back whose time has not come yet (the scheduled_returns schedule).", &SERVICE),
             returns_dropped: s.counters("retry_after_service_returns_dropped_total", "Promised returns the schedule could not hold.", &SERVICE),
         }

@@ -30,8 +30,9 @@ pub fn query(shared: &Shared, service: &str, query: Query, rng: &mut impl Rng) -
     Response::RetryAfter(QueryResponse::new(&answer, status_code))
 }
 
-/// `REPORT`: what the proxy did since `from`.
-pub fn report(shared: &Shared, from: Instant, report: &Report<'_>) -> Response {
+/// `REPORT`: what the proxy did since `from` (`None`: the connection's first report, since a
+/// time the agent does not know).
+pub fn report(shared: &Shared, from: Option<Instant>, report: &Report<'_>) -> Response {
     let answer = shared
         .estimator()
         .service_mut(report.service)

@@ -76,7 +76,6 @@ struct Connection<'a> {
     pushes: u64,
     /// Draws each `QUERY`'s jitter.
     rng: SmallRng,
-    connected: Instant,
     /// When each service was last reported on this connection: a report covers the time since.
     reported: Vec<(String, Instant)>,
 }
@@ -89,7 +88,6 @@ impl<'a> Connection<'a> {
             subscriptions: Vec::new(),
             pushes: 0,
             rng: SmallRng::from_rng(&mut rand::rng()),
-            connected: Instant::now(),
             reported: Vec::new(),
         }
     }
@@ -151,10 +149,11 @@ impl<'a> Connection<'a> {
         Ok(None)
     }
 
-    /// `REPORT`, covering the time since this connection last reported the service.
+    /// `REPORT`, covering the time since this connection last reported the service (the
+    /// first covers a time unknown: a proxy's counts may predate the connection).
     fn report(&mut self, report: &Report<'_>) -> Response {
         let last = self.reported.iter_mut().find(|(s, _)| s == report.service);
-        let from = last.as_ref().map_or(self.connected, |(_, at)| *at);
+        let from = last.as_ref().map(|(_, at)| *at);
         let response = command::report(self.shared, from, report);
         if response == Response::Ok {
             let now = Instant::now();
