@@ -155,6 +155,7 @@ fn proxy_config(
             },
             settings: KeptReturnsSettings::default(),
             hasher: KeyHasher::new(&seed.to_be_bytes()),
+            source_header: None,
         }),
     }
 }

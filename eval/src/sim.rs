@@ -439,6 +439,7 @@ impl<'a> Sim<'a> {
         let place = give_place(
             &mut self.proxies[p].book,
             key,
+            None,
             self.now.as_secs(),
             f64::from(self.now.subsec_millis()) / 1000.0,
             queue_depth as u64,

@@ -24,6 +24,9 @@
 --   setenv RETRY_AFTER_COOKIE      retry_after_return     # the return cookie's name
 --   setenv RETRY_AFTER_GRACE_S 30, RETRY_AFTER_HORIZON_S 300, RETRY_AFTER_MAX_KEYS 100000,
 --          RETRY_AFTER_MAX_RETURNS_PER_KEY 1
+--   setenv RETRY_AFTER_SOURCE_SHARE_PERCENT 0  # 1-100: one client address's share of the drain
+--   setenv RETRY_AFTER_SOURCE_HEADER x-forwarded-for  # its last entry is the address (else src)
+--   setenv RETRY_AFTER_MAX_SOURCES 4096        # addresses followed at once
 -- Actions:
 --   http-request lua.retry_after <service>           sets txn.retry_after, txn.retry_after_ms,
 --                                                    txn.retry_after_status and, unless
@@ -69,6 +72,7 @@ local services = {}   -- service name -> { backend, push, received_ms, admitted,
 -- Kept returns: the secret (base64, as the hmac converter takes it) and the cookie's name.
 local secret_b64
 local cookie_name = "retry_after_return"
+local source_header
 local read_kept_settings
 
 local function now_ms()
@@ -233,7 +237,11 @@ read_kept_settings = function()
     horizon_s = os.getenv("RETRY_AFTER_HORIZON_S"),
     max_keys = os.getenv("RETRY_AFTER_MAX_KEYS"),
     max_returns_per_key = os.getenv("RETRY_AFTER_MAX_RETURNS_PER_KEY"),
+    source_share_percent = os.getenv("RETRY_AFTER_SOURCE_SHARE_PERCENT"),
+    max_sources = os.getenv("RETRY_AFTER_MAX_SOURCES"),
   })
+  source_header = os.getenv("RETRY_AFTER_SOURCE_HEADER")
+  source_header = source_header and source_header ~= "" and string.lower(source_header) or nil
   local secret = read_secret()
   if settings == nil or secret == nil then
     core.Alert("retry_after.lua: kept returns are off: " .. (wrong or "RETRY_AFTER_SECRET_FILE gives no secret"))
@@ -424,7 +432,13 @@ local function reject_kept(txn, name, state, hasher, found, depth, drain, now)
   local push, age_s = fresh_push(state, now)
   local clamp = T.push_clamp(T.book_inputs(push), MAX_RETRY_AFTER_S)
   local key = new_key(txn, kept, found)
-  local seconds, rung, place = T.reject(kept.book, key, now / 1000, depth, drain, clamp, function()
+  local source
+  if kept.book.settings.source_share_percent > 0 then
+    local values = source_header and txn.http:req_get_headers()[source_header]
+    local peer = txn.f:src()
+    source = T.source(kept.book, hasher, values and values[#values] or nil, peer and tostring(peer))
+  end
+  local seconds, rung, place = T.reject(kept.book, key, source, now / 1000, depth, drain, clamp, function()
     if push == nil then return retry_after_s, "static" end
     return T.push_hint(M, push, age_s, depth, math.random())
   end)

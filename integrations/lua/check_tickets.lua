@@ -76,7 +76,8 @@ local function run(f)
   local op = f[1]
   if op == "book" then
     book = T.book({ max_keys = tonumber(f[2]), grace_s = tonumber(f[3]), horizon_s = tonumber(f[4]),
-      max_returns_per_key = tonumber(f[5]) })
+      max_returns_per_key = tonumber(f[5]), source_share_percent = tonumber(f[6]),
+      max_sources = tonumber(f[7]) })
     return ""
   elseif op == "held" then
     local held, due = book:held(f[2], opt(f[3]), tonumber(f[4]))
@@ -92,12 +93,15 @@ local function run(f)
     local due = book:place(tonumber(f[2]), tonumber(f[3]), tonumber(f[4]), tonumber(f[5]), tonumber(f[6]))
     return due and string.format("%d", due) or "none"
   elseif op == "give" then
-    local hint_s, fresh = opt(f[9]), f[10] == "1"
-    local place = T.give_place(book, f[2], tonumber(f[3]), tonumber(f[4]), tonumber(f[5]), opt(f[6]),
-      { tonumber(f[7]), tonumber(f[8]) }, function() return hint_s, fresh end)
+    local hint_s, fresh = opt(f[10]), f[11] == "1"
+    local source = f[3] ~= "-" and f[3] or nil
+    local place = T.give_place(book, f[2], source, tonumber(f[4]), tonumber(f[5]), tonumber(f[6]),
+      opt(f[7]), { tonumber(f[8]), tonumber(f[9]) }, function() return hint_s, fresh end)
     return place and string.format("%d:%d", place.due, place.seconds) or "none"
   elseif op == "expected" then
     return string.format("%.6f", book:expected(tonumber(f[2])))
+  elseif op == "source" then
+    return T.source_address(f[2] ~= "-" and f[2] or nil, f[3])
   elseif op == "counters" then
     local counts = {}
     for i, n in ipairs(book:counters()) do counts[i] = string.format("%d", n) end
@@ -123,7 +127,7 @@ local checked, skipped = 0, 0
 for line in io.lines(arg[1]) do
   local fields = {}
   for field in string.gmatch(line .. "\t", "([^\t]*)\t") do fields[#fields + 1] = field end
-  local count = { book = 5, mac = 3, counters = 1 }
+  local count = { book = 7, mac = 3, counters = 1 }
   local n = count[fields[1]] or #fields - 1
   local want = table.concat(fields, "\t", n + 1)
   local got = run({ unpack(fields, 1, n) })

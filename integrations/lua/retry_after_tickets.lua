@@ -21,11 +21,13 @@ local T = {}
 T.BUCKET = 8
 -- What became of places, in the order of REPORT's tickets= vocabulary (TicketOutcome).
 T.OUTCOMES = { "issued", "honoured", "early", "expired", "refused", "replayed", "unrecorded",
-  "unplaced" }
-local ISSUED, HONOURED, EARLY, EXPIRED, REFUSED, REPLAYED, UNRECORDED, UNPLACED = 1, 2, 3, 4, 5, 6, 7, 8
+  "unplaced", "over_share" }
+local ISSUED, HONOURED, EARLY, EXPIRED, REFUSED, REPLAYED, UNRECORDED, UNPLACED, OVER_SHARE =
+  1, 2, 3, 4, 5, 6, 7, 8, 9
 T.UNRECORDED = UNRECORDED
 -- The settings' defaults (KeptReturnsSettings).
-T.DEFAULTS = { grace_s = 30, horizon_s = 300, max_keys = 100000, max_returns_per_key = 1 }
+T.DEFAULTS = { grace_s = 30, horizon_s = 300, max_keys = 100000, max_returns_per_key = 1,
+  source_share_percent = 0, max_sources = 4096 }
 -- Settled places beyond which older ones count half.
 local SHOW_MEMORY = 4096.0
 -- The largest count a REPORT entry may carry.
@@ -408,6 +410,65 @@ function Book:issue(key, due, now)
   return slot.due
 end
 
+-- Places per source (sources.rs): a source (an address, as a key) is given new places at most at
+-- source_share_percent of the drain rate, up to one second's worth at once (at least one), so
+-- that no source reserves more than its share however many keys it mints. Each followed source
+-- takes a slot of max_sources (buckets of 8): its key, places left, and when.
+
+-- Spend one place of source's allowance at time t (seconds with their fraction), the fleet
+-- draining drain_rate: true where sources are not bounded; false (counted as over_share) when
+-- it has none left, or is not followed and its bucket has no slot free (a slot is free when
+-- its source's allowance is full again).
+function Book:spend_source(source, t, drain_rate)
+  local share = self.settings.source_share_percent
+  if share == 0 then return true end
+  local rate = drain_rate * share / 100
+  local full = math.max(rate, 1.0)
+  local buckets = math.max(math.ceil(self.settings.max_sources / T.BUCKET), 1)
+  local first = (tonumber(string.sub(source, 1, 8), 16) % buckets) * T.BUCKET
+  local store = self.store
+  local function refilled(i)
+    return math.min(store:get("ap" .. i) + math.max(t - store:get("at" .. i), 0) * rate, full)
+  end
+  local found, places
+  for i = first, first + T.BUCKET - 1 do
+    if store:get("ak" .. i) == source then found, places = i, refilled(i) break end
+  end
+  if found == nil then
+    for i = first, first + T.BUCKET - 1 do
+      if store:get("ak" .. i) == nil or refilled(i) >= full then found, places = i, full break end
+    end
+  end
+  local spent = found ~= nil and places >= 1.0
+  if found ~= nil then
+    store:set("ak" .. found, source)
+    store:set("ap" .. found, spent and places - 1.0 or places)
+    store:set("at" .. found, t)
+  end
+  if not spent then self:count(OVER_SHARE, 1) end
+  return spent
+end
+
+-- The key a request's source is followed under while sources are bounded (nil while they are
+-- not): the last entry of header_value (what the load balancer in front saw, in its
+-- X-Forwarded-For; nil without the header) or else peer (the connection's address: a client
+-- cannot leave its share by leaving the header out). Rust's Keeping::source.
+function T.source(book, hasher, header_value, peer)
+  if book.settings.source_share_percent == 0 then return nil end
+  local address = T.source_address(header_value, peer)
+  return address and hasher.key(address)
+end
+
+-- The address of T.source: header_value's last entry, trimmed, or else peer. Rust's
+-- source_address.
+function T.source_address(header_value, peer)
+  local last = header_value and string.match(header_value, "([^,]*)$")
+  -- Trimmed of ASCII whitespace as Rust's trim_ascii does (no vertical tab).
+  last = last and string.match(last, "^[ \t\n\f\r]*(.-)[ \t\n\f\r]*$")
+  if last == nil or last == "" then return peer end
+  return last
+end
+
 -- Promises (kept.rs) -------------------------------------------------------------------------
 
 -- What a client whose place is due at due is told at second now_s: { due, seconds } with the
@@ -416,14 +477,16 @@ function T.told(due, now_s, clamp_s)
   return { due = due, seconds = clamp(math.max(due - now_s, 0), clamp_s[1], clamp_s[2]) }
 end
 
--- The place a rejected client with key is given at second now_s (elapsed seconds into it):
+-- The place a rejected client with key, from source (nil: not bounded by source), is given at
+-- second now_s (elapsed seconds into it):
 -- with a drain rate, the earliest second with room behind queue_depth queued and every place
 -- given, no sooner than clamp_s[1]; before the drain rate is known, the second of hint()
 -- (which gives seconds and whether they come from a fresh estimate), if fresh: the proxy's own
 -- static value knows no room, and a place at it would pass the queue's bound when it falls due
--- (the agent away). { due, seconds }, or nil (the rejection carries the hint alone, counted as
--- unplaced, or refused by the book). Rust's give_place.
-function T.give_place(book, key, now_s, elapsed, queue_depth, drain_rate, clamp_s, hint)
+-- (the agent away). A source past its share of the drain gets no place either (spend_source;
+-- no share is known without a drain rate). { due, seconds }, or nil (the rejection carries the
+-- hint alone, counted as unplaced, over_share, or refused by the book). Rust's give_place.
+function T.give_place(book, key, source, now_s, elapsed, queue_depth, drain_rate, clamp_s, hint)
   local due
   if drain_rate ~= nil then
     due = book:place(now_s, elapsed, queue_depth, drain_rate, clamp_s[1])
@@ -433,6 +496,9 @@ function T.give_place(book, key, now_s, elapsed, queue_depth, drain_rate, clamp_
   end
   if due == nil then
     book:count(UNPLACED, 1)
+    return nil
+  end
+  if source ~= nil and drain_rate ~= nil and not book:spend_source(source, now_s + elapsed, drain_rate) then
     return nil
   end
   due = book:issue(key, due, now_s)
@@ -473,11 +539,11 @@ function T.push_hint(policy, push, age_s, queue_depth, jitter)
 end
 
 -- A rejection with kept returns at now (Unix seconds, with their fraction): the place given to
--- key (nil: none can be) by T.give_place, and the seconds that tell it, rung "computed"; else
+-- key (nil: none can be), from source (nil: not bounded by source), by T.give_place, and the seconds that tell it, rung "computed"; else
 -- the hint's seconds and rung. hint() gives seconds (nil: no header), rung, and whether they
 -- come from a fresh push (T.push_hint; false for the proxy's own static value), and is asked
 -- at most once. Seconds, rung, place.
-function T.reject(book, key, now, queue_depth, drain_rate, clamp_s, hint)
+function T.reject(book, key, source, now, queue_depth, drain_rate, clamp_s, hint)
   local asked
   local function ask()
     if asked == nil then asked = { hint() } end
@@ -487,7 +553,7 @@ function T.reject(book, key, now, queue_depth, drain_rate, clamp_s, hint)
   if key ~= nil then
     local now_s = math.floor(now)
     local elapsed = math.floor((now - now_s) * 1000) / 1000
-    place = T.give_place(book, key, now_s, elapsed, queue_depth, drain_rate, clamp_s, function()
+    place = T.give_place(book, key, source, now_s, elapsed, queue_depth, drain_rate, clamp_s, function()
       local seconds, _rung, fresh = ask()
       return seconds, fresh == true
     end)
@@ -567,7 +633,8 @@ end
 -- checked: a whole number in its range. Settings and nil, or nil and what is wrong.
 function T.settings(given)
   local ranges = { grace_s = { 0, 3600 }, horizon_s = { 1, 86400 }, max_keys = { 1, 100000000 },
-    max_returns_per_key = { 1, 65535 } }
+    max_returns_per_key = { 1, 65535 }, source_share_percent = { 0, 100 },
+    max_sources = { 1, 10000000 } }
   local s = {}
   for name, default in pairs(T.DEFAULTS) do
     local v = given[name]

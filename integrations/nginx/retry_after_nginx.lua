@@ -26,7 +26,9 @@
 -- Kept returns (the agent's policy kept_returns; docs/integrations/nginx.md, "Kept returns"):
 -- start's option keep = { api = { key = "header:x-api-key" | "source" | "cookie",
 -- max_queued = 64 } }, with secret_file, cookie ("retry_after_return"), grace_s (30),
--- horizon_s (300), max_keys (100000), max_returns_per_key (1) and tickets_dict
+-- horizon_s (300), max_keys (100000), max_returns_per_key (1), source_share_percent (0; 1 to
+-- 100: one client address's share of the drain), source_header (nil; e.g. "x-forwarded-for":
+-- its last entry is the address, else $remote_addr), max_sources (4096) and tickets_dict
 -- ("retry_after_tickets", a lua_shared_dict of its own: the book every worker shares). In the
 -- location, before limit_req (whose key, $retry_after_limit, admit empties for a return so that
 -- it is not held in limit_req's queue):
@@ -373,7 +375,13 @@ local function give_place(service, k, found, push, age, depth, drain, now)
   local clamp = push_clamp(tickets.book_inputs(push))
   local key = found and found.key
   if k.source == "cookie" then key = new_nonce() end
-  local seconds, rung, place = tickets.reject(k.book, key, now, depth, drain, clamp, function()
+  local source
+  if k.book.settings.source_share_percent > 0 then
+    local value = options.source_header and ngx.req.get_headers()[options.source_header]
+    if type(value) == "table" then value = value[#value] end
+    source = tickets.source(k.book, hasher, value, ngx.var.remote_addr)
+  end
+  local seconds, rung, place = tickets.reject(k.book, key, source, now, depth, drain, clamp, function()
     if push == nil then return options.retry_after_s or nil, "static" end
     return tickets.push_hint(policy, push, age, depth, math.random())
   end)

@@ -67,6 +67,7 @@ TICKET_OUTCOMES = (
     "replayed",
     "unrecorded",
     "unplaced",
+    "over_share",
 )
 #: The largest count a ``REPORT`` carries.
 MAX_REPORT_COUNT = 10_000_000

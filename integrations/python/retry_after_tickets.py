@@ -83,6 +83,11 @@ class KeptReturnsSettings:
     max_keys: int = 100_000
     #: Places one key may hold at once (more for a key many clients share).
     max_returns_per_key: int = 1
+    #: The share of the drain, in percent, that the places given to one source (a client
+    #: address) may take (0: no bound). Past it a rejection gets the hint, counted ``over_share``.
+    source_share_percent: int = 0
+    #: Sources followed at once while their share is bounded.
+    max_sources: int = 4096
 
 
 class KeyHasher:
@@ -243,6 +248,11 @@ class TicketBook:
         self._counters = TicketCounters()
         self._shows = _ShowRate()
         self._last_due = 0
+        self._sources = (
+            SourceAllowances(settings.source_share_percent, settings.max_sources)
+            if settings.source_share_percent > 0
+            else None
+        )
 
     def line_ahead(self, now: int) -> bool:
         """Whether places are given for ``now`` or later: clients are in line."""
@@ -255,6 +265,18 @@ class TicketBook:
     def unplaced(self) -> None:
         """A rejected client given no place (:func:`give_place`): counted."""
         self._counters.add("unplaced", 1)
+
+    def spend_source(self, source: int, t: float, drain_rate: float) -> bool:
+        """Whether a place may go to a request of ``source`` at time ``t`` (seconds, with their
+        fraction), the fleet draining ``drain_rate``: always where sources are not bounded;
+        otherwise one of its allowance is spent, and a source past its share is counted as
+        ``over_share``."""
+        if self._sources is None:
+            return True
+        spent = self._sources.spend(source, t, drain_rate)
+        if not spent:
+            self._counters.add("over_share", 1)
+        return spent
 
     def counters(self) -> TicketCounters:
         """What it has done so far (a copy)."""
@@ -434,6 +456,54 @@ class TicketBook:
         self._set(i, 0, 0, 0, False)
 
 
+def source_address(header_value: Optional[str], peer: Optional[str]) -> Optional[str]:
+    """The address a request's source is followed under: the last entry of the source
+    header's value, trimmed, or else ``peer``. Rust's ``source_address``."""
+    # Trimmed of ASCII whitespace as Rust's ``trim_ascii`` does (no vertical tab).
+    last = header_value.rsplit(",", 1)[-1].strip(" \t\n\f\r") if header_value else ""
+    return last or peer
+
+
+class SourceAllowances:
+    """Places per source, as Rust's ``SourceAllowances``: a source (an address, as a key) is
+    given new places at most at ``share_percent`` of the drain rate, up to one second's worth
+    at once (at least one), in a fixed table of slots, eight to a bucket; a source whose
+    allowance is full again is as one never seen, and its slot is free."""
+
+    def __init__(self, share_percent: int, sources: int):
+        self.share_percent = share_percent
+        slots = max(-(-sources // BUCKET), 1) * BUCKET
+        self._source = _zeros("Q", slots)
+        self._used = _zeros("B", slots)
+        self._places = array("d", [0.0]) * slots
+        self._at = array("d", [0.0]) * slots
+
+    def spend(self, source: int, t: float, drain_rate: float) -> bool:
+        """Spend one place of ``source``'s allowance at ``t``: ``False`` if it has none left,
+        or if it is not followed and its bucket has no slot free."""
+        rate = drain_rate * self.share_percent / 100
+        full = max(rate, 1.0)
+
+        def refilled(i: int) -> float:
+            return min(self._places[i] + max(t - self._at[i], 0.0) * rate, full)
+
+        start = ((source >> 32) % (len(self._source) // BUCKET)) * BUCKET
+        bucket = range(start, start + BUCKET)
+        found = next((i for i in bucket if self._used[i] and self._source[i] == source), None)
+        if found is not None:
+            places = refilled(found)
+        else:
+            found = next((i for i in bucket if not self._used[i] or refilled(i) >= full), None)
+            if found is None:
+                return False
+            places = full
+        spent = places >= 1.0
+        self._source[found], self._used[found] = source, 1
+        self._places[found] = places - 1.0 if spent else places
+        self._at[found] = t
+        return spent
+
+
 class Returning(NamedTuple):
     """A request that may be a return: its key, and its verified cookie's due second."""
 
@@ -451,6 +521,7 @@ class Promise(NamedTuple):
 def give_place(
     book: TicketBook,
     key: int,
+    source: Optional[int],
     now_s: int,
     elapsed: float,
     queue_depth: int,
@@ -463,8 +534,11 @@ def give_place(
     room behind the queue and every place given, no sooner than ``clamp[0]``; before the drain
     rate is known, the second of ``hint()`` (seconds, and whether they come from a fresh
     estimate), if fresh: the proxy's own static value knows no room, and a place at it would
-    pass the queue's bound when it falls due (the agent away). ``None``: the rejection carries
-    the hint alone, counted as ``unplaced`` (or ``refused`` by the book)."""
+    pass the queue's bound when it falls due (the agent away). A ``source`` (the client's
+    address as a key; ``None``: not bounded) past its share of the drain gets no place either
+    (:meth:`TicketBook.spend_source`; no share is known without a drain rate). ``None``: the
+    rejection carries the hint alone, counted as ``unplaced``, ``over_share`` (or ``refused``
+    by the book)."""
     if drain_rate is not None:
         due = book.place(now_s, elapsed, queue_depth, drain_rate, clamp[0])
     else:
@@ -472,6 +546,8 @@ def give_place(
         due = now_s + seconds if seconds is not None and fresh else None
     if due is None:
         book.unplaced()
+        return None
+    if source is not None and drain_rate is not None and not book.spend_source(source, now_s + elapsed, drain_rate):
         return None
     due = book.issue(key, due, now_s)
     return None if due is None else told(due, now_s, clamp)
@@ -628,18 +704,31 @@ class KeptReturns:
         drain_rate: Optional[float],
         clamp: Tuple[int, int],
         hint: Callable[[], Tuple[Optional[int], bool]],
+        source: Optional[int] = None,
     ) -> Optional[Promise]:
-        """A place for a rejected client with ``key`` (:func:`give_place`); ``hint()`` gives
+        """A place for a rejected client with ``key``, from ``source`` (:meth:`source`;
+        ``None``: not bounded by source) (:func:`give_place`); ``hint()`` gives
         the hint's seconds and whether they come from a fresh estimate, and is called outside
-        the lock, only when the drain rate is unknown. ``None`` without a key, a second or a
-        slot."""
+        the lock, only when the drain rate is unknown. ``None`` without a key, a second, a
+        slot or the source's share."""
         if key is None:
             return None
         now_s = int(now)
         elapsed = math.floor((now - now_s) * 1000.0) / 1000.0
         hinted = hint() if drain_rate is None else (None, False)
         with self._lock:
-            return give_place(self._book, key, now_s, elapsed, queue_depth, drain_rate, clamp, lambda: hinted)
+            return give_place(self._book, key, source, now_s, elapsed, queue_depth, drain_rate, clamp, lambda: hinted)
+
+    def source(self, header_value: Optional[str], peer: Optional[str]) -> Optional[int]:
+        """The key a request's source is followed under while sources are bounded
+        (``source_share_percent``; ``None`` while they are not): the last entry of
+        ``header_value`` (what the load balancer in front saw, in its ``X-Forwarded-For``), or
+        else ``peer`` (the connection's address: a client cannot leave its share by leaving the
+        header out). Rust's ``Keeping::source``."""
+        if self.settings.source_share_percent == 0:
+            return None
+        address = source_address(header_value, peer)
+        return None if not address else self.hasher.key(address.encode("utf-8", "surrogateescape"))
 
     def told(self, due: int, now: float, clamp: Tuple[int, int]) -> int:
         """The seconds an early client is told."""

@@ -84,8 +84,9 @@ def ticket_line(book, fields):
     """Replay one vector line on ``book``: the book (new for a ``book`` line) and its result."""
     op, args = fields[0], fields[1:]
     if op == "book":
-        keys, grace, horizon, per_key = (int(a) for a in args)
-        return tickets.TicketBook(tickets.KeptReturnsSettings(grace, horizon, keys, per_key)), None
+        keys, grace, horizon, per_key, share, sources = (int(a) for a in args)
+        settings = tickets.KeptReturnsSettings(grace, horizon, keys, per_key, share, sources)
+        return tickets.TicketBook(settings), None
     if op == "held":
         return book, held_text(book.held(int(args[0], 16), cookie_due(args[1]), int(args[2])))
     if op == "take":
@@ -98,15 +99,18 @@ def ticket_line(book, fields):
         due = book.place(int(args[0]), float(args[1]), int(args[2]), float(args[3]), int(args[4]))
         return book, "none" if due is None else str(due)
     if op == "give":
-        hint = (None if args[7] == "-" else int(args[7]), args[8] == "1")
-        drain = None if args[4] == "-" else float(args[4])
+        source = None if args[1] == "-" else int(args[1], 16)
+        hint = (None if args[8] == "-" else int(args[8]), args[9] == "1")
+        drain = None if args[5] == "-" else float(args[5])
         place = tickets.give_place(
-            book, int(args[0], 16), int(args[1]), float(args[2]), int(args[3]), drain,
-            (int(args[5]), int(args[6])), lambda: hint,
+            book, int(args[0], 16), source, int(args[2]), float(args[3]), int(args[4]), drain,
+            (int(args[6]), int(args[7])), lambda: hint,
         )
         return book, "none" if place is None else f"{place.due}:{place.seconds}"
     if op == "expected":
         return book, f"{book.expected(int(args[0])):.6f}"
+    if op == "source":
+        return book, tickets.source_address(None if args[0] == "-" else args[0], args[1])
     if op == "counters":
         return book, ",".join(str(n) for _, n in book.counters().items())
     return book, cookie_line(op, args)

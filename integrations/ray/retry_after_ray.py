@@ -131,8 +131,12 @@ class RetryAfter:
         secret=None,
         kept_returns: KeptReturnsSettings = KeptReturnsSettings(),
         retry_after_ms: bool = True,
+        source_header: Optional[str] = None,
     ):
         self.service = service
+        #: With ``kept_returns.source_share_percent``: the header whose last entry is the
+        #: client's address (a load balancer's ``x-forwarded-for``); else the peer's.
+        self.source_header = source_header.lower() if source_header else None
         self.retry_after_s = retry_after_s
         self.retry_after_ms = retry_after_ms
         self.queue = ServeQueue()
@@ -148,24 +152,29 @@ class RetryAfter:
             self._subscription, every=report_every, collect=collect, tells_retries=self.kept is not None
         )
 
-    def rejection(self, error, headers=None, is_return: bool = False) -> Tuple[int, Dict[str, str]]:
+    def rejection(
+        self, error, headers=None, is_return: bool = False, client: Optional[str] = None
+    ) -> Tuple[int, Dict[str, str]]:
         """The status and headers for a ``BackPressureError`` (with kept returns, a place for
-        the request whose ``headers`` are given; ``is_return``: :meth:`admission` let it on as
-        a return). Never blocks on the agent."""
+        the request whose ``headers`` are given, from the ``client`` address, Starlette's
+        ``request.client.host``; ``is_return``: :meth:`admission` let it on as a return).
+        Never blocks on the agent."""
         self.queue.refused(error)
         self._reporter.rejected(is_return)
         depth = _queued(error)
         if self.kept is None or headers is None:
             return self._headers(*self._decide(depth, error))
         push = self._subscription.push()
-        return self._place(self.kept.returning(headers), self.clock(), depth or 0, push, error)
+        source = self._source(headers, client)
+        return self._place(self.kept.returning(headers), source, self.clock(), depth or 0, push, error)
 
-    def admission(self, headers, state=None) -> Optional[Tuple[int, Dict[str, str]]]:
+    def admission(self, headers, state=None, client: Optional[str] = None) -> Optional[Tuple[int, Dict[str, str]]]:
         """Kept returns, before the request goes on to the deployment: ``None`` to let it
         through (a return due, or a fresh or early one into free room), else the rejection's
         status and headers (an early one told the time left, a fresh one given a place). A
         request let through as a return is marked on ``state`` (Starlette's
-        ``request.state``: ``retry_after_return``), for the reports."""
+        ``request.state``: ``retry_after_return``), for the reports. ``client``: the peer's
+        address (``request.client.host``), where each source's share is bounded."""
         if self.kept is None:
             return None
         now, push = self.clock(), self._subscription.push()
@@ -182,7 +191,13 @@ class RetryAfter:
             seconds = self.kept.told(arrival.due, now, _clamp(push) if push else (1, 60))
             self._subscription.handed("computed", seconds)
             return self._status(push, None), rejection_headers(seconds, None, self.retry_after_ms)
-        return self._place(returning, now, depth, push, None)
+        return self._place(returning, self._source(headers, client), now, depth, push, None)
+
+    def _source(self, headers, client: Optional[str]) -> Optional[int]:
+        """The request's source as the book follows it (``None`` while sources are not
+        bounded)."""
+        value = headers.get(self.source_header) if self.source_header and headers is not None else None
+        return self.kept.source(value, client)
 
     def finished(self, rejected: bool) -> None:
         """A request let through has its answer (``rejected``: Serve refused it)."""
@@ -190,7 +205,13 @@ class RetryAfter:
             self.queue.left()
 
     def _place(
-        self, returning: Optional[Returning], now: float, depth: int, push: Optional[Estimate], error
+        self,
+        returning: Optional[Returning],
+        source: Optional[int],
+        now: float,
+        depth: int,
+        push: Optional[Estimate],
+        error,
     ) -> Tuple[int, Dict[str, str]]:
         """A rejected request's answer with kept returns: its place's second (and cookie), or
         the hint when it gets no place."""
@@ -205,7 +226,7 @@ class RetryAfter:
 
         key = self.kept.new_key(returning)
         clamp = _clamp(push) if push else (1, 60)
-        place = self.kept.reject(key, now, depth, _drain_rate(push), clamp, hint)
+        place = self.kept.reject(key, now, depth, _drain_rate(push), clamp, hint, source)
         if place is None:
             return self._headers(*(hinted[0] if hinted else self._decide(depth, error)))
         if not hinted:

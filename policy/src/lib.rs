@@ -24,6 +24,7 @@ mod names;
 mod policy;
 mod promise;
 mod returns;
+mod sources;
 mod tickets;
 
 pub use ladder::{Answer, answer, header_value, jitter_factor};
@@ -33,6 +34,7 @@ pub use promise::{Hint, Promise, give_place, told};
 #[doc(hidden)]
 pub use retry_after_common::vocabulary;
 pub use returns::{PromisedReturns, RETURN_BINS, ReturnBook, ReturnDropped};
+pub use sources::{SourceAllowances, source_address};
 pub use tickets::{
     BUCKET, CookieError, Held, KeptReturnsSettings, KeyHasher, ReturnCookie, TicketBook,
     TicketCounters, TicketKey,

@@ -138,6 +138,10 @@ names! {
         /// room known (no drain rate, and no hint from a fresh estimate: the agent away).
         /// It is told the hint alone.
         Unplaced = "unplaced",
+        /// A rejected client given no place because its source (address) has been given its
+        /// share of the drain lately (`source_share_percent`), or could not be followed (the
+        /// table of sources full): told the hint alone.
+        OverShare = "over_share",
     }
 }
 

@@ -34,7 +34,8 @@ pub fn told(due: u64, now_s: u64, clamp: (u64, u64)) -> Promise {
     }
 }
 
-/// The place a rejected client with `key` is given at `now_s` (`elapsed` seconds into it).
+/// The place a rejected client with `key`, from `source` (its address as a key, where the book
+/// bounds each source's share), is given at `now_s` (`elapsed` seconds into it).
 ///
 /// With a drain rate, the earliest second with room behind the `queue_depth` queued and
 /// every place given, no sooner than `clamp.0` ([`TicketBook::place`]); no room up to the
@@ -43,11 +44,15 @@ pub fn told(due: u64, now_s: u64, clamp: (u64, u64)) -> Promise {
 /// fresh estimate (the agent up, its drain rate warming): without one the agent may be away
 /// for long, and places at the static value would pass the queue's bound when they fall due,
 /// for as long as it is away. `None`: the rejection carries the hint alone, counted as
-/// unplaced (or as refused by the book). `hint` is asked only when it is needed.
+/// unplaced (or as refused by the book). A place with room found, a source past its share of
+/// the drain gets none either ([`TicketBook::spend_source`], counted as over its share);
+/// without a drain rate no share is known, and none is kept. `hint` is asked only when it is
+/// needed.
 #[allow(clippy::too_many_arguments)]
 pub fn give_place(
     book: &mut TicketBook,
     key: TicketKey,
+    source: Option<TicketKey>,
     now_s: u64,
     elapsed: f64,
     queue_depth: u64,
@@ -63,6 +68,11 @@ pub fn give_place(
         book.unplaced();
         return None;
     };
+    if let (Some(source), Some(drain_rate)) = (source, drain_rate)
+        && !book.spend_source(source, now_s as f64 + elapsed, drain_rate)
+    {
+        return None;
+    }
     let due = book.issue(key, due, now_s)?;
     Some(told(due, now_s, clamp))
 }
@@ -89,6 +99,7 @@ mod tests {
         let place = give_place(
             &mut book(),
             TicketKey(1),
+            None,
             1000,
             0.5,
             8,
@@ -120,7 +131,17 @@ mod tests {
             })
         };
         let mut b = book();
-        let kept = give_place(&mut b, TicketKey(1), 1000, 0.0, 8, None, (1, 60), fresh);
+        let kept = give_place(
+            &mut b,
+            TicketKey(1),
+            None,
+            1000,
+            0.0,
+            8,
+            None,
+            (1, 60),
+            fresh,
+        );
         assert_eq!(
             kept,
             Some(Promise {
@@ -129,13 +150,74 @@ mod tests {
             })
         );
         assert_eq!(
-            give_place(&mut b, TicketKey(2), 1000, 0.0, 8, None, (1, 60), fallback),
+            give_place(
+                &mut b,
+                TicketKey(2),
+                None,
+                1000,
+                0.0,
+                8,
+                None,
+                (1, 60),
+                fallback
+            ),
             None
         );
         assert_eq!(
-            give_place(&mut b, TicketKey(3), 1000, 0.0, 8, None, (1, 60), || None),
+            give_place(
+                &mut b,
+                TicketKey(3),
+                None,
+                1000,
+                0.0,
+                8,
+                None,
+                (1, 60),
+                || None
+            ),
             None
         );
         assert_eq!(b.counters().get(crate::TicketOutcome::Unplaced), 2);
+    }
+
+    #[test]
+    fn a_source_past_its_share_of_the_drain_gets_no_place() {
+        // 25% of 8 a second: two places a second for one address, whatever its keys.
+        let mut b = TicketBook::new(KeptReturnsSettings {
+            source_share_percent: 25,
+            ..KeptReturnsSettings::default()
+        });
+        let source = Some(TicketKey(99));
+        let give = |b: &mut TicketBook, key: u64, now: u64| {
+            give_place(
+                b,
+                TicketKey(key),
+                source,
+                now,
+                0.0,
+                0,
+                Some(8.0),
+                (1, 60),
+                || None,
+            )
+        };
+        assert!(give(&mut b, 1, 1000).is_some());
+        assert!(give(&mut b, 2, 1000).is_some());
+        assert_eq!(give(&mut b, 3, 1000), None);
+        assert_eq!(b.counters().get(crate::TicketOutcome::OverShare), 1);
+        // Another address is not held back, and the first has its share again a second later.
+        let other = give_place(
+            &mut b,
+            TicketKey(4),
+            Some(TicketKey(7)),
+            1000,
+            0.0,
+            0,
+            Some(8.0),
+            (1, 60),
+            || None,
+        );
+        assert!(other.is_some());
+        assert!(give(&mut b, 5, 1001).is_some());
     }
 }

@@ -19,6 +19,8 @@ use hmac::{Hmac, Mac};
 use crate::TicketOutcome;
 use sha1::Sha1;
 
+use crate::SourceAllowances;
+
 /// Slots per bucket: a key hashes to one bucket and takes any free slot in it.
 pub const BUCKET: usize = 8;
 
@@ -36,6 +38,12 @@ pub struct KeptReturnsSettings {
     pub max_keys: usize,
     /// Places one key may hold at once (1): more for a key many clients share (an API key).
     pub max_returns_per_key: u16,
+    /// The share of the drain, in percent, that the places given to one source (a client
+    /// address) may take (0: no bound, the default; see [`SourceAllowances`]). Past it a
+    /// rejection gets the hint without a place, counted as `over_share`.
+    pub source_share_percent: u8,
+    /// Sources followed at once while their share is bounded (4,096).
+    pub max_sources: usize,
 }
 
 impl Default for KeptReturnsSettings {
@@ -45,6 +53,8 @@ impl Default for KeptReturnsSettings {
             horizon_s: 300,
             max_keys: 100_000,
             max_returns_per_key: 1,
+            source_share_percent: 0,
+            max_sources: 4096,
         }
     }
 }
@@ -261,6 +271,8 @@ pub struct TicketBook {
     shows: ShowRate,
     /// The latest second a place was given for.
     last_due: u64,
+    /// Each source's places, when their share is bounded.
+    sources: Option<SourceAllowances>,
 }
 
 /// The share of places whose client came back on time (in the due second or the next), over
@@ -316,6 +328,9 @@ impl TicketBook {
             counters: TicketCounters::default(),
             shows: ShowRate::default(),
             last_due: 0,
+            sources: (settings.source_share_percent > 0).then(|| {
+                SourceAllowances::new(settings.source_share_percent, settings.max_sources)
+            }),
         }
     }
 
@@ -365,11 +380,30 @@ impl TicketBook {
         self.counters.add(TicketOutcome::Unplaced, 1);
     }
 
+    /// Whether a place may go to a request of `source` at time `t` (seconds, with their
+    /// fraction), the fleet draining `drain_rate`: always where sources are not bounded;
+    /// otherwise one of its allowance is spent ([`SourceAllowances::spend`]), and a source
+    /// past its share is counted as `over_share`.
+    pub fn spend_source(&mut self, source: TicketKey, t: f64, drain_rate: f64) -> bool {
+        let Some(sources) = &mut self.sources else {
+            return true;
+        };
+        let spent = sources.spend(source, t, drain_rate);
+        if !spent {
+            self.counters.add(TicketOutcome::OverShare, 1);
+        }
+        spent
+    }
+
     /// Bytes of memory it holds (fixed at creation).
     pub fn memory_bytes(&self) -> usize {
         size_of::<Self>()
             + self.slots.len() * size_of::<Slot>()
             + self.bins.len() * size_of::<Bin>()
+            + self
+                .sources
+                .as_ref()
+                .map_or(0, SourceAllowances::memory_bytes)
     }
 
     /// What `key` holds at second `now`. `cookie_due` is the due second of a verified return

@@ -8,12 +8,13 @@
 //! One line per operation, tab-separated, the expected result last:
 //!
 //! ```text
-//! book    max_keys grace_s horizon_s max_returns_per_key      (a new, empty book)
+//! book    max_keys grace_s horizon_s max_returns_per_key source_share_percent max_sources
+//!                                       (a new, empty book)
 //! held    key cookie_due|- now          -> nothing | due | early:<second> | spent
 //! take    key cookie_due|- now          -> ok
 //! issue   key due now                   -> <second> | refused
 //! place   now elapsed depth drain min_s -> <second> | none
-//! give    key now elapsed depth drain|- low high hint|- fresh -> <due>:<seconds> | none
+//! give    key source|- now elapsed depth drain|- low high hint|- fresh -> <due>:<seconds> | none
 //!                                       (give_place: the place a rejection is given)
 //! expected second                       -> <returns, 6 decimals>
 //! counters                              -> every TicketOutcome's count, in its order
@@ -21,6 +22,7 @@
 //! cookie  secret service due nonce      -> the cookie's value
 //! read    secret service value          -> <due>.<nonce> | malformed | forged
 //! setcookie secret service name due nonce now grace -> the whole Set-Cookie value
+//! source  header|- peer                 -> the address a source is followed under
 //! ```
 //!
 //! Keys are 16 hex digits; `elapsed` and `drain` are written with `{:?}` (shortest exact).
@@ -30,7 +32,7 @@ use std::fmt::Write as _;
 use rand::{Rng, RngExt, SeedableRng, rngs::SmallRng};
 use retry_after_policy::{
     CookieError, Held, Hint, KeptReturnsSettings, KeyHasher, ReturnCookie, TicketBook, TicketKey,
-    give_place,
+    give_place, source_address,
 };
 
 #[path = "common/vectors_file.rs"]
@@ -67,12 +69,19 @@ fn one_book(rng: &mut impl Rng, out: &mut String) {
         grace_s: rng.random_range(0..8),
         horizon_s: rng.random_range(1..40),
         max_returns_per_key: rng.random_range(1..4),
+        source_share_percent: [0, 1, 5, 50][rng.random_range(0..4)],
+        max_sources: [8, 16][rng.random_range(0..2)],
     };
     let mut book = TicketBook::new(settings);
     let _ = writeln!(
         out,
-        "book\t{}\t{}\t{}\t{}",
-        settings.max_keys, settings.grace_s, settings.horizon_s, settings.max_returns_per_key
+        "book\t{}\t{}\t{}\t{}\t{}\t{}",
+        settings.max_keys,
+        settings.grace_s,
+        settings.horizon_s,
+        settings.max_returns_per_key,
+        settings.source_share_percent,
+        settings.max_sources
     );
     let mut now: u64 = rng.random_range(1_000..2_000);
     for _ in 0..OPS {
@@ -81,7 +90,7 @@ fn one_book(rng: &mut impl Rng, out: &mut String) {
         let cookie_due = rng
             .random_bool(0.3)
             .then(|| now + rng.random_range(0..10) - 5);
-        match rng.random_range(0..9) {
+        match rng.random_range(0..11) {
             0 | 1 => {
                 let held = book.held(k, cookie_due, now);
                 let _ = writeln!(
@@ -123,7 +132,7 @@ fn one_book(rng: &mut impl Rng, out: &mut String) {
                     got.map_or_else(|| "none".to_owned(), |s| s.to_string())
                 );
             }
-            8 => give(rng, &mut book, k, now, out),
+            8..=10 => give(rng, &mut book, k, now, out),
             _ => {
                 let second = now + rng.random_range(0..6) - 2;
                 let _ = writeln!(out, "expected\t{second}\t{:.6}", book.expected(second));
@@ -148,11 +157,19 @@ fn give(rng: &mut impl Rng, book: &mut TicketBook, key: TicketKey, now: u64, out
         seconds: rng.random_range(1..70),
         fresh: rng.random_bool(0.6),
     });
-    let got = give_place(book, key, now, elapsed, depth, drain, clamp, || hint);
+    // A few sources, so that one spends its allowance and buckets of sources fill.
+    let source = rng.random_bool(0.8).then(|| {
+        let high: u64 = rng.random_range(0..2);
+        TicketKey((high << 32) | rng.random_range(0..6u64))
+    });
+    let got = give_place(book, key, source, now, elapsed, depth, drain, clamp, || {
+        hint
+    });
     let _ = writeln!(
         out,
-        "give\t{:016x}\t{now}\t{elapsed:?}\t{depth}\t{}\t{}\t{}\t{}\t{}\t{}",
+        "give\t{:016x}\t{}\t{now}\t{elapsed:?}\t{depth}\t{}\t{}\t{}\t{}\t{}\t{}",
         key.0,
+        source.map_or_else(|| "-".to_owned(), |s| format!("{:016x}", s.0)),
         drain.map_or_else(|| "-".to_owned(), |d| format!("{d:?}")),
         clamp.0,
         clamp.1,
@@ -233,7 +250,32 @@ fn vectors() -> String {
         one_book(&mut rng, &mut out);
     }
     macs(&mut rng, &mut out);
+    sources(&mut out);
     out
+}
+
+/// `source` lines: the address a request's source is followed under, from the source
+/// header's value (`-`: none) and the peer's address.
+fn sources(out: &mut String) {
+    let headers = [
+        None,
+        Some("203.0.113.9"),
+        Some("6.6.6.6, 203.0.113.9"),
+        Some("6.6.6.6,203.0.113.9 "),
+        Some(" 2001:db8::1 "),
+        Some("203.0.113.9, "),
+        Some(","),
+        Some("a, b, c"),
+    ];
+    for header in headers {
+        let address = source_address(header.map(str::as_bytes), b"127.0.0.1");
+        let _ = writeln!(
+            out,
+            "source\t{}\t127.0.0.1\t{}",
+            header.unwrap_or("-"),
+            String::from_utf8_lossy(address)
+        );
+    }
 }
 
 #[test]

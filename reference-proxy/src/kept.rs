@@ -8,10 +8,11 @@
 //!
 //! [`Router::arrive_kept`]: crate::Router::arrive_kept
 
-use std::time::Duration;
+use std::{net::IpAddr, time::Duration};
 
 use retry_after_policy::{
     KeptReturnsSettings, KeyHasher, Promise, ReturnCookie, TicketBook, TicketKey, give_place,
+    source_address,
 };
 
 /// The return cookie's name unless configured otherwise.
@@ -37,9 +38,25 @@ pub struct Keeping {
     pub settings: KeptReturnsSettings,
     /// HMAC-SHA1 under the proxies' shared secret.
     pub hasher: KeyHasher,
+    /// Where a client's address is read while each source's share of the drain is bounded
+    /// (`settings.source_share_percent`): this header's last entry (what the load balancer in
+    /// front saw, in its `X-Forwarded-For`), or the connection's peer (also for a request
+    /// without the header: a client cannot leave its share by leaving the header out).
+    pub source_header: Option<String>,
 }
 
 impl Keeping {
+    /// The key a request's source is followed under, from the source header's value and the
+    /// connection's `peer`: `None` while sources are not bounded.
+    pub fn source(&self, header: Option<&[u8]>, peer: IpAddr) -> Option<TicketKey> {
+        if self.settings.source_share_percent == 0 {
+            return None;
+        }
+        let peer = peer.to_string();
+        let header = self.source_header.as_ref().and(header);
+        Some(self.hasher.key(source_address(header, peer.as_bytes())))
+    }
+
     /// What a request says of itself as a possible return: its key (hashed), from the header
     /// or from a return cookie that verifies for `service` (anything else: nothing). `cookie`
     /// is the request's `Cookie` header, `header` the key header's value.
@@ -103,13 +120,15 @@ pub struct Returning {
     pub cookie_due: Option<u64>,
 }
 
-/// Give `key` a place at `now` (on the book's clock), behind the `queue_depth` requests
-/// queued and every place already given, at `drain_rate`, no sooner than `clamp.0` seconds:
-/// [`give_place`] without a hint. `None` when the drain rate is not known, no second up to
-/// the book's horizon has room, or the book refuses the key.
+/// Give `key`, from `source` (see [`Keeping::source`]), a place at `now` (on the book's
+/// clock), behind the `queue_depth` requests queued and every place already given, at
+/// `drain_rate`, no sooner than `clamp.0` seconds: [`give_place`] without a hint. `None` when
+/// the drain rate is not known, no second up to the book's horizon has room, the source has
+/// had its share, or the book refuses the key.
 pub fn promise(
     book: &mut TicketBook,
     key: TicketKey,
+    source: Option<TicketKey>,
     now: Duration,
     queue_depth: usize,
     drain_rate: Option<f64>,
@@ -120,6 +139,7 @@ pub fn promise(
     give_place(
         book,
         key,
+        source,
         now.as_secs(),
         elapsed,
         depth,
@@ -191,6 +211,7 @@ mod tests {
         let p = promise(
             &mut book,
             TicketKey(2),
+            None,
             Duration::from_secs(100),
             1,
             d,
@@ -233,6 +254,7 @@ mod tests {
             key_from: KeyFrom::Cookie(RETURN_COOKIE.to_owned()),
             settings: KeptReturnsSettings::default(),
             hasher: KeyHasher::new(b"s"),
+            source_header: None,
         };
         let place = Promise {
             due: 1000,
@@ -257,5 +279,28 @@ mod tests {
         assert_eq!((back.key, back.cookie_due), (TicketKey(5), Some(1000)));
         assert_eq!(keeping.returning("other", None, Some(&header)), None);
         assert_eq!(keeping.returning("api", None, Some("theme=dark")), None);
+    }
+
+    #[test]
+    fn a_source_is_the_headers_last_entry_or_else_the_peer() {
+        let mut keeping = Keeping {
+            key_from: KeyFrom::Header("x-api-key".to_owned()),
+            settings: KeptReturnsSettings::default(),
+            hasher: KeyHasher::new(b"s"),
+            source_header: Some("x-forwarded-for".to_owned()),
+        };
+        let peer: IpAddr = [127, 0, 0, 1].into();
+        assert_eq!(keeping.source(Some(b"10.0.0.9"), peer), None, "not bounded");
+        keeping.settings.source_share_percent = 10;
+        let lb_saw = keeping.hasher.key(b"10.0.0.9");
+        // What the client wrote itself comes first; the load balancer appends what it saw.
+        assert_eq!(
+            keeping.source(Some(b"6.6.6.6, 10.0.0.9"), peer),
+            Some(lb_saw)
+        );
+        // Without the header (or an empty entry), the peer: leaving it out is no way around.
+        let from_peer = Some(keeping.hasher.key(b"127.0.0.1"));
+        assert_eq!(keeping.source(None, peer), from_peer);
+        assert_eq!(keeping.source(Some(b"10.0.0.9, "), peer), from_peer);
     }
 }

@@ -59,6 +59,14 @@ struct Cli {
     /// honour each other's cookies share it). Without it, a random one.
     #[arg(long)]
     secret_file: Option<PathBuf>,
+    /// With `--keep`: the share of the drain, in percent (1 to 100), that the places given to
+    /// one source (a client address) may take; past it, the hint without a place. 0: no bound.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=100))]
+    source_share_percent: u8,
+    /// With a source share: the header whose last entry is the client's address (a load
+    /// balancer's `X-Forwarded-For`); without it, the connection's peer.
+    #[arg(long)]
+    source_header: Option<String>,
 }
 
 fn parse_keep(text: &str) -> Result<KeyFrom, String> {
@@ -146,8 +154,12 @@ async fn main() -> Result<()> {
         keeping: match cli.keep {
             Some(key_from) => Some(Keeping {
                 key_from,
-                settings: KeptReturnsSettings::default(),
+                settings: KeptReturnsSettings {
+                    source_share_percent: cli.source_share_percent,
+                    ..KeptReturnsSettings::default()
+                },
                 hasher: KeyHasher::new(&secret(cli.secret_file.as_ref())?),
+                source_header: cli.source_header,
             }),
             None => None,
         },

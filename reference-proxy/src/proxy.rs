@@ -14,7 +14,7 @@
 
 use std::{
     convert::Infallible,
-    net::SocketAddr,
+    net::{IpAddr, SocketAddr},
     path::Path,
     sync::{Arc, Mutex, MutexGuard},
     time::{Duration, Instant},
@@ -214,13 +214,14 @@ impl Proxy {
             let state = state.clone();
             tokio::spawn(async move {
                 loop {
-                    let Ok((stream, _)) = listener.accept().await else {
+                    let Ok((stream, peer)) = listener.accept().await else {
                         continue;
                     };
                     let _ = stream.set_nodelay(true);
                     let state = state.clone();
                     tokio::spawn(async move {
-                        let service = service_fn(move |request| handle(state.clone(), request));
+                        let service =
+                            service_fn(move |request| handle(state.clone(), peer.ip(), request));
                         let _ = http1::Builder::new()
                             .serve_connection(TokioIo::new(stream), service)
                             .await;
@@ -284,6 +285,7 @@ fn reply(status: StatusCode, body: &'static [u8]) -> Response<Body> {
 
 async fn handle(
     state: Arc<State>,
+    peer: IpAddr,
     request: Request<hyper::body::Incoming>,
 ) -> Result<Response<Body>, Infallible> {
     let retry = request
@@ -293,7 +295,7 @@ async fn handle(
         .is_some_and(|n| n > 1);
     let (tx, rx) = oneshot::channel();
     if let Some(keeping) = &state.config.keeping {
-        if let Some(rejection) = arrive_kept(&state, keeping, request.headers(), tx) {
+        if let Some(rejection) = arrive_kept(&state, keeping, request.headers(), peer, tx) {
             state.reporter.rejected(retry);
             return Ok(rejection);
         }
@@ -370,6 +372,7 @@ fn arrive_kept(
     state: &State,
     keeping: &Keeping,
     headers: &hyper::HeaderMap,
+    peer: IpAddr,
     waiter: oneshot::Sender<usize>,
 ) -> Option<Response<Body>> {
     let service = &state.config.service;
@@ -381,6 +384,12 @@ fn arrive_kept(
         .get(hyper::header::COOKIE)
         .and_then(|v| v.to_str().ok());
     let returning = keeping.returning(service, header, cookie);
+    let source_header = keeping
+        .source_header
+        .as_ref()
+        .and_then(|name| headers.get(name.as_str()))
+        .map(|v| v.as_bytes());
+    let source = keeping.source(source_header, peer);
     let (drain_rate, clamp) = state
         .subscription
         .drain_and_clamp()
@@ -431,6 +440,7 @@ fn arrive_kept(
     let place = give_place(
         book,
         key,
+        source,
         now_s,
         elapsed,
         depth as u64,

@@ -46,6 +46,7 @@ fn rejected_with_place(
     promise(
         book,
         key,
+        None,
         Duration::from_secs(now),
         router.queue_depth(),
         DRAIN,
@@ -133,7 +134,16 @@ fn a_key_that_collects_places_holds_its_cap_and_loses_them_unused() {
             KeptArrival::Early { due }
         );
         assert_eq!(
-            promise(&mut book, greedy, Duration::from_secs(now), 2, DRAIN, CLAMP).map(|p| p.due),
+            promise(
+                &mut book,
+                greedy,
+                None,
+                Duration::from_secs(now),
+                2,
+                DRAIN,
+                CLAMP
+            )
+            .map(|p| p.due),
             Some(due)
         );
     }
@@ -197,7 +207,15 @@ fn a_flood_of_distinct_keys_is_refused_places_and_takes_none_already_given() {
     let (mut placed, mut not_placed) = (0u64, 0u64);
     for i in 0..200_000u64 {
         let key = hasher.key(&i.to_be_bytes());
-        match promise(&mut book, key, Duration::from_secs(100), 2, DRAIN, CLAMP) {
+        match promise(
+            &mut book,
+            key,
+            None,
+            Duration::from_secs(100),
+            2,
+            DRAIN,
+            CLAMP,
+        ) {
             Some(_) => placed += 1,
             None => not_placed += 1,
         }
@@ -232,4 +250,76 @@ fn memory_per_service_at_100000_keys() {
         bytes as f64 / 100_000.0
     );
     assert!(bytes < 4 << 20, "{bytes}");
+}
+
+#[test]
+fn one_address_rotating_ten_thousand_keys_takes_its_share_and_honest_clients_keep_their_places() {
+    // 10% of the drain (10 a second) for any one address: a place a second.
+    let settings = KeptReturnsSettings {
+        source_share_percent: 10,
+        ..KeptReturnsSettings::default()
+    };
+    let mut book = TicketBook::new(settings);
+    let hasher = KeyHasher::new(b"secret");
+    let attacker = Some(hasher.key(b"203.0.113.9"));
+    let mut router = full_router(&mut book, 100);
+    // For 10 s, the address sends 1,000 requests a second, each with a key never seen, all
+    // rejected; 4 honest clients a second, each from an address of its own, are rejected too,
+    // and come back at their places.
+    let (mut attacker_placed, mut attacker_not) = (0u64, 0u64);
+    let mut attacker_per_second = std::collections::BTreeMap::<u64, u64>::new();
+    let mut honest = Vec::new();
+    for second in 100..110u64 {
+        for i in 0..1_000u64 {
+            let at = Duration::from_millis(second * 1000 + i);
+            let key = hasher.key(format!("rotated {second} {i}").as_bytes());
+            match promise(&mut book, key, attacker, at, 2, DRAIN, CLAMP) {
+                Some(place) => {
+                    attacker_placed += 1;
+                    *attacker_per_second.entry(place.due).or_default() += 1;
+                }
+                None => attacker_not += 1,
+            }
+        }
+        for c in 0..4u64 {
+            let key = hasher.key(format!("honest {second} {c}").as_bytes());
+            let source = Some(hasher.key(format!("198.51.100.{}", second * 4 + c).as_bytes()));
+            let arrival = router.arrive_kept(9, keyed(key), &mut book, second, DRAIN);
+            assert!(matches!(arrival, KeptArrival::Rejected { .. }));
+            let place = promise(
+                &mut book,
+                key,
+                source,
+                Duration::from_millis(second * 1000 + 500),
+                router.queue_depth(),
+                DRAIN,
+                CLAMP,
+            )
+            .expect("an honest client gets a place");
+            honest.push((key, place.due));
+        }
+    }
+    let c = book.counters();
+    eprintln!(
+        "10,000 rotated keys from one address: {attacker_placed} placed, {attacker_not} not \
+         (over_share {}); 40 honest clients placed, the last due {} s after the first",
+        c.get(TicketOutcome::OverShare),
+        honest.last().unwrap().1 - honest[0].1
+    );
+    // The address had its share: one place a second at 10% of 10 a second, and one at once.
+    assert!(attacker_placed <= 11, "{attacker_placed}");
+    assert_eq!(c.get(TicketOutcome::OverShare), attacker_not);
+    assert!(
+        attacker_per_second.values().all(|&n| n <= 2),
+        "{attacker_per_second:?}"
+    );
+    // Every honest client is admitted at its place, which the flood did not push back: 4 a
+    // second against a drain of 10, so within a few seconds of its rejection.
+    for (key, due) in honest {
+        assert!(due <= 112, "due {due}");
+        assert_eq!(
+            router.arrive_kept(9, keyed(key), &mut book, due, DRAIN),
+            KeptArrival::Returned
+        );
+    }
 }

@@ -32,7 +32,7 @@ fn half_a_million_keys_grow_the_process_by_no_more_than_the_books_stated_size() 
     for i in 0..500_000u64 {
         let key = hasher.key(&i.to_be_bytes());
         let now = Duration::from_secs(1_000 + i / 1_000);
-        placed += u64::from(promise(&mut book, key, now, 0, Some(50.0), (1, 60)).is_some());
+        placed += u64::from(promise(&mut book, key, None, now, 0, Some(50.0), (1, 60)).is_some());
     }
     let after = resident_bytes();
     let c = book.counters();

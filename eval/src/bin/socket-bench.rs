@@ -208,6 +208,7 @@ fn kept_returns_paths(calls: u32) -> (f64, f64) {
         black_box(promise(
             &mut book,
             key,
+            None,
             Duration::from_millis(100_250),
             1,
             Some(20_000.0),
