@@ -484,7 +484,7 @@ end
 -- (which gives seconds and whether they come from a fresh estimate), if fresh: the proxy's own
 -- static value knows no room, and a place at it would pass the queue's bound when it falls due
 -- (the agent away). A source past its share of the drain gets no place either (spend_source;
--- no share is known without a drain rate). { due, seconds }, or nil (the rejection carries the
+-- before the drain rate is known its allowance does not fill: one place until it is). { due, seconds }, or nil (the rejection carries the
 -- hint alone, counted as unplaced, over_share, or refused by the book). Rust's give_place.
 function T.give_place(book, key, source, now_s, elapsed, queue_depth, drain_rate, clamp_s, hint)
   local due
@@ -498,7 +498,7 @@ function T.give_place(book, key, source, now_s, elapsed, queue_depth, drain_rate
     book:count(UNPLACED, 1)
     return nil
   end
-  if source ~= nil and drain_rate ~= nil and not book:spend_source(source, now_s + elapsed, drain_rate) then
+  if source ~= nil and not book:spend_source(source, now_s + elapsed, drain_rate or 0.0) then
     return nil
   end
   due = book:issue(key, due, now_s)

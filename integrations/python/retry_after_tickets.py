@@ -536,7 +536,8 @@ def give_place(
     estimate), if fresh: the proxy's own static value knows no room, and a place at it would
     pass the queue's bound when it falls due (the agent away). A ``source`` (the client's
     address as a key; ``None``: not bounded) past its share of the drain gets no place either
-    (:meth:`TicketBook.spend_source`; no share is known without a drain rate). ``None``: the
+    (:meth:`TicketBook.spend_source`; before the drain rate is known its allowance does not
+    fill: one place until it is). ``None``: the
     rejection carries the hint alone, counted as ``unplaced``, ``over_share`` (or ``refused``
     by the book)."""
     if drain_rate is not None:
@@ -547,7 +548,7 @@ def give_place(
     if due is None:
         book.unplaced()
         return None
-    if source is not None and drain_rate is not None and not book.spend_source(source, now_s + elapsed, drain_rate):
+    if source is not None and not book.spend_source(source, now_s + elapsed, drain_rate or 0.0):
         return None
     due = book.issue(key, due, now_s)
     return None if due is None else told(due, now_s, clamp)

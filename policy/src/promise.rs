@@ -45,9 +45,10 @@ pub fn told(due: u64, now_s: u64, clamp: (u64, u64)) -> Promise {
 /// for long, and places at the static value would pass the queue's bound when they fall due,
 /// for as long as it is away. `None`: the rejection carries the hint alone, counted as
 /// unplaced (or as refused by the book). A place with room found, a source past its share of
-/// the drain gets none either ([`TicketBook::spend_source`], counted as over its share);
-/// without a drain rate no share is known, and none is kept. `hint` is asked only when it is
-/// needed.
+/// the drain gets none either ([`TicketBook::spend_source`], counted as over its share); before
+/// the drain rate is known its allowance does not fill, so a source gets one place until it is
+/// (a flood from one address in the first seconds takes one place, not one per request). `hint`
+/// is asked only when it is needed.
 #[allow(clippy::too_many_arguments)]
 pub fn give_place(
     book: &mut TicketBook,
@@ -68,8 +69,8 @@ pub fn give_place(
         book.unplaced();
         return None;
     };
-    if let (Some(source), Some(drain_rate)) = (source, drain_rate)
-        && !book.spend_source(source, now_s as f64 + elapsed, drain_rate)
+    if let Some(source) = source
+        && !book.spend_source(source, now_s as f64 + elapsed, drain_rate.unwrap_or(0.0))
     {
         return None;
     }

@@ -1,6 +1,7 @@
 """Open-loop clients that retry as urllib3's Retry does, honouring Retry-After, each with its own
 key for kept returns: a header of its own (``--key-header``) or a cookie jar of its own
-(``--cookies``).
+(``--cookies``). With ``--forwarded-for``, each client also sends an ``X-Forwarded-For`` of
+its own (``10.x.y.z`` from its index), as a load balancer in front would.
 
 Clients arrive at ``--rate`` per second (Poisson, seeded) for ``--seconds``; each makes one
 request, with up to ``--retries`` retries. With a key header, urllib3's own
@@ -68,22 +69,24 @@ class _Headers:
         return self.response.headers.getlist(name) or default
 
 
-def with_key_header(pool, url, retries, header, key):
+def with_key_header(pool, url, retries, header, key, extra):
     """One client's request, urllib3 retrying: (status, statuses of its attempts)."""
-    response = pool.request("GET", url, headers={header: key}, retries=watched_policy(retries), timeout=TIMEOUT)
+    headers = dict(extra, **{header: key})
+    response = pool.request("GET", url, headers=headers, retries=watched_policy(retries), timeout=TIMEOUT)
     if response.status != 200:
         _attempts.told.append(_told(response))
     history = response.retries.history if response.retries is not None else ()
     return response.status, [h.status for h in history] + [response.status]
 
 
-def with_cookies(pool, url, retries):
+def with_cookies(pool, url, retries, extra):
     """One client's request with a cookie jar of its own: (status, statuses of its attempts)."""
     jar, retry, statuses = http.cookiejar.CookieJar(), watched_policy(retries), []
     while True:
         request = urllib.request.Request(url)
         jar.add_cookie_header(request)
-        response = pool.request("GET", url, headers=dict(request.header_items()), retries=False, timeout=TIMEOUT)
+        headers = dict(extra, **dict(request.header_items()))
+        response = pool.request("GET", url, headers=headers, retries=False, timeout=TIMEOUT)
         response.drain_conn()
         statuses.append(response.status)
         jar.extract_cookies(_Headers(response), request)
@@ -103,11 +106,16 @@ def client(args, pool, index, results, lock):
     """Client index: its outcome, attempts' statuses and time to its answer, into results."""
     started = time.monotonic()
     _attempts.started, _attempts.told = started, []
+    extra = {}
+    if args.forwarded_for:
+        extra["X-Forwarded-For"] = f"10.{index // 65536 % 256}.{index // 256 % 256}.{index % 256}"
     try:
         if args.cookies:
-            status, statuses = with_cookies(pool, args.url, args.retries)
+            status, statuses = with_cookies(pool, args.url, args.retries, extra)
         else:
-            status, statuses = with_key_header(pool, args.url, args.retries, args.key_header, f"client-{args.seed}-{index}")
+            status, statuses = with_key_header(
+                pool, args.url, args.retries, args.key_header, f"client-{args.seed}-{index}", extra
+            )
         outcome = "ok" if status == 200 else "gave_up"
     except urllib3.exceptions.HTTPError:
         outcome, statuses = "error", []
@@ -124,6 +132,7 @@ def main():
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--key-header", default="X-Api-Key")
     parser.add_argument("--cookies", action="store_true")
+    parser.add_argument("--forwarded-for", action="store_true")
     args = parser.parse_args()
 
     threading.stack_size(512 * 1024)

@@ -190,7 +190,7 @@ pub(crate) fn clairvoyant_p99(arrivals: &[f64], places: usize, service: Duration
 }
 
 /// The `[service.backpressure]` lines of a `kept_returns` service.
-const KEPT_RETURNS: &str = "retry_after_policy = \"kept_returns\"\nretry_after_s = 5\n";
+pub(crate) const KEPT_RETURNS: &str = "retry_after_policy = \"kept_returns\"\nretry_after_s = 5\n";
 
 /// An agent service `name` over `replicas` (each with `PLACES` places), the proxy's listener as
 /// its `frontend` where the agent reads the queue from it (nginx's, or HAProxy's when the
@@ -255,6 +255,18 @@ fn clients(spec: Spec, front: SocketAddr) -> Record {
 /// Clients keyed by `keep` arriving at `rate` a second for `seconds` at `url`, each with 3
 /// retries (tests/clients/kept_returns_clients.py), to their end.
 pub(crate) fn kept_clients(url: &str, rate: f64, seconds: u32, seed: u64, keep: Keep) -> Record {
+    kept_clients_with(url, rate, seconds, seed, keep, &[])
+}
+
+/// [`kept_clients`] with more of the script's options (`--forwarded-for`).
+pub(crate) fn kept_clients_with(
+    url: &str,
+    rate: f64,
+    seconds: u32,
+    seed: u64,
+    keep: Keep,
+    options: &[&str],
+) -> Record {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients/kept_returns_clients.py");
     let mut command = Command::new("python3");
     command
@@ -266,6 +278,7 @@ pub(crate) fn kept_clients(url: &str, rate: f64, seconds: u32, seed: u64, keep: 
     if keep == Keep::Cookie {
         command.arg("--cookies");
     }
+    command.args(options);
     Record::parse(&run_ok(&mut command))
 }
 

@@ -19,6 +19,7 @@ mod http2;
 mod in_flight;
 mod integrations;
 mod kept_cookies;
+mod kept_flood;
 mod kept_outage;
 mod kept_returns;
 mod kernel_matrix;
