@@ -143,6 +143,12 @@ end
 local Book = {}
 Book.__index = Book
 
+-- The first slot index of key's bucket among buckets: its high 32 bits modulo the buckets. The
+-- book's keys and the followed sources are found so (Rust's bucket_of).
+local function bucket_start(key, buckets)
+  return (tonumber(string.sub(key, 1, 8), 16) % buckets) * T.BUCKET
+end
+
 -- An empty book with settings (missing ones take T.DEFAULTS) in store.
 function T.book(settings, store)
   local s = {}
@@ -248,7 +254,7 @@ end
 
 -- The first slot index of key's bucket: its high 32 bits modulo the buckets.
 function Book:bucket(key)
-  return (tonumber(string.sub(key, 1, 8), 16) % self.buckets) * T.BUCKET
+  return bucket_start(key, self.buckets)
 end
 
 -- The slot holding key (a place or a spent cookie): index and slot, or nil.
@@ -424,8 +430,7 @@ function Book:spend_source(source, t, drain_rate)
   if share == 0 then return true end
   local rate = drain_rate * share / 100
   local full = math.max(rate, 1.0)
-  local buckets = math.max(math.ceil(self.settings.max_sources / T.BUCKET), 1)
-  local first = (tonumber(string.sub(source, 1, 8), 16) % buckets) * T.BUCKET
+  local first = bucket_start(source, math.max(math.ceil(self.settings.max_sources / T.BUCKET), 1))
   local store = self.store
   local function refilled(i)
     return math.min(store:get("ap" .. i) + math.max(t - store:get("at" .. i), 0) * rate, full)
@@ -539,8 +544,8 @@ function T.push_hint(policy, push, age_s, queue_depth, jitter)
 end
 
 -- A rejection with kept returns at now (Unix seconds, with their fraction): the place given to
--- key (nil: none can be), from source (nil: not bounded by source), by T.give_place, and the seconds that tell it, rung "computed"; else
--- the hint's seconds and rung. hint() gives seconds (nil: no header), rung, and whether they
+-- key (nil: none can be), from source (nil: not bounded by source), by T.give_place, and the
+-- seconds that tell it, rung "computed"; else the hint's seconds and rung. hint() gives seconds (nil: no header), rung, and whether they
 -- come from a fresh push (T.push_hint; false for the proxy's own static value), and is asked
 -- at most once. Seconds, rung, place.
 function T.reject(book, key, source, now, queue_depth, drain_rate, clamp_s, hint)

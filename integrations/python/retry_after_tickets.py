@@ -223,6 +223,13 @@ class _ShowRate:
             self.given /= 2.0
 
 
+def _bucket_of(key: int, slots: int) -> range:
+    """The slots of ``key``'s bucket in a table of ``slots`` slots: its high 32 bits modulo the
+    buckets. The book's keys and the followed sources are found so (Rust's ``bucket_of``)."""
+    start = ((key >> 32) % (slots // BUCKET)) * BUCKET
+    return range(start, start + BUCKET)
+
+
 def _zeros(kind: str, n: int) -> array:
     """``n`` zeros in an array of ``kind``: memory taken once."""
     return array(kind, [0]) * n
@@ -418,9 +425,8 @@ class TicketBook:
         return b if self._second[b] == second else None
 
     def _bucket(self, key: int) -> range:
-        """The slots of ``key``'s bucket: its high 32 bits modulo the buckets."""
-        start = ((key >> 32) % (len(self._key) // BUCKET)) * BUCKET
-        return range(start, start + BUCKET)
+        """The slots of ``key``'s bucket."""
+        return _bucket_of(key, len(self._key))
 
     def _find(self, key: int) -> Optional[int]:
         """The slot holding ``key`` (places left, or a spent cookie), if any."""
@@ -487,8 +493,7 @@ class SourceAllowances:
         def refilled(i: int) -> float:
             return min(self._places[i] + max(t - self._at[i], 0.0) * rate, full)
 
-        start = ((source >> 32) % (len(self._source) // BUCKET)) * BUCKET
-        bucket = range(start, start + BUCKET)
+        bucket = _bucket_of(source, len(self._source))
         found = next((i for i in bucket if self._used[i] and self._source[i] == source), None)
         if found is not None:
             places = refilled(found)

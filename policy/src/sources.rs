@@ -6,12 +6,12 @@
 //! worth (at least one place), and every place given to it spends one. A source that spends
 //! faster than its share gets the hint without a place until its allowance fills again:
 //! kept in a steady stream at its share of each second, and no more. The allowances live in a
-//! fixed table of [`SourceAllowances::len`] slots, eight to a bucket as the book's keys are: a
+//! fixed table of `max_sources` slots, eight to a bucket as the book's keys are: a
 //! source whose allowance is full is as a source never seen, and its slot is free; a source
 //! that finds its bucket full of sources still spending is given no place (counted, the
 //! `over_share` outcome).
 
-use crate::TicketKey;
+use crate::{BUCKET, TicketKey, tickets::bucket_of};
 
 /// The address a request's source is followed under: the last entry of the source header's
 /// value (what the load balancer in front saw, appended to its `X-Forwarded-For`; what a client
@@ -25,9 +25,6 @@ pub fn source_address<'a>(header: Option<&'a [u8]>, peer: &'a [u8]) -> &'a [u8] 
         .filter(|last| !last.is_empty())
         .unwrap_or(peer)
 }
-
-/// Slots per bucket, as in the ticket book.
-const BUCKET: usize = 8;
 
 /// One source's allowance: places it may still be given, as of `at` (seconds on the book's
 /// clock).
@@ -58,16 +55,6 @@ impl SourceAllowances {
         }
     }
 
-    /// Slots in the table.
-    pub fn len(&self) -> usize {
-        self.slots.len()
-    }
-
-    /// Whether the table has no slot (never: it has at least one bucket).
-    pub fn is_empty(&self) -> bool {
-        self.slots.is_empty()
-    }
-
     /// Bytes of memory it holds (fixed at creation).
     pub fn memory_bytes(&self) -> usize {
         size_of::<Self>() + self.slots.len() * size_of::<Allowance>()
@@ -80,7 +67,7 @@ impl SourceAllowances {
         let rate = drain_rate * f64::from(self.share_percent) / 100.0;
         let full = rate.max(1.0);
         let refilled = |a: &Allowance| (a.places + (t - a.at).max(0.0) * rate).min(full);
-        let bucket = self.bucket(source);
+        let bucket = bucket_of(source, self.slots.len());
         let found = bucket
             .clone()
             .find(|&i| self.slots[i].used && self.slots[i].source == source.0);
@@ -104,13 +91,6 @@ impl SourceAllowances {
             used: true,
         };
         spent
-    }
-
-    /// The slots of `source`'s bucket: its high 32 bits modulo the buckets (as the book's).
-    fn bucket(&self, source: TicketKey) -> std::ops::Range<usize> {
-        let buckets = (self.slots.len() / BUCKET) as u64;
-        let start = ((source.0 >> 32) % buckets) as usize * BUCKET;
-        start..start + BUCKET
     }
 }
 

@@ -16,13 +16,21 @@ use std::fmt;
 
 use hmac::{Hmac, Mac};
 
-use crate::TicketOutcome;
 use sha1::Sha1;
 
-use crate::SourceAllowances;
+use crate::{SourceAllowances, TicketOutcome};
 
 /// Slots per bucket: a key hashes to one bucket and takes any free slot in it.
 pub const BUCKET: usize = 8;
+
+/// The slots of `key`'s bucket in a table of `slots` slots (a whole number of buckets): its
+/// high 32 bits modulo the buckets (a number every port holds exactly, LuaJIT's doubles
+/// included). The book's keys and the followed sources are found so.
+pub(crate) fn bucket_of(key: TicketKey, slots: usize) -> std::ops::Range<usize> {
+    let buckets = (slots / BUCKET) as u64;
+    let start = ((key.0 >> 32) % buckets) as usize * BUCKET;
+    start..start + BUCKET
+}
 
 /// The settings of kept returns, per service.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -585,12 +593,8 @@ impl TicketBook {
         (bin.second == second).then_some(bin)
     }
 
-    /// The slots of `key`'s bucket: its high 32 bits modulo the buckets (a number every port
-    /// holds exactly, LuaJIT's doubles included).
     fn bucket(&self, key: TicketKey) -> std::ops::Range<usize> {
-        let buckets = (self.slots.len() / BUCKET) as u64;
-        let start = ((key.0 >> 32) % buckets) as usize * BUCKET;
-        start..start + BUCKET
+        bucket_of(key, self.slots.len())
     }
 
     fn find(&self, key: TicketKey) -> Option<usize> {
