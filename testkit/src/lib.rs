@@ -62,8 +62,9 @@ impl Drop for TestCgroup {
 /// simulator ticks its agents at the same pace).
 pub const AGENT_TICK_MS: u64 = 200;
 
-/// Only one probe can be attached to the root cgroup at a time; tests in one binary take
-/// turns through this lock (and `./dev test` runs them single-threaded anyway).
+/// One test's agent or probe at a time in a process: they watch ports a later test may reuse,
+/// and a test's figures are its own traffic's. Tests in one binary take turns through this
+/// lock (and `./dev test` runs them single-threaded anyway).
 static ATTACHED: Mutex<()> = Mutex::new(());
 
 /// The agent's probe, attached for the length of one test.
@@ -357,9 +358,10 @@ impl AgentProcess {
         }
     }
 
-    /// Wait until the socket answers HEALTH, or refuses us by uid (panics after 20 s).
+    /// Wait until the socket answers HEALTH, or refuses us by uid (panics after 60 s: the
+    /// verifier's checks take a few seconds, more while another lane's agent starts).
     pub fn wait_until_serving(&self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if let Ok(line) = self.request("HEALTH")
                 && (line.starts_with("HEALTH ok") || line.starts_with("ERR denied"))
@@ -368,7 +370,7 @@ impl AgentProcess {
             }
             assert!(
                 Instant::now() < deadline,
-                "the agent did not serve within 20 s"
+                "the agent did not serve within 60 s"
             );
             std::thread::sleep(Duration::from_millis(50));
         }

@@ -153,18 +153,32 @@ impl<T> Outage<T> {
     }
 }
 
+/// How long [`outage`] waits, at most, for the agent to compute its answer (its drain rate
+/// warm) before each computed window.
+const WARM_WITHIN: Duration = Duration::from_secs(30);
+
 /// Kill and restart `agent` on the schedule the integration tests share, while the proxy in
-/// front is under load and probed: 6 s for the drain to warm, 4 s computing (`ask` halfway),
-/// the kill, 2.5 s for the proxy's estimate to go stale (their `stale` is 1.5 s), 3 s of
-/// fallback, the restart, 6 s to reconnect and warm, 3 s computing again (`ask` halfway):
-/// 24.5 s, what `ask` takes twice, and the restart itself: the kernel's verifier takes
-/// seconds to load the programs (about 4.5 s on the 2-core test machines). The load must last
+/// front is under load and probed: at least 6 s for the drain to warm (until `ask` answers,
+/// at most 30 s), a second for the proxies to hear it, 4 s computing (`ask` halfway), the
+/// kill, 2.5 s for the proxy's estimate to go stale (their `stale` is 1.5 s), 3 s of
+/// fallback, the restart, at least 6 s to reconnect and warm (until `ask` answers again), a
+/// second, 3 s computing again (`ask` halfway): 26.5 s when the machine is quiet, what `ask`
+/// takes, and the restart itself: the kernel's verifier takes seconds to load the programs
+/// (about 5 s on the 2-core test machines). The waits for `ask` keep the windows where they
+/// belong on a busy machine, where a replica's first answers come late. The load must last
 /// longer: the tests start it for 60 s and stop it when this returns.
-pub fn outage<T>(agent: &mut AgentProcess, mut ask: impl FnMut(&AgentProcess) -> T) -> Outage<T> {
+///
+/// `ask` gives the agent's own answer once it computes one, `None` until then.
+pub fn outage<T>(
+    agent: &mut AgentProcess,
+    mut ask: impl FnMut(&AgentProcess) -> Option<T>,
+) -> Outage<T> {
     thread::sleep(Duration::from_secs(6));
+    until_computed(agent, &mut ask);
+    thread::sleep(Duration::from_secs(1));
     let computed_from = Instant::now();
     thread::sleep(Duration::from_secs(2));
-    let before = ask(agent);
+    let before = until_computed(agent, &mut ask);
     thread::sleep(Duration::from_secs(2));
     let killed = Instant::now();
     agent.kill();
@@ -174,9 +188,11 @@ pub fn outage<T>(agent: &mut AgentProcess, mut ask: impl FnMut(&AgentProcess) ->
     let restarted = Instant::now();
     agent.restart();
     thread::sleep(Duration::from_secs(6));
+    until_computed(agent, &mut ask);
+    thread::sleep(Duration::from_secs(1));
     let again_from = Instant::now();
     thread::sleep(Duration::from_millis(1500));
-    let after = ask(agent);
+    let after = until_computed(agent, &mut ask);
     thread::sleep(Duration::from_millis(1500));
     Outage {
         computed: (computed_from, killed),
@@ -184,5 +200,20 @@ pub fn outage<T>(agent: &mut AgentProcess, mut ask: impl FnMut(&AgentProcess) ->
         again: (again_from, Instant::now()),
         before,
         after,
+    }
+}
+
+/// `ask`'s answer, once it has one (asked every 200 ms; panics after [`WARM_WITHIN`]).
+fn until_computed<T>(agent: &AgentProcess, ask: &mut impl FnMut(&AgentProcess) -> Option<T>) -> T {
+    let deadline = Instant::now() + WARM_WITHIN;
+    loop {
+        if let Some(answer) = ask(agent) {
+            return answer;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the agent computed no answer within {WARM_WITHIN:?} under the load"
+        );
+        thread::sleep(Duration::from_millis(200));
     }
 }

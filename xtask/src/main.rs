@@ -30,6 +30,7 @@ mod bench;
 #[allow(dead_code)]
 #[path = "../../agent/git_commit.rs"]
 mod git_commit;
+mod lanes;
 mod setup;
 mod timings;
 
@@ -37,13 +38,14 @@ use std::{
     ffi::OsStr,
     path::{Path, PathBuf},
     process::Command,
+    sync::Mutex,
     time::Instant,
 };
 
 use anyhow::{Context as _, Result, bail};
 use cargo_metadata::Message;
 use clap::{Parser, Subcommand};
-use timings::{Timings, run_timed_tests};
+use timings::{Timings, run_tests};
 
 #[derive(Debug, Parser)]
 #[command(about = "retry-after-agent project tasks")]
@@ -306,8 +308,8 @@ fn lint(root: &Path, env: &setup::Env) -> Result<()> {
     run(clippy_ebpf)
 }
 
-/// `check`, then the root suite: the integration tests, one at a time (they attach to the
-/// root cgroup, where only one attachment of each program type is allowed).
+/// `check`, then the root suite: the integration tests, a module at a time in each of two
+/// lanes (network namespaces of their own, see `lanes`), the kernel matrix beside them.
 fn test(root: &Path, env: &setup::Env, timings: &mut Timings) -> Result<()> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
@@ -324,27 +326,38 @@ fn test(root: &Path, env: &setup::Env, timings: &mut Timings) -> Result<()> {
         suite_binary(root, env)
     })?;
     // Run as cargo would (from the crate's folder), with libtest's own timing of each test.
-    // The kernel matrix runs in virtual machines of its own, so it runs beside the tests on
-    // this kernel: two processes of the one binary, one test at a time in each.
-    let suite_command = |filter: &[&str]| {
-        let mut command = Command::new(&suite);
-        command
-            .current_dir(root.join("tests"))
-            .env("RUSTC_BOOTSTRAP", "1")
-            .args(filter)
-            .args([
-                "--test-threads=1",
-                "-Z",
-                "unstable-options",
-                "--report-time",
-            ]);
-        command
-    };
+    // The kernel matrix runs in virtual machines of its own, beside the lanes.
+    let dir = root.join("tests");
+    let args = [
+        "--test-threads=1",
+        "-Z",
+        "unstable-options",
+        "--report-time",
+    ];
     let started = Instant::now();
-    let outcome = run_timed_tests(
-        vec![suite_command(&["--skip", MATRIX]), suite_command(&[MATRIX])],
-        timings,
-    );
+    let shared = Mutex::new(std::mem::take(timings));
+    let outcome = std::thread::scope(|scope| {
+        let matrix = scope.spawn(|| {
+            let mut command = Command::new(&suite);
+            command
+                .current_dir(&dir)
+                .env("RUSTC_BOOTSTRAP", "1")
+                .arg(MATRIX)
+                .args(args);
+            let (outcome, modules) = run_tests(command);
+            let mut timings = shared.lock().unwrap_or_else(|p| p.into_inner());
+            for (module, elapsed) in modules {
+                timings.record(&format!("  {module}"), elapsed);
+            }
+            outcome
+        });
+        let lanes = lanes::run(&suite, &dir, &args, MATRIX, &shared);
+        let matrix = matrix
+            .join()
+            .unwrap_or_else(|_| bail!("the kernel matrix's runner panicked"));
+        lanes.and(matrix)
+    });
+    *timings = shared.into_inner().unwrap_or_else(|p| p.into_inner());
     timings.record("root suite, in all", started.elapsed());
     outcome
 }

@@ -54,42 +54,13 @@ impl Timings {
     }
 }
 
-/// Run libtest binaries, one per command, at the same time, passing their output through line
-/// by line, and record each module's time (the first segment of a test's path) as an indented
-/// part of `timings`. Fails if any fails.
-pub fn run_timed_tests(commands: Vec<Command>, timings: &mut Timings) -> Result<()> {
-    let runs: Vec<TestRun> = std::thread::scope(|scope| {
-        let handles: Vec<_> = commands
-            .into_iter()
-            .map(|command| scope.spawn(move || run_one(command)))
-            .collect();
-        handles
-            .into_iter()
-            .map(|handle| match handle.join() {
-                Ok(run) => run,
-                Err(_) => (
-                    Err(anyhow::anyhow!("a test runner thread panicked")),
-                    Vec::new(),
-                ),
-            })
-            .collect()
-    });
-    let mut outcome = Ok(());
-    for (result, modules) in runs {
-        for (module, elapsed) in modules {
-            timings.record(&format!("  {module}"), elapsed);
-        }
-        outcome = outcome.and(result);
-    }
-    outcome
-}
+/// A libtest binary's outcome and the time of each of its tests, by module (the first
+/// segment of a test's path).
+pub type TestRun = (Result<()>, Vec<(String, Duration)>);
 
-/// A libtest binary's outcome and the time of each of its tests, by module.
-type TestRun = (Result<()>, Vec<(String, Duration)>);
-
-/// One libtest binary to its end; when it fails, its error ends with each failed test's
+/// One libtest binary to its end, its output passed through line by line; when it fails, its error ends with each failed test's
 /// panic message, so the last lines of a long log say what failed.
-fn run_one(mut command: Command) -> TestRun {
+pub fn run_tests(mut command: Command) -> TestRun {
     let mut modules = Vec::new();
     let mut failures = Failures::default();
     let outcome = (|| {

@@ -1,9 +1,10 @@
 //! The root suite: every test that loads and attaches the real eBPF programs or drives real
 //! proxies, servers and clients (nginx, HAProxy, Ray Serve, grpcio, wrk, h2load, urllib3) on
-//! loopback, as root. One binary, so it is built and linked once and what tests can share is
-//! started once; each file is a module. `./dev test` runs it one test at a time (the programs
-//! attach to the root cgroup, which holds one attachment of each type), after `./dev check`,
-//! and prints each module's time. Without root, `./dev check` runs everything else.
+//! loopback, as root. One binary, so it is built and linked once; each file is a module.
+//! `./dev test` runs it after `./dev check`, a module at a time in each of two lanes (network
+//! namespaces of their own, with ports of their own: xtask/src/lanes.rs), one test at a time
+//! in a module, and prints each module's time. Without root, `./dev check` runs everything
+//! else.
 
 mod abuse;
 mod agent_service;

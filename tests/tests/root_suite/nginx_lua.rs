@@ -88,7 +88,8 @@ fn nginx_rejections_carry_the_computed_value_then_the_static_one_then_the_comput
     let stop = Arc::new(AtomicBool::new(false));
     let probes = prober(front, "/", PROBE_WAIT, stop.clone());
     // The agent's own answers for the queue it sees at nginx's listener, which moves as
-    // nginx's burst fills and drains: five, 250 ms apart, as (lowest, highest, depths).
+    // nginx's burst fills and drains: five, 250 ms apart, as (lowest, highest, depths), once
+    // it computes.
     let agent_says = |agent: &AgentProcess| {
         let answers: Vec<(u64, u64)> = (0..5)
             .map(|_| {
@@ -101,19 +102,20 @@ fn nginx_rejections_carry_the_computed_value_then_the_static_one_then_the_comput
                             Some(QueueDepthSource::Frontend),
                             "{line}"
                         );
-                        (a.seconds.unwrap(), a.queue_depth.unwrap())
+                        Some((a.seconds.unwrap(), a.queue_depth.unwrap()))
                     }
-                    other => panic!("not computed: {line} ({other:?})"),
+                    Ok(Response::RetryAfter(_)) => None,
+                    other => panic!("not an answer: {line} ({other:?})"),
                 }
             })
-            .collect();
+            .collect::<Option<_>>()?;
         let seconds = answers.iter().map(|a| a.0);
         let depths: Vec<u64> = answers.iter().map(|a| a.1).collect();
-        (
+        Some((
             seconds.clone().min().unwrap(),
             seconds.max().unwrap(),
             depths,
-        )
+        ))
     };
     let upstream_busy = || {
         let target = format!("127.0.0.1:{}", front.port());
@@ -127,7 +129,9 @@ fn nginx_rejections_carry_the_computed_value_then_the_static_one_then_the_comput
         text
     };
 
-    let outage = outage(&mut agent, |agent| (agent_says(agent), upstream_busy()));
+    let outage = outage(&mut agent, |agent| {
+        agent_says(agent).map(|says| (says, upstream_busy()))
+    });
     let (before_kill, busy_response) = outage.before.clone();
     let after_restart = outage.after.0.clone();
     let metrics = agent.metrics();

@@ -1,0 +1,225 @@
+//! The root suite in lanes: its modules run two at a time, each lane in a network namespace of
+//! its own, so that two agents, two nginx and two HAProxy run at once without meeting.
+//!
+//! What keeps two lanes apart:
+//! - The agent's one-per-node lock is an abstract Unix socket, which belongs to a network
+//!   namespace: each lane's agents see only that lane's lock.
+//! - Every lane has its own loopback, so ports never clash as binds.
+//! - The programs see every socket of the node whatever its namespace, and an agent counts the
+//!   endpoints it watches (address and port). So each lane has its own block of ports: its
+//!   ephemeral range (`net.ipv4.ip_local_port_range`, one per namespace) and, below it, the
+//!   ports the tests' servers take (`free_port` takes them below the ephemeral range). No
+//!   lane's traffic uses a port another lane may watch. The blocks stay clear of Ray's fixed
+//!   ports (its workers' 10002–19999, its dashboard agent's 52365), which are never watched.
+//!
+//! Modules that look at the whole node (every program loaded on it) run after the lanes, alone.
+//! The kernel matrix runs beside all of it, in virtual machines with no network.
+
+use std::{
+    collections::VecDeque,
+    path::Path,
+    process::Command,
+    sync::Mutex,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::{
+    capture,
+    timings::{TestRun, Timings, run_tests},
+};
+
+/// A lane: its name in the timings and the ephemeral range of its network namespace (the
+/// tests' servers take the 10,000 ports below it).
+struct Lane {
+    name: &'static str,
+    ephemeral_ports: &'static str,
+}
+
+/// The lanes: two, as the machines the suite runs on have two cores.
+const LANES: [Lane; 2] = [
+    Lane {
+        name: "lane 1",
+        ephemeral_ports: "30000 39999",
+    },
+    Lane {
+        name: "lane 2",
+        ephemeral_ports: "50000 59999",
+    },
+];
+
+/// Modules that read what the whole node has loaded (bpftool's list of programs and links):
+/// another lane's agent would be in it.
+const ALONE: [&str; 1] = ["detach"];
+
+/// Modules handed out first, longest first (their time in the last fresh-clone runs); the
+/// others follow in name order. Only the order depends on it: a module missing here still runs.
+const LONG_FIRST: [&str; 12] = [
+    "ray_serve",
+    "one_agent",
+    "http2",
+    "behind_nginx",
+    "agent_service",
+    "evaluation",
+    "kept_flood",
+    "behind_haproxy",
+    "nginx_book",
+    "nginx_lua",
+    "haproxy_lua",
+    "status_view",
+];
+
+/// The shell run inside a lane's new network namespace before the suite: loopback up, the
+/// lane's ephemeral ports, then the command given after it.
+const ENTER_LANE: &str = "ip link set lo up && \
+     printf '%s\\n' \"$1\" > /proc/sys/net/ipv4/ip_local_port_range && \
+     shift && exec \"$@\"";
+
+/// The root suite's tests of one module: the module and its tests' full names.
+type Module = (String, Vec<String>);
+
+/// Run every test of the root suite binary `suite` except the modules `skip`s: the modules in
+/// [`LANES`], then the [`ALONE`] ones, each module one process of `suite` given `args` and
+/// the module's test names (exact). Records each lane's time and each module's in `timings`.
+/// Fails if any test fails, after running them all.
+pub fn run(
+    suite: &Path,
+    dir: &Path,
+    args: &[&str],
+    skip: &str,
+    timings: &Mutex<Timings>,
+) -> Result<()> {
+    let modules = modules(suite, dir, skip)?;
+    let (alone, shared): (Vec<Module>, Vec<Module>) = modules
+        .into_iter()
+        .partition(|(module, _)| ALONE.contains(&module.as_str()));
+    let queue = Mutex::new(order(shared));
+    let command = |lane: &Lane, tests: &[String]| {
+        let mut command = Command::new("unshare");
+        command
+            .current_dir(dir)
+            .env("RUSTC_BOOTSTRAP", "1")
+            .args(["--net", "--", "sh", "-c", ENTER_LANE, "sh"])
+            .arg(lane.ephemeral_ports)
+            .arg(suite)
+            .args(args)
+            .arg("--exact")
+            .args(tests);
+        command
+    };
+    let outcomes: Vec<Result<()>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = LANES
+            .iter()
+            .map(|lane| {
+                let (queue, command) = (&queue, &command);
+                scope.spawn(move || {
+                    let started = Instant::now();
+                    let mut outcome = Ok(());
+                    while let Some((_, tests)) = next(queue) {
+                        outcome = outcome.and(record(run_tests(command(lane, &tests)), timings));
+                    }
+                    add(timings, &format!("  {}", lane.name), started.elapsed());
+                    outcome
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|handle| {
+                handle
+                    .join()
+                    .unwrap_or_else(|_| bail!("a lane of the root suite panicked"))
+            })
+            .collect()
+    });
+    let started = Instant::now();
+    let mut outcome = outcomes.into_iter().collect::<Result<Vec<()>>>().map(drop);
+    for (_, tests) in alone {
+        outcome = outcome.and(record(run_tests(command(&LANES[0], &tests)), timings));
+    }
+    add(timings, "  alone, after the lanes", started.elapsed());
+    outcome
+}
+
+/// The modules of the root suite binary `suite` and their tests, from libtest's own list,
+/// leaving out the tests whose names begin with `skip`.
+fn modules(suite: &Path, dir: &Path, skip: &str) -> Result<Vec<Module>> {
+    let mut list = Command::new(suite);
+    list.current_dir(dir).args(["--list", "--format", "terse"]);
+    let listed = capture(&mut list)?;
+    let mut modules: Vec<Module> = Vec::new();
+    for line in listed.lines() {
+        let Some(name) = line.strip_suffix(": test") else {
+            continue;
+        };
+        if name.starts_with(skip) {
+            continue;
+        }
+        let module = name
+            .split_once("::")
+            .with_context(|| format!("root suite test `{name}` is in no module"))?
+            .0;
+        match modules.iter_mut().find(|(known, _)| known == module) {
+            Some((_, tests)) => tests.push(name.to_owned()),
+            None => modules.push((module.to_owned(), vec![name.to_owned()])),
+        }
+    }
+    if modules.is_empty() {
+        bail!("the root suite listed no tests");
+    }
+    Ok(modules)
+}
+
+/// `modules` in the order they are handed out: [`LONG_FIRST`]'s, then the rest by name.
+fn order(mut modules: Vec<Module>) -> VecDeque<Module> {
+    modules.sort_by_key(|(module, _)| {
+        let rank = LONG_FIRST.iter().position(|long| long == module);
+        (rank.unwrap_or(LONG_FIRST.len()), module.clone())
+    });
+    modules.into()
+}
+
+/// The next module off the queue.
+fn next(queue: &Mutex<VecDeque<Module>>) -> Option<Module> {
+    queue
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .pop_front()
+}
+
+/// Add a run's module times to `timings`; its outcome.
+fn record((outcome, modules): TestRun, timings: &Mutex<Timings>) -> Result<()> {
+    for (module, elapsed) in modules {
+        add(timings, &format!("  {module}"), elapsed);
+    }
+    outcome
+}
+
+/// Add `elapsed` to the part `name` of the shared `timings`.
+fn add(timings: &Mutex<Timings>, name: &str, elapsed: Duration) {
+    timings
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .record(name, elapsed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_modules_are_handed_out_first_and_the_rest_by_name() {
+        let module = |name: &str| (name.to_owned(), vec![format!("{name}::a")]);
+        let order: Vec<String> = order(vec![
+            module("turns"),
+            module("cli"),
+            module("one_agent"),
+            module("ray_serve"),
+        ])
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
+        assert_eq!(order, ["ray_serve", "one_agent", "cli", "turns"]);
+    }
+}
