@@ -197,6 +197,30 @@ pub fn run_ok(command: &mut std::process::Command) -> String {
     text
 }
 
+/// Run `command` to success (panicking with its output otherwise) and return its standard
+/// output alone, for a program that prints a record to parse; what it wrote to standard error
+/// (a library's warning) is passed on to the test's.
+pub fn run_stdout(command: &mut std::process::Command) -> String {
+    let out = command
+        .output()
+        .unwrap_or_else(|e| panic!("{command:?}: {e}"));
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        out.status.success(),
+        "{command:?} failed:\n{stdout}{stderr}"
+    );
+    if !stderr.trim().is_empty() {
+        eprintln!(
+            "{:?} said on standard error:\n{stderr}",
+            command.get_program()
+        );
+    }
+    stdout.into_owned()
+}
+
 /// A sample's value in a Prometheus text exposition: the line that starts with
 /// `name_and_labels` (labels in the exposition's order) followed by a space.
 pub fn sample(metrics: &str, name_and_labels: &str) -> Option<f64> {

@@ -239,7 +239,7 @@ impl ClientRun {
 /// as urllib3's Retry does, honouring Retry-After: their record as JSON.
 fn urllib3_clients(front: SocketAddr) -> String {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients/retrying_clients.py");
-    retry_after_testkit::run_ok(
+    retry_after_testkit::run_stdout(
         std::process::Command::new("python3")
             .arg(script)
             .args([

@@ -20,7 +20,7 @@ use retry_after_testkit::{
     AgentProcess, free_port,
     http::{CHAT_COMPLETION, HttpServer, ServerOptions, Workers},
     proxies::{Haproxy, NGINX_LUA_MODULES, Nginx, NginxStatus, nginx_lua_package_path},
-    run_ok,
+    run_stdout,
 };
 
 use crate::{
@@ -152,7 +152,7 @@ fn nginx(
 /// The SDK's clients of `run` against `front`, to their end, and the waits the SDK chose.
 fn clients(run: &Run, front: SocketAddr) -> (Record, Vec<f64>) {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients/openai_clients.py");
-    let out = run_ok(
+    let out = run_stdout(
         Command::new("python3")
             .arg(script)
             .args(["--url", &format!("http://{front}/v1")])
