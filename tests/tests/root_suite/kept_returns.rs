@@ -28,7 +28,7 @@ use retry_after_testkit::{
     AgentProcess, free_port,
     http::{HttpServer, ServerOptions, Workers},
     proxies::{Haproxy, NGINX_LUA_MODULES, Nginx, nginx_lua_package_path},
-    run_ok,
+    run_ok, run_stdout,
 };
 
 use crate::one_agent::Scenario;
@@ -81,12 +81,12 @@ pub(crate) enum Keep {
 /// One run: a service of its own, its clients' key, their rate as a multiple of capacity and
 /// how long they keep arriving.
 #[derive(Clone, Copy, Debug)]
-struct Spec {
-    name: &'static str,
-    keep: Keep,
-    load: f64,
-    seconds: u32,
-    seed: u64,
+pub(crate) struct Spec {
+    pub(crate) name: &'static str,
+    pub(crate) keep: Keep,
+    pub(crate) load: f64,
+    pub(crate) seconds: u32,
+    pub(crate) seed: u64,
 }
 
 /// What a run's clients recorded (tests/clients/kept_returns_clients.py).
@@ -279,7 +279,7 @@ pub(crate) fn kept_clients_with(
         command.arg("--cookies");
     }
     command.args(options);
-    Record::parse(&run_ok(&mut command))
+    Record::parse(&run_stdout(&mut command))
 }
 
 /// A counter of `retry_after_tickets_total` for `service` in the agent's metrics (0 if absent).
@@ -295,14 +295,10 @@ pub(crate) fn tickets(metrics: &str, service: &str, outcome: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// A run's figures: the clients' record, the bound's p99, the proxy's counters.
+/// What a proxy's book counted of its places for a service (REPORT's `tickets=`, as the agent
+/// exports them in `retry_after_tickets_total`).
 #[derive(Debug)]
-struct Figures {
-    spec: Spec,
-    record: Record,
-    bound_p99: f64,
-    proxy_2xx: u64,
-    proxy_4xx: u64,
+pub(crate) struct Book {
     issued: f64,
     honoured: f64,
     /// Rejections given no place (the hint alone): no room known, or none up to the horizon.
@@ -315,12 +311,86 @@ struct Figures {
     unrecorded: f64,
 }
 
-impl Figures {
+impl Book {
+    /// The book of `service`, from the agent's `metrics`.
+    pub(crate) fn read(metrics: &str, service: &str) -> Self {
+        let count = |outcome| tickets(metrics, service, outcome);
+        Self {
+            issued: count("issued"),
+            honoured: count("honoured"),
+            unplaced: count("unplaced"),
+            refused: count("refused"),
+            early: count("early"),
+            unrecorded: count("unrecorded"),
+        }
+    }
+
     /// Rejections the book gave no place, for a reason it counted.
     fn not_placed(&self) -> f64 {
         self.unplaced + self.refused + self.unrecorded
     }
 
+    /// The book's account of the clients' record `r`, as docs/evaluation.md's tables state
+    /// it: [`Book::accounts_for_rejections`], and every retry that got in was admitted at its
+    /// place (honoured), but for those the book counted as placeless or early, and every place
+    /// taken was a retry admitted. `line` describes the run.
+    pub(crate) fn accounts_for(&self, r: &Record, line: &str) {
+        self.accounts_for_rejections(r, line);
+        self.accounts_for_admitted_retries(r, line);
+        assert!(
+            self.honoured <= r.retries_admitted as f64,
+            "every place taken, a retry admitted: {line}"
+        );
+    }
+
+    /// Every 429 the clients were answered was a place given, a place the book counted as
+    /// not given (unplaced, refused, unrecorded) or an early return told the time left.
+    pub(crate) fn accounts_for_rejections(&self, r: &Record, line: &str) {
+        let answered = r.answered_429 as f64;
+        assert!(
+            self.issued + self.not_placed() <= answered
+                && answered <= self.issued + self.not_placed() + self.early,
+            "a place per 429, or the reason counted: {line}"
+        );
+    }
+
+    /// Every retry that got in was admitted at its place (honoured), but for those the book
+    /// counted as placeless or early.
+    pub(crate) fn accounts_for_admitted_retries(&self, r: &Record, line: &str) {
+        let admitted = r.retries_admitted as f64;
+        assert!(
+            admitted <= self.honoured + self.not_placed() + self.early,
+            "every admitted retry at its place, or the reason counted: {line}"
+        );
+    }
+
+    /// Rejections that were not a place kept and returns that were not at their place, as a
+    /// share of the clients' 429s.
+    pub(crate) fn not_kept_share(&self, r: &Record) -> f64 {
+        (self.not_placed() + self.early) / r.answered_429 as f64
+    }
+
+    /// One line to quote.
+    pub(crate) fn describe(&self) -> String {
+        format!(
+            "{} places issued, {} honoured, {} unplaced, {} refused, {} early, {} unrecorded",
+            self.issued, self.honoured, self.unplaced, self.refused, self.early, self.unrecorded,
+        )
+    }
+}
+
+/// A run's figures: the clients' record, the bound's p99, the proxy's counters.
+#[derive(Debug)]
+struct Figures {
+    spec: Spec,
+    record: Record,
+    bound_p99: f64,
+    proxy_2xx: u64,
+    proxy_4xx: u64,
+    book: Book,
+}
+
+impl Figures {
     fn p99(&self) -> f64 {
         quantile(&self.record.times, 0.99)
     }
@@ -329,7 +399,7 @@ impl Figures {
     fn describe(&self) -> String {
         let r = &self.record;
         format!(
-            "{} ({:?}, {:.1}x for {} s): {} clients, {:.1}% of {} retries admitted, {} gave up, {} errors; p99 to success {:.1} s, the bound's {:.1} s ({:.2}x); proxy 2xx {} 4xx {} (clients: {} succeeded, {} answered 429); agent: {} places issued, {} honoured, {} unplaced, {} refused, {} early, {} unrecorded",
+            "{} ({:?}, {:.1}x for {} s): {} clients, {:.1}% of {} retries admitted, {} gave up, {} errors; p99 to success {:.1} s, the bound's {:.1} s ({:.2}x); proxy 2xx {} 4xx {} (clients: {} succeeded, {} answered 429); agent: {}",
             self.spec.name,
             self.spec.keep,
             self.spec.load,
@@ -346,12 +416,7 @@ impl Figures {
             self.proxy_4xx,
             r.succeeded,
             r.answered_429,
-            self.issued,
-            self.honoured,
-            self.unplaced,
-            self.refused,
-            self.early,
-            self.unrecorded,
+            self.book.describe(),
         )
     }
 
@@ -366,24 +431,11 @@ impl Figures {
         assert!(self.p99() <= 1.5 * self.bound_p99, "{line}");
         assert_eq!(self.proxy_2xx, r.succeeded, "{line}");
         r.agrees_with_the_proxy(self.proxy_2xx, self.proxy_4xx, &line);
-        // As docs/evaluation.md's tables state them, from the proxy's book (REPORT's
-        // tickets=): every rejection was a place given, a place the book counted as not given
-        // (unplaced, refused, unrecorded) or an early return told the time left; and every
-        // retry that got in was admitted at its place (honoured), but for those the book
-        // counted as placeless or early. In the runs so far all but a few are places.
-        let answered = r.answered_429 as f64;
+        // In the runs so far all but a few rejections are places, and all but a few retries
+        // admitted at them.
+        self.book.accounts_for(r, &line);
         assert!(
-            self.issued + self.not_placed() <= answered
-                && answered <= self.issued + self.not_placed() + self.early,
-            "a place per 429, or the reason counted: {line}"
-        );
-        let admitted = r.retries_admitted as f64;
-        assert!(
-            self.honoured <= admitted && admitted <= self.honoured + self.not_placed() + self.early,
-            "every admitted retry at its place, or the reason counted: {line}"
-        );
-        assert!(
-            self.not_placed() + self.early <= 0.01 * answered,
+            self.book.not_kept_share(r) <= 0.01,
             "nearly every rejection a place kept: {line}"
         );
     }
@@ -458,7 +510,7 @@ const NGINX_RUNS: [Spec; 4] = [
 /// Serve replica with `max_ongoing_requests` does. HAProxy caps its own replicas (`maxconn`);
 /// nginx's open-source upstreams cannot queue at a cap, and a return goes past `limit_req`,
 /// so nginx's replicas hold the fleet's capacity themselves.
-fn capped_replica(capped: bool) -> HttpServer {
+pub(crate) fn capped_replica(capped: bool) -> HttpServer {
     if !capped {
         return HttpServer::replica(SERVICE_TIME);
     }
@@ -483,12 +535,14 @@ fn key_kind(spec: &Spec) -> &'static str {
 
 /// The http block's lines for nginx's runs, as docs/integrations/nginx.md configures kept
 /// returns: `admit` before `limit_req` (rate the fleet's capacity, burst the queue bound),
-/// `stamp` for limit_req's own rejections, an access log of statuses per server.
-fn nginx_http(
+/// `stamp` for limit_req's own rejections, an access log of statuses per server. `start`: more
+/// options of `start` (`name = value, `), or none.
+pub(crate) fn nginx_http(
     runs: &[(Spec, SocketAddr, &[HttpServer])],
     socket: &Path,
     secret: &Path,
     logs: &Path,
+    start: &str,
 ) -> String {
     let names: Vec<String> = runs
         .iter()
@@ -508,7 +562,7 @@ fn nginx_http(
         "lua_package_path \"{}\";\n\
          lua_shared_dict retry_after 1m;\n\
          lua_shared_dict retry_after_tickets 8m;\n\
-         init_worker_by_lua_block {{ require(\"retry_after_nginx\").start({{ services = {{ {} }}, socket = \"{}\", keep = {{ {} }}, secret_file = \"{}\" }}) }}\n\
+         init_worker_by_lua_block {{ require(\"retry_after_nginx\").start({{ {start}services = {{ {} }}, socket = \"{}\", keep = {{ {} }}, secret_file = \"{}\" }}) }}\n\
          log_format statuses \"$status\";\n",
         nginx_lua_package_path(),
         names.join(", "),
@@ -535,6 +589,18 @@ fn nginx_http(
         ));
     }
     http
+}
+
+/// A directory nginx's workers (nobody) can read and write their logs in, holding the proxies'
+/// secret, readable by them too: (the directory, the secret's path).
+pub(crate) fn proxies_secret() -> (tempfile::TempDir, PathBuf) {
+    let shared = tempfile::tempdir().unwrap();
+    let secret = shared.path().join("secret");
+    std::fs::write(&secret, "the proxies' secret\n").unwrap();
+    for (path, mode) in [(shared.path(), 0o755), (secret.as_path(), 0o644)] {
+        std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode)).unwrap();
+    }
+    (shared, secret)
 }
 
 /// nginx's own record of a server's responses (its access log): (2xx, 4xx).
@@ -594,14 +660,7 @@ impl Scenario for KeptReturnsThroughProxies {
 
     fn run(&self, agent: &AgentProcess) {
         let (runs, replicas, fronts) = (&self.runs, &self.replicas, &self.fronts);
-        // nginx's workers (nobody) read the secret too.
-        let shared = tempfile::tempdir().unwrap();
-        let secret = shared.path().join("secret");
-        std::fs::write(&secret, "the proxies' secret\n").unwrap();
-        for (path, mode) in [(shared.path(), 0o755), (secret.as_path(), 0o644)] {
-            std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode))
-                .unwrap();
-        }
+        let (shared, secret) = proxies_secret();
         let names: Vec<String> = HAPROXY_RUNS
             .iter()
             .map(|s| format!("{0}:be_{0}", s.name))
@@ -630,7 +689,7 @@ impl Scenario for KeptReturnsThroughProxies {
             .collect();
         let nginx = Nginx::start_with(
             &format!("{NGINX_LUA_MODULES}worker_processes 2;\n"),
-            &nginx_http(&nginx_runs, &agent.socket, &secret, shared.path()),
+            &nginx_http(&nginx_runs, &agent.socket, &secret, shared.path(), ""),
             None,
         );
         let nginx_before = nginx.status();
@@ -663,12 +722,7 @@ impl Scenario for KeptReturnsThroughProxies {
                     bound_p99: clairvoyant_p99(&record.arrivals, REPLICAS * PLACES, SERVICE_TIME),
                     proxy_2xx,
                     proxy_4xx,
-                    issued: tickets(&metrics, spec.name, "issued"),
-                    honoured: tickets(&metrics, spec.name, "honoured"),
-                    unplaced: tickets(&metrics, spec.name, "unplaced"),
-                    refused: tickets(&metrics, spec.name, "refused"),
-                    early: tickets(&metrics, spec.name, "early"),
-                    unrecorded: tickets(&metrics, spec.name, "unrecorded"),
+                    book: Book::read(&metrics, spec.name),
                     record,
                 }
             })
