@@ -2,7 +2,8 @@
 with no cookie (so a proxy keeping returns by cookie mints a new place for every rejection it
 gives one) and ``X-Forwarded-For: --source``, none ever coming back. Prints one JSON object:
 sent, answered (by status), places (429s that carried a return cookie: a place given),
-hints (429s without one), errors.
+hints (429s without one), errors (requests with no answer) and their kinds (the exception's
+class and message, counted).
 """
 
 import argparse
@@ -26,16 +27,18 @@ def main():
 
     pool = urllib3.PoolManager(maxsize=32, block=True, retries=False)
     lock = threading.Lock()
-    counts = {"answered": {}, "places": 0, "hints": 0, "errors": 0}
+    counts = {"answered": {}, "places": 0, "hints": 0, "errors": 0, "error_kinds": {}}
 
     def one(_):
         try:
             response = pool.request(
                 "GET", args.url, headers={"X-Forwarded-For": args.source}, retries=False, timeout=TIMEOUT
             )
-        except urllib3.exceptions.HTTPError:
+        except urllib3.exceptions.HTTPError as error:
+            kind = f"{type(error).__name__}: {error}"
             with lock:
                 counts["errors"] += 1
+                counts["error_kinds"][kind] = counts["error_kinds"].get(kind, 0) + 1
             return
         with lock:
             status = str(response.status)

@@ -1,24 +1,30 @@
-//! One address minting places through the distribution's HAProxy: with kept returns by
-//! cookie, every rejection without a cookie is a new client to the book, so an address that
-//! never keeps its cookies could take a place at each of its requests and fill every second up
-//! to the horizon. With `RETRY_AFTER_SOURCE_SHARE_PERCENT` (the address from the last entry of
-//! `X-Forwarded-For`, as a load balancer in front appends it), that address is given places at
-//! most at its share of the drain, and honest clients, each with its own address and its own
-//! cookie jar (real urllib3 `Retry` honouring Retry-After), keep theirs: admitted at them, none
-//! giving up. The truth: the flood's own record of the places it was given (429s with a return
-//! cookie), the honest clients' record, HAProxy's stats and the agent's `over_share` count.
+//! One address minting places through the distribution's HAProxy and through nginx: with kept
+//! returns by cookie, every rejection without a cookie is a new client to the book, so an
+//! address that never keeps its cookies could take a place at each of its requests and fill
+//! every second up to the horizon. With a source share (HAProxy's
+//! `RETRY_AFTER_SOURCE_SHARE_PERCENT`, nginx's `source_share_percent`; the address from the last
+//! entry of `X-Forwarded-For`, as a load balancer in front appends it), that address is given
+//! places at most at its share of the drain, and honest clients, each with its own address and
+//! its own cookie jar (real urllib3 `Retry` honouring Retry-After), keep theirs: admitted at
+//! them, none giving up. The truth: the flood's own record of the places it was given (429s
+//! with a return cookie), the honest clients' record, the proxy's own counts (HAProxy's stats,
+//! nginx's access log) and the agent's `over_share` count.
 
-use std::{path::PathBuf, process::Command, time::Duration};
+use std::{net::SocketAddr, path::PathBuf, process::Command, time::Duration};
 
-use retry_after_testkit::{AgentProcess, free_port, http::HttpServer, proxies::Haproxy, run_ok};
-
-use crate::kept_returns::{
-    CAPACITY, KEPT_RETURNS, Keep, REPLICAS, SERVICE_TIME, agent_service, clairvoyant_p99,
-    haproxy_frontend, kept_clients_with, quantile, tickets,
+use retry_after_testkit::{
+    AgentProcess, free_port,
+    http::HttpServer,
+    proxies::{Haproxy, NGINX_LUA_MODULES, Nginx, nginx_workers_may_connect},
+    run_stdout,
 };
 
-/// The service's name.
-const SERVICE: &str = "flood";
+use crate::kept_returns::{
+    CAPACITY, KEPT_RETURNS, Keep, REPLICAS, Record, SERVICE_TIME, Spec, agent_service,
+    capped_replica, clairvoyant_p99, haproxy_frontend, kept_clients_with, nginx_http, nginx_logged,
+    proxies_secret, quantile, tickets,
+};
+
 /// The share of the drain one address may be given places at.
 const SHARE_PERCENT: f64 = 25.0;
 /// How long the flood and the honest clients go on.
@@ -35,12 +41,17 @@ struct Flood {
     admitted: u64,
     places: u64,
     hints: u64,
+    /// Requests with no answer.
     errors: u64,
+    /// Those among them that timed out (10 s) waiting for their answer.
+    timeouts: u64,
+    /// What the requests with no answer raised, and how often.
+    error_kinds: serde_json::Value,
 }
 
 fn flood(url: &str) -> Flood {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients/key_rotation_flood.py");
-    let out = run_ok(
+    let out = run_stdout(
         Command::new("python3")
             .arg(script)
             .args(["--url", url])
@@ -56,11 +67,96 @@ fn flood(url: &str) -> Flood {
         places: count("places"),
         hints: count("hints"),
         errors: count("errors"),
+        timeouts: v["error_kinds"]
+            .as_object()
+            .expect("error_kinds")
+            .iter()
+            .filter(|(kind, _)| kind.starts_with("ReadTimeoutError"))
+            .map(|(_, n)| n.as_u64().unwrap())
+            .sum(),
+        error_kinds: v["error_kinds"].clone(),
     }
 }
 
+/// The flood and the honest clients (at 1.3× the fleet's capacity) at once, through `url`.
+fn flood_beside_honest_clients(url: &str) -> (Flood, Record) {
+    std::thread::scope(|s| {
+        let honest = s.spawn(|| {
+            kept_clients_with(
+                url,
+                1.3 * CAPACITY,
+                SECONDS,
+                31,
+                Keep::Cookie,
+                &["--forwarded-for"],
+            )
+        });
+        let flooded = s.spawn(|| flood(url));
+        (flooded.join().unwrap(), honest.join().unwrap())
+    })
+}
+
+/// What both proxies must show: the address held to its share, every rejection of it past the
+/// share counted, the honest clients admitted at their places soon, and the proxy's own count
+/// of successes equal to the clients'. `service`: the agent's name for it; `proxy_2xx`: the
+/// proxy's own count.
+fn check(service: &str, agent: &AgentProcess, flooded: &Flood, honest: &Record, proxy_2xx: u64) {
+    let metrics = agent.metrics();
+    let count = |outcome| tickets(&metrics, service, outcome);
+    let (issued, over_share) = (count("issued"), count("over_share"));
+    let bound_p99 = clairvoyant_p99(&honest.arrivals, REPLICAS * 2, SERVICE_TIME);
+    // What the honest clients can be promised: the room the address's share leaves, a fleet
+    // of three places of four for the same arrivals.
+    let share_bound_p99 = clairvoyant_p99(&honest.arrivals, REPLICAS * 2 * 3 / 4, SERVICE_TIME);
+    let p99 = quantile(&honest.times, 0.99);
+    eprintln!(
+        "{service}: flood from one address: {flooded:?}; honest: {} clients, {:.1}% of {} \
+         retries admitted, {} gave up, p99 to success {p99:.1} s, the bound's {bound_p99:.1} s \
+         (with three places of four: {share_bound_p99:.1} s); agent: issued {issued}, \
+         over_share {over_share}; the proxy's 2xx {proxy_2xx}",
+        honest.clients,
+        100.0 * honest.admitted_share(),
+        honest.retries,
+        honest.gave_up,
+    );
+    assert_eq!(honest.errors, 0);
+    // The flood's requests were all answered, or admitted and waited past its 10 s timeout
+    // (through nginx, below): none refused or reset.
+    assert_eq!(
+        flooded.errors, flooded.timeouts,
+        "{:?}",
+        flooded.error_kinds
+    );
+    assert_eq!(
+        flooded.admitted + flooded.places + flooded.hints + flooded.errors,
+        flooded.sent,
+        "every request answered 200 or 429, or timed out waiting"
+    );
+    // The address's share: 25% of the drain (16 a second) for 20 s, and a second's worth at
+    // once, with a few seconds' slack for the drain rate the agent measured.
+    let share = SHARE_PERCENT / 100.0 * CAPACITY;
+    assert!(
+        flooded.places as f64 <= share * (f64::from(SECONDS) + 4.0),
+        "{} places for one address",
+        flooded.places
+    );
+    // Every rejection of the flood without a place was counted as over its share (the
+    // honest clients, one address each, are never over theirs).
+    assert_eq!(over_share as u64, flooded.hints);
+    // The honest clients kept their places.
+    assert_eq!(honest.gave_up, 0, "{}", honest.gave_up_story());
+    assert!(honest.admitted_share() >= 0.95, "{honest:?}");
+    assert!(
+        p99 <= 1.5 * share_bound_p99,
+        "p99 {p99:.1} s, the bound's with the share left {share_bound_p99:.1} s"
+    );
+    assert_eq!(proxy_2xx, honest.succeeded + flooded.admitted);
+}
+
 #[test]
-fn one_address_minting_cookies_gets_its_share_and_honest_clients_keep_their_places() {
+fn through_haproxy_one_address_minting_cookies_gets_its_share_and_honest_clients_keep_their_places()
+{
+    const SERVICE: &str = "flood";
     let replicas: Vec<HttpServer> = (0..REPLICAS)
         .map(|_| HttpServer::replica(SERVICE_TIME))
         .collect();
@@ -84,66 +180,54 @@ fn one_address_minting_cookies_gets_its_share_and_honest_clients_keep_their_plac
         &haproxy_frontend(SERVICE, front, &replicas),
     );
     let url = format!("http://{front}/");
-    // Honest clients at 1.3× the fleet's capacity; the flood beside them.
-    let (honest, flooded) = std::thread::scope(|s| {
-        let honest = s.spawn(|| {
-            kept_clients_with(
-                &url,
-                1.3 * CAPACITY,
-                SECONDS,
-                31,
-                Keep::Cookie,
-                &["--forwarded-for"],
-            )
-        });
-        let flooded = s.spawn(|| flood(&url));
-        (honest.join().unwrap(), flooded.join().unwrap())
-    });
+    let (flooded, honest) = flood_beside_honest_clients(&url);
+    // The last report reaches the agent within a second or two.
     std::thread::sleep(Duration::from_secs(3));
-    let metrics = agent.metrics();
-    let count = |outcome| tickets(&metrics, SERVICE, outcome);
-    let stat = |field| haproxy.stat(&format!("fe_{SERVICE}"), "FRONTEND", field);
-    let (issued, over_share) = (count("issued"), count("over_share"));
-    let bound_p99 = clairvoyant_p99(&honest.arrivals, REPLICAS * 2, SERVICE_TIME);
-    // What the honest clients can be promised: the room the address's share leaves, a fleet
-    // of three places of four for the same arrivals.
-    let share_bound_p99 = clairvoyant_p99(&honest.arrivals, REPLICAS * 2 * 3 / 4, SERVICE_TIME);
-    let p99 = quantile(&honest.times, 0.99);
-    eprintln!(
-        "flood from one address: {flooded:?}; honest: {} clients, {:.1}% of {} retries admitted, \
-         {} gave up, p99 to success {p99:.1} s, the bound's {bound_p99:.1} s (with three places \
-         of four: {share_bound_p99:.1} s); agent: issued \
-         {issued}, over_share {over_share}; HAProxy 2xx {} 4xx {}",
-        honest.clients,
-        100.0 * honest.admitted_share(),
-        honest.retries,
-        honest.gave_up,
-        stat("hrsp_2xx"),
-        stat("hrsp_4xx"),
+    let proxy_2xx = haproxy.stat(&format!("fe_{SERVICE}"), "FRONTEND", "hrsp_2xx");
+    check(SERVICE, &agent, &flooded, &honest, proxy_2xx);
+    // HAProxy's queue is bounded (its length and `timeout queue`): every flood request had
+    // its answer within the timeout.
+    assert_eq!(flooded.errors, 0);
+}
+
+/// The same through nginx (two workers, one book in their shared dictionary, `limit_req` at
+/// the fleet's capacity as the queue), configured as docs/integrations/nginx.md says. A return
+/// goes around `limit_req`, so the fresh arrivals it lets through and the returns together
+/// can pass the replicas' capacity, and the replicas' own queue takes the excess: some of the
+/// flood's admitted requests wait past its 10 s timeout (counted and printed; the honest
+/// clients' figures hold as through HAProxy).
+#[test]
+fn through_nginx_one_address_minting_cookies_gets_its_share_and_honest_clients_keep_their_places() {
+    const SERVICE: &str = "flood_ngx";
+    let replicas: Vec<HttpServer> = (0..REPLICAS).map(|_| capped_replica(true)).collect();
+    let front: SocketAddr = free_port();
+    let agent = AgentProcess::start(
+        &nginx_workers_may_connect(),
+        &agent_service(SERVICE, &replicas, Some(front), KEPT_RETURNS),
     );
-    assert_eq!((flooded.errors, honest.errors), (0, 0));
-    assert_eq!(
-        flooded.admitted + flooded.places + flooded.hints,
-        flooded.sent,
-        "every request answered 200 or 429"
+    let (shared, secret) = proxies_secret();
+    let spec = Spec {
+        name: SERVICE,
+        keep: Keep::Cookie,
+        load: 1.3,
+        seconds: SECONDS,
+        seed: 31,
+    };
+    let _nginx = Nginx::start_with(
+        &format!("{NGINX_LUA_MODULES}worker_processes 2;\n"),
+        &nginx_http(
+            &[(spec, front, &replicas)],
+            &agent.socket,
+            &secret,
+            shared.path(),
+            &format!(
+                "source_share_percent = {SHARE_PERCENT}, source_header = \"x-forwarded-for\", "
+            ),
+        ),
+        None,
     );
-    // The address's share: 25% of the drain (16 a second) for 20 s, and a second's worth at
-    // once, with a few seconds' slack for the drain rate the agent measured.
-    let share = SHARE_PERCENT / 100.0 * CAPACITY;
-    assert!(
-        flooded.places as f64 <= share * (f64::from(SECONDS) + 4.0),
-        "{} places for one address",
-        flooded.places
-    );
-    // Every rejection of the flood without a place was counted as over its share (the
-    // honest clients, one address each, are never over theirs).
-    assert_eq!(over_share as u64, flooded.hints);
-    // The honest clients kept their places.
-    assert_eq!(honest.gave_up, 0, "{}", honest.gave_up_story());
-    assert!(honest.admitted_share() >= 0.95, "{honest:?}");
-    assert!(
-        p99 <= 1.5 * share_bound_p99,
-        "p99 {p99:.1} s, the bound's with the share left {share_bound_p99:.1} s"
-    );
-    assert_eq!(stat("hrsp_2xx"), honest.succeeded + flooded.admitted);
+    let (flooded, honest) = flood_beside_honest_clients(&format!("http://{front}/"));
+    std::thread::sleep(Duration::from_secs(3));
+    let (proxy_2xx, _) = nginx_logged(shared.path(), SERVICE);
+    check(SERVICE, &agent, &flooded, &honest, proxy_2xx);
 }
