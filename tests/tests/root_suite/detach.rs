@@ -1,5 +1,7 @@
 //! The real daemon attaches its programs while it runs and leaves nothing attached or loaded
-//! once it has stopped on SIGTERM or SIGINT. Checked with bpftool, as an operator would.
+//! once it has stopped on SIGTERM or SIGINT. Checked with bpftool, as an operator would, for
+//! the programs the agent's own file descriptors hold (`prog_id` in /proc/<pid>/fdinfo): the
+//! suite's other lane may run an agent of its own meanwhile.
 
 use std::{
     os::unix::fs::MetadataExt,
@@ -25,15 +27,35 @@ fn bpftool(args: &[&str]) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).expect("bpftool prints JSON")
 }
 
-/// Ids of loaded programs with our names.
-fn our_programs() -> Vec<u64> {
+/// Ids of the loaded programs with our names among `ids`.
+fn ours_loaded(ids: &[u64]) -> Vec<u64> {
     bpftool(&["prog", "show"])
         .as_array()
         .unwrap()
         .iter()
         .filter(|prog| PROGRAM_NAMES.contains(&prog["name"].as_str().unwrap_or("")))
         .map(|prog| prog["id"].as_u64().unwrap())
+        .filter(|id| ids.contains(id))
         .collect()
+}
+
+/// Ids of the programs process `pid` holds a file descriptor of (a program's or a link's),
+/// from the kernel's `prog_id` in each descriptor's fdinfo.
+fn programs_held_by(pid: u32) -> Vec<u64> {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
+        return Vec::new();
+    };
+    let mut ids: Vec<u64> = fds
+        .filter_map(|fd| std::fs::read_to_string(fd.ok()?.path()).ok())
+        .flat_map(|info| {
+            info.lines()
+                .filter_map(|l| l.strip_prefix("prog_id:")?.trim().parse().ok())
+                .collect::<Vec<u64>>()
+        })
+        .collect();
+    ids.sort();
+    ids.dedup();
+    ids
 }
 
 /// Links whose program is one of `programs`.
@@ -81,11 +103,11 @@ fn run_agent(config: &Path) -> Child {
         .expect("start the agent")
 }
 
-/// Our programs and their links, once the agent has attached every one.
+/// The agent's programs and their links, once it has attached every one.
 fn attached(agent: &mut Child) -> (Vec<u64>, Vec<serde_json::Value>) {
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let programs = our_programs();
+        let programs = ours_loaded(&programs_held_by(agent.id()));
         let links = links_of(&programs);
         if programs.len() == PROGRAM_NAMES.len() && links.len() == PROGRAM_NAMES.len() {
             return (programs, links);
@@ -95,27 +117,24 @@ fn attached(agent: &mut Child) -> (Vec<u64>, Vec<serde_json::Value>) {
         }
         assert!(
             Instant::now() < deadline,
-            "the agent did not attach within 20 s"
+            "the agent did not attach within 60 s"
         );
         std::thread::sleep(Duration::from_millis(100));
     }
 }
 
-/// Our loaded programs, once the kernel has had up to 5 s to release them: it frees a program
-/// after its last reference goes, and a tracing program only after an RCU grace period.
-fn programs_once_released() -> Vec<u64> {
+/// Those of `programs` still loaded once the kernel has had up to 5 s to release them: it
+/// frees a program after its last reference goes, and a tracing program only after an RCU
+/// grace period.
+fn programs_once_released(programs: &[u64]) -> Vec<u64> {
     let deadline = Instant::now() + Duration::from_secs(5);
-    while !our_programs().is_empty() && Instant::now() < deadline {
+    while !ours_loaded(programs).is_empty() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
-    our_programs()
+    ours_loaded(programs)
 }
 
 fn stop_and_check(signal: i32) {
-    assert!(
-        programs_once_released().is_empty(),
-        "programs of an earlier run are still loaded"
-    );
     let mut agent = start_agent();
     let (programs, _) = attached(&mut agent);
 
@@ -128,7 +147,7 @@ fn stop_and_check(signal: i32) {
     );
 
     assert_eq!(
-        programs_once_released(),
+        programs_once_released(&programs),
         Vec::<u64>::new(),
         "programs still loaded 5 s after exit"
     );
@@ -203,7 +222,7 @@ fn attach_cgroups_auto_attaches_where_the_watched_listener_is_owned() {
     assert!(check.status.success(), "{said}");
 
     let mut agent = run_agent(&config);
-    let (_, links) = attached(&mut agent);
+    let (programs, links) = attached(&mut agent);
     let sockets: Vec<serde_json::Value> = links
         .into_iter()
         .filter(|l| l["cgroup_id"].is_u64())
@@ -213,16 +232,16 @@ fn attach_cgroups_auto_attaches_where_the_watched_listener_is_owned() {
     // SAFETY: kill(2) on our own child's pid.
     assert_eq!(unsafe { libc::kill(agent.id() as i32, libc::SIGTERM) }, 0);
     assert!(agent.wait().unwrap().success());
-    programs_once_released();
+    assert_eq!(programs_once_released(&programs), Vec::<u64>::new());
 
     // Nobody listens on this backend: the root, with a warning.
     let config = config_file("attach_cgroups = \"auto\"", "127.0.0.1:1");
     let mut agent = run_agent(&config);
-    let (_, links) = attached(&mut agent);
+    let (programs, links) = attached(&mut agent);
     let root = find_cgroup2_root().unwrap();
     assert_eq!(link_cgroups(&links), vec![cgroup_id(&root)]);
     // SAFETY: as above.
     assert_eq!(unsafe { libc::kill(agent.id() as i32, libc::SIGTERM) }, 0);
     assert!(agent.wait().unwrap().success());
-    programs_once_released();
+    assert_eq!(programs_once_released(&programs), Vec::<u64>::new());
 }

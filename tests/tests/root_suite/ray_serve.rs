@@ -1,6 +1,6 @@
 //! Ray Serve, the proposal's own system, end to end: the real Ray Serve 2.60 from PyPI
-//! (`tests/clients/serve_apps.py`, in the project's virtual environment), started once for
-//! this binary, the real agent watching Serve's HTTP port from the kernel, wrk as the load.
+//! (`tests/clients/serve_apps.py`, in the project's virtual environment), started for each
+//! test, the real agent watching Serve's HTTP port from the kernel, wrk as the load.
 //! Both places a Serve rejection happens:
 //!
 //! * **Serve's proxy rejects** (`/direct`: the ingress deployment's queue is full). nginx and
@@ -13,9 +13,9 @@
 //!   the model): `retry_after_ray` answers the `BackPressureError` with the agent's value for
 //!   the depth Serve states in it, Serve's own value with the agent stopped.
 //!
-//! Then urllib3 clients honouring Retry-After get in through nginx, and (once those stop
-//! arriving, while they wait out their answers) urllib3 clients with a key each get in at
-//! the places an ingress keeps (`retry_after_ray` with `keep`, policy `kept_returns`).
+//! Then urllib3 clients honouring Retry-After get in through nginx; and, in a test of its own,
+//! urllib3 clients with a key each get in at the places an ingress keeps (`retry_after_ray`
+//! with `keep`, policy `kept_returns`).
 
 use std::{
     io::{BufRead, BufReader},
@@ -375,34 +375,15 @@ fn serve_rejections_carry_the_agents_retry_after_in_both_places_serve_rejects() 
 
     // Clients that honour Retry-After (urllib3's own Retry) get in through nginx, told by
     // scheduled_returns (the same Serve app, under its own service name). They arrive for
-    // 15 s; while the last of them wait out their answers (up to a minute), the ingress keeps
-    // the places it promises (retry_after_ray with keep="header:x-api-key") to urllib3 clients
-    // with a key each, at 1.5x the model's 20 requests a second for 20 s.
+    // 15 s, and the last of them wait out their answers (up to a minute).
     let script = repo().join("tests/clients/retrying_clients.py");
-    let (out, (kept, mid_run)) = thread::scope(|s| {
-        let scheduled = s.spawn(|| {
-            retry_after_testkit::run_stdout(
-                Command::new("python3")
-                    .arg(script)
-                    .args(["--url", &format!("http://{front}/scheduled")])
-                    .args(["--rate", "30", "--seconds", "15"])
-                    .args(["--retries", "3", "--seed", "7"]),
-            )
-        });
-        thread::sleep(Duration::from_secs(16));
-        let asked = s.spawn(|| {
-            thread::sleep(Duration::from_secs(12));
-            agent.request("QUERY serve-kept").unwrap_or_default()
-        });
-        let kept = kept_clients(
-            &format!("http://{}/kept/", serve.addr),
-            30.0,
-            20,
-            31,
-            Keep::Header,
-        );
-        (scheduled.join().unwrap(), (kept, asked.join().unwrap()))
-    });
+    let out = retry_after_testkit::run_stdout(
+        Command::new("python3")
+            .arg(script)
+            .args(["--url", &format!("http://{front}/scheduled")])
+            .args(["--rate", "30", "--seconds", "15"])
+            .args(["--retries", "3", "--seed", "7"]),
+    );
     drop(nginx);
     let record: serde_json::Value = serde_json::from_str(out.trim()).expect("the clients' record");
     let count = |key: &str| record[key].as_u64().unwrap();
@@ -423,7 +404,32 @@ fn serve_rejections_carry_the_agents_retry_after_in_both_places_serve_rejects() 
         "most retries at the agent's time got in"
     );
     assert!(succeeded * 10 >= clients * 9, "nearly every client got in");
+    drop(serve);
+}
 
+/// The ingress keeps the places it promises (retry_after_ray with keep="header:x-api-key") to
+/// urllib3 clients with a key each, at 1.5x the model's 20 requests a second for 20 s,
+/// straight to Serve's port. Its figures move with the machine's load (Serve's proxy, ingress
+/// and replicas are Python processes), so `./dev test` runs it with nothing beside it.
+#[test]
+fn the_ingress_keeps_the_places_it_gives_to_keyed_urllib3_clients() {
+    let serve_addr = free_port();
+    let agent = AgentProcess::start(&nginx_workers_may_connect(), &services(serve_addr));
+    let serve = ServeApps::start(serve_addr, &agent.socket);
+    let (kept, mid_run) = thread::scope(|s| {
+        let asked = s.spawn(|| {
+            thread::sleep(Duration::from_secs(12));
+            agent.request("QUERY serve-kept").unwrap_or_default()
+        });
+        let kept = kept_clients(
+            &format!("http://{}/kept/", serve.addr),
+            30.0,
+            20,
+            31,
+            Keep::Header,
+        );
+        (kept, asked.join().unwrap())
+    });
     eprintln!("the agent mid-run: {}", mid_run.trim());
     let bound = clairvoyant_p99(&kept.arrivals, MODEL_PLACES, MODEL_TIME);
     let p99 = quantile(&kept.times, 0.99);
