@@ -426,20 +426,24 @@ end
 -- A place for a request the book let on as fresh (or early, taking its place) that limit_req
 -- then rejected, its burst full where the push's queue_depth was not: behind a full queue.
 -- Seconds, rung and cookie; nil when the book's lock is busy (header_filter may not sleep) or
--- the place could not be recorded.
+-- the place could not be recorded: the hint, and counted as unrecorded either way.
 function place_after_limit(service)
   local k = kept[service]
   local push, age = fresh_push(service)
   local _, drain, depth = book_inputs(push)
-  return select(2, with_book(service, function()
+  local ok, recorded, seconds, rung, cookie = with_book(service, function()
     local failed = k.book.store.failed
     local seconds, rung, cookie =
       give_place(service, k, returning(service, k), push, age, math.max(depth, k.max_queued), drain, ngx.now())
-    if k.book.store.failed == failed then return seconds, rung, cookie end
-    -- A place the book could not record is not told: the hint, below, and counted.
+    return k.book.store.failed == failed, seconds, rung, cookie
+  end, false)
+  -- A place the book could not record, or could not decide for (its lock held by another
+  -- worker all the while), is not told: the hint, below, and counted.
+  if not (ok and recorded) then
     dict():incr("unrecorded:" .. service, 1, 0)
     return nil
-  end, false))
+  end
+  return seconds, rung, cookie
 end
 
 -- rewrite_by_lua, before limit_req: kept returns for service. A place due is let past limit_req

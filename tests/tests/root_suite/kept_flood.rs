@@ -20,7 +20,7 @@ use retry_after_testkit::{
 };
 
 use crate::kept_returns::{
-    CAPACITY, KEPT_RETURNS, Keep, REPLICAS, Record, SERVICE_TIME, Spec, agent_service,
+    Book, CAPACITY, KEPT_RETURNS, Keep, REPLICAS, Record, SERVICE_TIME, Spec, agent_service,
     capped_replica, clairvoyant_p99, haproxy_frontend, kept_clients_with, nginx_http, nginx_logged,
     proxies_secret, quantile, tickets,
 };
@@ -140,9 +140,16 @@ fn check(service: &str, agent: &AgentProcess, flooded: &Flood, honest: &Record, 
         "{} places for one address",
         flooded.places
     );
-    // Every rejection of the flood without a place was counted as over its share (the
-    // honest clients, one address each, are never over theirs).
-    assert_eq!(over_share as u64, flooded.hints);
+    // Every rejection of the flood without a place was counted: as over its share (the
+    // honest clients, one address each, are never over theirs), or for another reason the
+    // book counts (nginx's `stamp`, which may not wait, gives the hint when another worker
+    // holds the book: `unrecorded`; one in a fresh-clone run).
+    let others = Book::read(&metrics, service).not_placed();
+    assert!(
+        over_share <= flooded.hints as f64 && flooded.hints as f64 <= over_share + others,
+        "{} hints, {over_share} over_share, {others} placeless for another reason",
+        flooded.hints
+    );
     // The honest clients kept their places.
     assert_eq!(honest.gave_up, 0, "{}", honest.gave_up_story());
     assert!(honest.admitted_share() >= 0.95, "{honest:?}");

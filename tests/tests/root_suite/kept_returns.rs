@@ -326,7 +326,7 @@ impl Book {
     }
 
     /// Rejections the book gave no place, for a reason it counted.
-    fn not_placed(&self) -> f64 {
+    pub(crate) fn not_placed(&self) -> f64 {
         self.unplaced + self.refused + self.unrecorded
     }
 
@@ -346,7 +346,13 @@ impl Book {
     /// Every 429 the clients were answered was a place given, a place the book counted as
     /// not given (unplaced, refused, unrecorded) or an early return told the time left.
     pub(crate) fn accounts_for_rejections(&self, r: &Record, line: &str) {
-        let answered = r.answered_429 as f64;
+        self.accounts_for_429s(r.answered_429, line);
+    }
+
+    /// [`Book::accounts_for_rejections`] for `answered_429` rejections, as counted by whoever
+    /// saw them (the clients, or the proxy's own log).
+    pub(crate) fn accounts_for_429s(&self, answered_429: u64, line: &str) {
+        let answered = answered_429 as f64;
         assert!(
             self.issued + self.not_placed() <= answered
                 && answered <= self.issued + self.not_placed() + self.early,
