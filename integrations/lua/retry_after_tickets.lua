@@ -545,9 +545,9 @@ end
 
 -- A rejection with kept returns at now (Unix seconds, with their fraction): the place given to
 -- key (nil: none can be), from source (nil: not bounded by source), by T.give_place, and the
--- seconds that tell it, rung "computed"; else the hint's seconds and rung. hint() gives seconds (nil: no header), rung, and whether they
--- come from a fresh push (T.push_hint; false for the proxy's own static value), and is asked
--- at most once. Seconds, rung, place.
+-- seconds that tell it, rung "computed"; else the hint's seconds and rung. hint() gives
+-- seconds (nil: no header), rung, and whether they come from a fresh push (T.push_hint; false
+-- for the proxy's own static value), and is asked at most once. Seconds, rung, place.
 function T.reject(book, key, source, now, queue_depth, drain_rate, clamp_s, hint)
   local asked
   local function ask()

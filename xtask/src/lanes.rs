@@ -206,7 +206,7 @@ fn next(queue: &Mutex<VecDeque<Module>>) -> Option<Module> {
 }
 
 /// Add a run's module times to `timings`; its outcome.
-fn record((outcome, modules): TestRun, timings: &Mutex<Timings>) -> Result<()> {
+pub(crate) fn record((outcome, modules): TestRun, timings: &Mutex<Timings>) -> Result<()> {
     for (module, elapsed) in modules {
         add(timings, &format!("  {module}"), elapsed);
     }

@@ -344,12 +344,7 @@ fn test(root: &Path, env: &setup::Env, timings: &mut Timings) -> Result<()> {
                 .env("RUSTC_BOOTSTRAP", "1")
                 .arg(MATRIX)
                 .args(args);
-            let (outcome, modules) = run_tests(command);
-            let mut timings = shared.lock().unwrap_or_else(|p| p.into_inner());
-            for (module, elapsed) in modules {
-                timings.record(&format!("  {module}"), elapsed);
-            }
-            outcome
+            lanes::record(run_tests(command), &shared)
         });
         let lanes = lanes::run(&suite, &dir, &args, MATRIX, &shared);
         let matrix = matrix

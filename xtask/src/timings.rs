@@ -58,8 +58,9 @@ impl Timings {
 /// segment of a test's path).
 pub type TestRun = (Result<()>, Vec<(String, Duration)>);
 
-/// One libtest binary to its end, its output passed through line by line; when it fails, its error ends with each failed test's
-/// panic message, so the last lines of a long log say what failed.
+/// One libtest binary to its end, its output passed through line by line; when it fails, its
+/// error ends with each failed test's panic message, so the last lines of a long log say what
+/// failed.
 pub fn run_tests(mut command: Command) -> TestRun {
     let mut modules = Vec::new();
     let mut failures = Failures::default();

@@ -102,8 +102,8 @@ fn flood_beside_honest_clients(url: &str) -> (Flood, Record) {
 /// proxy's own count.
 fn check(service: &str, agent: &AgentProcess, flooded: &Flood, honest: &Record, proxy_2xx: u64) {
     let metrics = agent.metrics();
-    let count = |outcome| tickets(&metrics, service, outcome);
-    let (issued, over_share) = (count("issued"), count("over_share"));
+    let book = Book::read(&metrics, service);
+    let (issued, over_share) = (book.issued, tickets(&metrics, service, "over_share"));
     let bound_p99 = clairvoyant_p99(&honest.arrivals, REPLICAS * 2, SERVICE_TIME);
     // What the honest clients can be promised: the room the address's share leaves, a fleet
     // of three places of four for the same arrivals.
@@ -144,7 +144,7 @@ fn check(service: &str, agent: &AgentProcess, flooded: &Flood, honest: &Record, 
     // honest clients, one address each, are never over theirs), or for another reason the
     // book counts (nginx's `stamp`, which may not wait, gives the hint when another worker
     // holds the book: `unrecorded`; one in a fresh-clone run).
-    let others = Book::read(&metrics, service).not_placed();
+    let others = book.not_placed();
     assert!(
         over_share <= flooded.hints as f64 && flooded.hints as f64 <= over_share + others,
         "{} hints, {over_share} over_share, {others} placeless for another reason",

@@ -299,16 +299,16 @@ pub(crate) fn tickets(metrics: &str, service: &str, outcome: &str) -> f64 {
 /// exports them in `retry_after_tickets_total`).
 #[derive(Debug)]
 pub(crate) struct Book {
-    issued: f64,
-    honoured: f64,
+    pub(crate) issued: f64,
+    pub(crate) honoured: f64,
     /// Rejections given no place (the hint alone): no room known, or none up to the horizon.
-    unplaced: f64,
+    pub(crate) unplaced: f64,
     /// Keys refused a place (their bucket full of live places).
-    refused: f64,
+    pub(crate) refused: f64,
     /// Returns before their second (told the time left, or let into free room).
-    early: f64,
+    pub(crate) early: f64,
     /// Cookies whose taking the book could not remember (a fresh arrival instead).
-    unrecorded: f64,
+    pub(crate) unrecorded: f64,
 }
 
 impl Book {

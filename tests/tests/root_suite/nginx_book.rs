@@ -16,7 +16,7 @@ use retry_after_testkit::{
     },
 };
 
-use crate::kept_returns::{Book, QUEUE_LIMIT, agent_service, tickets};
+use crate::kept_returns::{Book, QUEUE_LIMIT, agent_service};
 
 /// The service's name, in the agent and in nginx.
 pub(crate) const SERVICE: &str = "api";
@@ -103,9 +103,6 @@ struct Run {
     closed: u64,
     unstamped: usize,
     errors: Vec<String>,
-    issued: f64,
-    honoured: f64,
-    unrecorded: f64,
     /// What the book counted of its places.
     book: Book,
 }
@@ -157,7 +154,6 @@ impl Run {
         // The last report reaches the agent within a second or two.
         std::thread::sleep(Duration::from_secs(3));
         let metrics = agent.metrics();
-        let count = |outcome| tickets(&metrics, SERVICE, outcome);
         let log = std::fs::read_to_string(dir.path().join("answers.log")).unwrap();
         let answers: Vec<(&str, &str)> = log
             .lines()
@@ -180,9 +176,6 @@ impl Run {
                 .filter(|l| l.contains("[error]") || l.contains("[crit]") || l.contains("[alert]"))
                 .map(str::to_owned)
                 .collect(),
-            issued: count("issued"),
-            honoured: count("honoured"),
-            unrecorded: count("unrecorded"),
             book: Book::read(&metrics, SERVICE),
         };
         eprintln!(
@@ -193,9 +186,9 @@ impl Run {
             run.ok,
             run.rejected,
             run.unstamped,
-            run.issued,
-            run.honoured,
-            run.unrecorded,
+            run.book.issued,
+            run.book.honoured,
+            run.book.unrecorded,
             run.errors.len(),
         );
         run
@@ -218,9 +211,9 @@ impl Run {
             "only 200, 429 and wrk's last (499)"
         );
         assert_eq!(self.unstamped, 0, "every rejection carries a Retry-After");
-        assert!(self.issued > 0.0, "the book gave places");
+        assert!(self.book.issued > 0.0, "the book gave places");
         let allowed =
-            RATE as f64 * (self.wrk.seconds + 1.0) + f64::from(QUEUE_LIMIT) + self.honoured;
+            RATE as f64 * (self.wrk.seconds + 1.0) + f64::from(QUEUE_LIMIT) + self.book.honoured;
         assert!(
             self.ok as f64 <= allowed,
             "{} admitted; limit_req and the book's returns allow {allowed}",
@@ -242,7 +235,7 @@ fn a_full_ticket_dictionary_is_counted_and_lets_nothing_past_limit_req() {
     let full = Run::with_tickets_dict("16k");
     full.check();
     assert!(
-        full.unrecorded > 0.0,
+        full.book.unrecorded > 0.0,
         "a 16k dictionary fills: what the book could not record is counted"
     );
     // A full book turns kept returns off, not the service: limit_req's rate goes on.
