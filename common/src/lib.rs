@@ -454,15 +454,10 @@ pub struct ConnState {
     pub h2_entry: h2::StreamEntry,
     /// The bytes a segment overtook, in the direction this vantage point receives.
     pub hole: h2::Hole,
-    /// Who walks the HTTP/2 frames this vantage point receives right now: 0 nobody, else the
-    /// walking CPU + 1. Segments of one direction can be received on two CPUs at once; the
-    /// walk, the hole and the parked places are one CPU's at a time (taken and given back
-    /// atomically by the ingress programs).
-    pub h2_walker: u64,
 }
 
 // Every field is accounted for: no implicit padding, so the map value has no undefined bytes.
-const _: () = assert!(core::mem::size_of::<ConnState>() == 184);
+const _: () = assert!(core::mem::size_of::<ConnState>() == 176);
 
 impl ConnState {
     /// The HTTP/2 frame walk of the bytes `sender` sends.
@@ -471,6 +466,14 @@ impl ConnState {
         match sender {
             tls::Sender::Client => &self.client_frames,
             tls::Sender::Server => &self.server_frames,
+        }
+    }
+
+    /// The frame walk of `sender`'s bytes, to change.
+    pub fn frames_mut(&mut self, sender: tls::Sender) -> &mut h2::FrameStream {
+        match sender {
+            tls::Sender::Client => &mut self.client_frames,
+            tls::Sender::Server => &mut self.server_frames,
         }
     }
 
@@ -517,7 +520,6 @@ impl ConnState {
                 side: side as u16,
             },
             hole: h2::Hole::NONE,
-            h2_walker: 0,
         }
     }
 }
@@ -565,8 +567,8 @@ pub enum ProbeStat {
     /// (larger than [`h2::PARKED_BYTES`], or no room in the parking map): walked as they
     /// came, which may lose the framing (`http2_segments_unframed`).
     Http2SegmentsNotParked => "http2_segments_not_parked",
-    /// HTTP/2 connections left out: the kernel cannot run the programs that count streams
-    /// (no `bpf_loop` or no atomic fetch operations), so their requests are not counted.
+    /// HTTP/2 connections left out: the kernel refused every build of the programs that
+    /// count streams, so their requests are not counted.
     Http2ConnectionsLeftOut => "http2_connections_left_out",
     /// Segments of HTTP/2 connections walked while another CPU was still walking the same
     /// direction's bytes after the wait for it ran out: the two walks may lose the framing
@@ -577,6 +579,12 @@ pub enum ProbeStat {
     /// under TCP_DEFER_ACCEPT or Fast Open, or when the handshake's last ACK was lost. The
     /// streams that flight opened are not counted.
     Http2FirstFlightsUnwalked => "http2_first_flights_unwalked",
+    /// Segments of HTTP/2 connections whose frames outlasted the chain of tail calls that
+    /// walks them on kernels without `bpf_loop` (2,048 frames a program, 33 programs a chain,
+    /// shared with the parked segments walked after it): the rest of the segment is not
+    /// walked, and the walk's place is found again at the next segment that begins with a
+    /// frame header (`http2_segments_unframed`).
+    Http2WalksCut => "http2_walks_cut",
 }
 }
 

@@ -2,34 +2,15 @@
 //! accepted only by a kernel that has one feature the counting programs use, so the agent
 //! asks the verifier that will judge them, not a version number (distributions backport).
 
-use core::{ffi::c_void, ptr::read_volatile};
+use core::ffi::c_void;
 
 use aya_ebpf::{
     macros::{btf_tracepoint, cgroup_skb},
     programs::{BtfTracePointContext, SkBuffContext},
 };
-use retry_after_common::{ProbeStat, h2::FrameOps};
+use retry_after_common::h2::FrameOps;
 
-use crate::{
-    counters::KernelFrameOps,
-    maps::{PROBE_STATS, tracked},
-    walk_lock,
-};
-
-/// Atomic fetch operations (5.12), compare-and-exchange among them: the HTTP/2 walker word
-/// (`walk_lock.rs`). An exchange of 0 for 0 in a probe-wide counter changes nothing.
-#[cgroup_skb(ingress)]
-fn ra_has_atomics(_ctx: SkBuffContext) -> i32 {
-    if let Some(slot) = PROBE_STATS.get_ptr_mut(ProbeStat::ConnectionsUntracked as u32) {
-        // The walker's own exchange, so the probe asks for the instruction the walk uses.
-        // SAFETY: `slot` points into this CPU's copy of the array, 8-byte aligned.
-        let exchanged = unsafe { walk_lock::exchange(slot, 0, 0) };
-        // Read, so the fetch form is kept.
-        // SAFETY: a local value.
-        let _ = unsafe { read_volatile(&exchanged) };
-    }
-    1
-}
+use crate::{counters::KernelFrameOps, maps::tracked};
 
 /// `bpf_loop` (5.17): the HTTP/2 frame walk's loop.
 #[cgroup_skb(ingress)]

@@ -24,7 +24,7 @@ use crate::{
         EARLY_NOT_A_REQUEST, EARLY_PAYLOADS, HandshakePeer, MADE_AT_ESTABLISHED, PROBE_STATS,
         Stored, forget, live_counters, matching_watch, store, tracked,
     },
-    parking, streams,
+    parking, streams, walk_lock,
 };
 
 /// Connection establishment and close.
@@ -33,7 +33,7 @@ fn ra_sockops(ctx: SockOpsContext) -> u32 {
     sockops::<true>(&ctx)
 }
 
-/// `ra_sockops` without HTTP/2 streams, for kernels without atomic fetch operations.
+/// `ra_sockops` without HTTP/2 streams, for kernels that refuse both builds that count them.
 #[sock_ops]
 fn ra_sockops_noh2(ctx: SockOpsContext) -> u32 {
     sockops::<false>(&ctx)
@@ -253,6 +253,7 @@ fn close_tracked<S, const HTTP2: bool>(sk: *mut S) {
             // Its open streams are the agent's to abandon, from the table.
             streams::note_close(conn);
             parking::release_all(sk, conn.h2_connection);
+            walk_lock::forget(conn.h2_connection);
             TurnDelta::default()
         } else {
             conn.turn.on_close(conn.server_records.is_tls())

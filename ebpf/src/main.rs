@@ -43,6 +43,7 @@ mod maps;
 mod packet;
 mod parking;
 mod segments;
+mod steps;
 mod streams;
 mod walk_lock;
 

@@ -204,6 +204,27 @@ pub(crate) fn take(
     ))
 }
 
+/// The bytes parked for connection `connection` at `seq`, read as a segment's.
+#[inline(always)]
+pub(crate) fn parked_payload(connection: u64, seq: u32) -> Option<ParkedPayload> {
+    // SAFETY: the value is read while this program runs; only this connection's ingress
+    // removes it, after the walk.
+    let bytes = unsafe { H2_PARKED.get(&key(connection, seq)) }?;
+    Some(ParkedPayload {
+        bytes: core::ptr::from_ref(bytes),
+        len: bytes.len.min(PARKED_BYTES),
+    })
+}
+
+/// Put `parked`, taken by [`take`] and walked in part (its walk paused), back in a free place
+/// of `places` (the one it left is free).
+#[inline(always)]
+pub(crate) fn put_back(places: &mut ParkedPlaces, parked: Parked) {
+    if let Some(place) = places.places.iter_mut().find(|place| place.len == 0) {
+        *place = parked;
+    }
+}
+
 /// Drop the parked bytes of `parked`, of connection `connection`, once walked.
 #[inline(always)]
 pub(crate) fn release(connection: u64, parked: Parked) {

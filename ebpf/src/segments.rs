@@ -10,7 +10,7 @@ use aya_ebpf::{
 };
 use retry_after_common::{
     ConnState, EndpointCounters, Payload, ProbeStat, Protocol, Side,
-    h2::{Detected, FrameSegment, ParkedPlaces},
+    h2::{Detected, FrameSegment, FrameWalk, ParkedPlaces},
     tls::{Sender, Walked},
     turn::{PHASE_REQUEST, ResponseStart, STATUS_LINE_PREFIX, TurnDelta},
 };
@@ -20,26 +20,45 @@ use crate::{
     counters,
     lifecycle::count_opened,
     maps::{PROBE_STATS, forget, live_counters, port_watched, tracked},
-    packet, parking,
+    packet, parking, steps,
     streams::ConnectionStreams,
     walk_lock,
 };
+
+/// How a build of the segment programs counts HTTP/2 connections: not at all (left out, and
+/// counted as such).
+const H2_OFF: u8 = 0;
+/// ... by streams, each segment's frames walked by one `bpf_loop` (5.17 and later).
+const H2_LOOP: u8 = 1;
+/// ... by streams, each segment's frames walked in steps by a chain of tail calls (`steps.rs`),
+/// one CPU at a time by an entry of a map: kernels without `bpf_loop` or atomic exchange.
+const H2_STEPS: u8 = 2;
 
 /// A segment arrives at a local socket.
 #[cgroup_skb(ingress)]
 fn ra_ingress(ctx: SkBuffContext) -> i32 {
     if ports_watched(&ctx) {
-        on_segment::<true, true>(&ctx);
+        on_segment::<true, H2_LOOP>(&ctx);
     }
     1
 }
 
-/// `ra_ingress` without HTTP/2 streams, for kernels without `bpf_loop` or atomic fetch
-/// operations: an HTTP/2 connection is left out, and counted as such.
+/// `ra_ingress` walking HTTP/2 frames in steps, for kernels without `bpf_loop` or atomic
+/// exchange (`steps.rs`).
+#[cgroup_skb(ingress)]
+fn ra_ingress_step(ctx: SkBuffContext) -> i32 {
+    if ports_watched(&ctx) {
+        on_segment::<true, H2_STEPS>(&ctx);
+    }
+    1
+}
+
+/// `ra_ingress` without HTTP/2 streams, for kernels that refuse both builds that count them:
+/// an HTTP/2 connection is left out, and counted as such.
 #[cgroup_skb(ingress)]
 fn ra_ingress_noh2(ctx: SkBuffContext) -> i32 {
     if ports_watched(&ctx) {
-        on_segment::<true, false>(&ctx);
+        on_segment::<true, H2_OFF>(&ctx);
     }
     1
 }
@@ -48,7 +67,16 @@ fn ra_ingress_noh2(ctx: SkBuffContext) -> i32 {
 #[cgroup_skb(egress)]
 fn ra_egress(ctx: SkBuffContext) -> i32 {
     if ports_watched(&ctx) {
-        on_segment::<false, true>(&ctx);
+        on_segment::<false, H2_LOOP>(&ctx);
+    }
+    1
+}
+
+/// `ra_egress` walking HTTP/2 frames in steps (see `ra_ingress_step`).
+#[cgroup_skb(egress)]
+fn ra_egress_step(ctx: SkBuffContext) -> i32 {
+    if ports_watched(&ctx) {
+        on_segment::<false, H2_STEPS>(&ctx);
     }
     1
 }
@@ -57,8 +85,24 @@ fn ra_egress(ctx: SkBuffContext) -> i32 {
 #[cgroup_skb(egress)]
 fn ra_egress_noh2(ctx: SkBuffContext) -> i32 {
     if ports_watched(&ctx) {
-        on_segment::<false, false>(&ctx);
+        on_segment::<false, H2_OFF>(&ctx);
     }
+    1
+}
+
+/// The rest of a received segment whose HTTP/2 walk paused, in the build that walks in steps:
+/// reached by a tail call from `ra_ingress_step` or from itself; then the parked segments, as
+/// after any segment. Never attached.
+#[cgroup_skb(ingress)]
+fn ra_ingress_more(ctx: SkBuffContext) -> i32 {
+    walk_rest::<true>(&ctx);
+    1
+}
+
+/// The rest of a sent segment whose HTTP/2 walk paused (see `ra_ingress_more`).
+#[cgroup_skb(egress)]
+fn ra_egress_more(ctx: SkBuffContext) -> i32 {
+    walk_rest::<false>(&ctx);
     1
 }
 
@@ -88,8 +132,8 @@ fn ports_watched(ctx: &SkBuffContext) -> bool {
 
 /// A segment of any socket, seen on ingress (`INGRESS`) or egress: a constant, so each
 /// program's copy carries only its own direction's paths, and its own way of counting.
-/// HTTP/2 connections are counted by streams if `HTTP2`, left out if not.
-fn on_segment<const INGRESS: bool, const HTTP2: bool>(ctx: &SkBuffContext) {
+/// HTTP/2 connections are counted as `H2` says (`H2_OFF`, `H2_LOOP`, `H2_STEPS`).
+fn on_segment<const INGRESS: bool, const H2: u8>(ctx: &SkBuffContext) {
     let ingress = INGRESS;
     let skb = ctx.as_ptr().cast::<__sk_buff>();
     // SAFETY: the context's socket field, a plain load.
@@ -118,29 +162,34 @@ fn on_segment<const INGRESS: bool, const HTTP2: bool>(ctx: &SkBuffContext) {
     // HTTP/2 connection, its frames count streams instead (`h2`).
     let sender = sender_of(conn, ingress);
     let payload = packet::SegmentPayload::new(ctx, segment.payload_offset);
-    match streams_or_turns::<INGRESS, HTTP2>(ctx, conn, c, &segment, &payload, sender) {
+    match streams_or_turns::<INGRESS, H2>(ctx, conn, c, &segment, &payload, sender) {
         // Nothing runs after it: the verifier checks the rest of this path once, not once for
         // each way out of the frame walk.
         Counted::ByStreams => {
             // What a vantage point receives is walked by one CPU at a time (`walk_lock`).
-            if HTTP2 && INGRESS {
-                walk_lock::take(conn);
+            if H2 != H2_OFF && INGRESS {
+                walk_lock::take(conn.h2_connection);
             }
             // A segment the ingress program sees ahead of a gap is parked, and walked (with
             // whatever else was parked) once the gap fills: the walk sees the bytes in order.
-            if HTTP2 && !(INGRESS && parking::park(ctx, sk, conn, &segment, sender)) {
-                http2_segment(conn, c.values(), &segment, &payload, sender);
+            if H2 != H2_OFF
+                && !(INGRESS && parking::park(ctx, sk, conn, &segment, sender))
+                && http2_segment::<H2>(conn, c.values(), &segment, &payload, sender)
+            {
+                // Paused (walking in steps): the rest in the next program of the chain.
+                steps::walk_more::<INGRESS>(ctx);
+                cut(conn, sender);
             }
             // The parked segments are walked by a program of their own, which the verifier
             // checks apart: this one ends here, and the walk goes on held by this CPU, which
             // that program gives back. After every segment, parked or walked: a chain of tail
             // calls ends after 33, and what it left is walked at the next.
-            if HTTP2 && INGRESS && parking::any_parked(sk) {
+            if H2 != H2_OFF && INGRESS && parking::any_parked(sk) {
                 parking::walk_parked_next(ctx);
             }
             // No tail call (nothing parked, or the chain's end): the walk is given back here.
-            if HTTP2 && INGRESS {
-                walk_lock::give_back(conn);
+            if H2 != H2_OFF && INGRESS {
+                walk_lock::give_back(conn.h2_connection);
             }
         }
         Counted::NotAtAll => {}
@@ -298,10 +347,10 @@ enum Counted {
 
 /// How this connection's requests are counted: decided at its client's first payload (the
 /// HTTP/2 preface, a TLS record or anything else), on an endpoint that may speak HTTP/2. A
-/// request that came with the handshake and was the preface is withdrawn. Without `HTTP2`,
-/// an HTTP/2 connection is not counted at all (and counted as left out, once).
+/// request that came with the handshake and was the preface is withdrawn. With `H2_OFF`, an
+/// HTTP/2 connection is not counted at all (and counted as left out, once).
 #[inline(always)]
-fn streams_or_turns<const INGRESS: bool, const HTTP2: bool>(
+fn streams_or_turns<const INGRESS: bool, const H2: u8>(
     ctx: &SkBuffContext,
     conn: &mut ConnState,
     c: counters::Counters<INGRESS>,
@@ -323,12 +372,12 @@ fn streams_or_turns<const INGRESS: bool, const HTTP2: bool>(
         let withdrawn = conn.turn.on_early_bytes_not_a_request();
         // SAFETY: `c` is this CPU's copy of a live map value.
         unsafe { c.apply(&withdrawn) };
-        if !HTTP2 {
+        if H2 == H2_OFF {
             counters::probe_stat(&PROBE_STATS, ProbeStat::Http2ConnectionsLeftOut);
         }
     }
     if conn.client_frames.is_http2() {
-        if HTTP2 {
+        if H2 != H2_OFF {
             Counted::ByStreams
         } else {
             Counted::NotAtAll
@@ -342,18 +391,65 @@ fn streams_or_turns<const INGRESS: bool, const HTTP2: bool>(
     }
 }
 
-/// Count what a segment of an HTTP/2 connection, sent by `sender`, did to its streams. A
-/// function of its own (so five arguments at most), so that its stack is not added to the
-/// adoption path's.
-#[inline(never)]
-fn http2_segment(
+/// Count what a segment of an HTTP/2 connection, sent by `sender`, did to its streams, its
+/// frames walked as `H2` says: true if the walk paused (walking in steps), to go on in the
+/// next program.
+#[inline(always)]
+fn http2_segment<const H2: u8>(
     conn: &mut ConnState,
     c: *mut EndpointCounters,
     segment: &packet::Segment,
     payload: &packet::SegmentPayload,
     sender: Sender,
-) {
-    walk_counted(conn, c, (segment.seq, segment.payload_len), payload, sender);
+) -> bool {
+    let at = (segment.seq, segment.payload_len);
+    let source = steps::Source::Packet(payload.offset());
+    walk_in_steps::<_, H2>(payload.ctx(), conn, c, (at, source), payload, sender)
+}
+
+/// The chain of tail calls that walks a paused segment ran out (`steps.rs`): the rest of the
+/// segment is not walked, and the walk's place is found again at the next segment that begins
+/// with a frame header.
+#[inline(always)]
+fn cut(conn: &mut ConnState, sender: Sender) {
+    conn.frames_mut(sender).lose_place();
+    counters::probe_stat(&PROBE_STATS, ProbeStat::Http2WalksCut);
+}
+
+/// `ra_ingress_more` and `ra_egress_more`: walk the segment again from where its walk paused,
+/// and on in the next program if it pauses again; after a received one, the parked segments.
+/// The walk of what a vantage point receives is given back here at the chain's end, by the
+/// socket's cookie, even if the connection's state is gone.
+#[inline(always)]
+fn walk_rest<const INGRESS: bool>(ctx: &SkBuffContext) {
+    let skb = ctx.as_ptr().cast::<__sk_buff>();
+    // SAFETY: the context's socket field, a plain load.
+    let sk = unsafe { (*skb).__bindgen_anon_2.sk };
+    if sk.is_null() {
+        return;
+    }
+    if let Some(conn) = tracked(sk) {
+        // SAFETY: `conn` points at the socket's live state.
+        let conn = unsafe { &mut *conn };
+        let segment = packet::parse_tcp(ctx);
+        if let Some(c) = live_counters::<INGRESS>(conn)
+            && segment.parsed
+        {
+            let payload = packet::SegmentPayload::new(ctx, segment.payload_offset);
+            let sender = sender_of(conn, INGRESS);
+            if http2_segment::<H2_STEPS>(conn, c.values(), &segment, &payload, sender) {
+                steps::walk_more::<INGRESS>(ctx);
+                cut(conn, sender);
+            }
+            if INGRESS && parking::any_parked(sk) {
+                parking::walk_parked_next(ctx);
+            }
+        }
+    }
+    if INGRESS {
+        // SAFETY: the helper reads the context's socket.
+        walk_lock::give_back(unsafe { bpf_get_socket_cookie(ctx.as_ptr()) });
+    }
 }
 
 /// Parked segments of a tracked HTTP/2 connection, walked one per run: the ingress program
@@ -362,32 +458,49 @@ fn http2_segment(
 /// holds the connection's walk (`walk_lock`), which the last of the chain gives back.
 #[cgroup_skb(ingress)]
 fn ra_ingress_parked(ctx: SkBuffContext) -> i32 {
+    walk_parked::<H2_LOOP>(&ctx);
+    1
+}
+
+/// `ra_ingress_parked` of the build that walks in steps: a parked segment whose walk pauses
+/// is put back in its place, and the next program of the chain walks on from the pause.
+#[cgroup_skb(ingress)]
+fn ra_parked_step(ctx: SkBuffContext) -> i32 {
+    walk_parked::<H2_STEPS>(&ctx);
+    1
+}
+
+/// The body of `ra_ingress_parked` and `ra_parked_step`, walking as `H2` says.
+#[inline(always)]
+fn walk_parked<const H2: u8>(ctx: &SkBuffContext) {
     let skb = ctx.as_ptr().cast::<__sk_buff>();
     // SAFETY: the context's socket field, a plain load.
     let sk = unsafe { (*skb).__bindgen_anon_2.sk };
     if sk.is_null() {
-        return 1;
+        return;
     }
-    let Some(conn) = tracked(sk) else {
-        return 1;
-    };
-    // SAFETY: `conn` points at the socket's live state.
-    let conn = unsafe { &mut *conn };
-    if let Some(c) = live_counters::<true>(conn)
-        && let Some(places) = parking::places(sk, false)
-        && walk_one_parked(conn, places, c.values(), sender_of(conn, true))
-    {
-        // Returns only at the chain's end.
-        parking::walk_parked_next(&ctx);
+    let conn = tracked(sk);
+    if let Some(conn) = conn {
+        // SAFETY: `conn` points at the socket's live state.
+        let conn = unsafe { &mut *conn };
+        if let Some(c) = live_counters::<true>(conn)
+            && let Some(places) = parking::places(sk, false)
+            && walk_one_parked::<H2>(ctx, conn, places, c.values(), sender_of(conn, true))
+        {
+            // Returns only at the chain's end.
+            parking::walk_parked_next(ctx);
+        }
     }
-    walk_lock::give_back(conn);
-    1
+    // SAFETY: the helper reads the context's socket.
+    walk_lock::give_back(unsafe { bpf_get_socket_cookie(ctx.as_ptr()) });
 }
 
 /// Walk the segment parked in `places` of `conn` that continues where the walk of `sender`'s
-/// bytes has got to, counting what it did: true if there was one.
+/// bytes has got to, counting what it did: true if there was one. One whose walk paused goes
+/// back in its place, to be found again by the byte the walk paused at.
 #[inline(always)]
-fn walk_one_parked(
+fn walk_one_parked<const H2: u8>(
+    ctx: &SkBuffContext,
     conn: &mut ConnState,
     places: &mut ParkedPlaces,
     c: *mut EndpointCounters,
@@ -399,37 +512,105 @@ fn walk_one_parked(
     let Some((parked, payload)) = parking::take(conn.h2_connection, places, at) else {
         return false;
     };
-    walk_counted(conn, c, (parked.seq, parked.len), &payload, sender);
-    parking::release(conn.h2_connection, parked);
+    let at = ((parked.seq, parked.len), steps::Source::Parked(parked.seq));
+    let paused = walk_in_steps::<_, H2>(ctx, conn, c, at, &payload, sender);
+    if paused {
+        parking::put_back(places, parked);
+    } else {
+        parking::release(conn.h2_connection, parked);
+    }
     true
 }
 
-/// Walk `len` bytes at `seq` of `sender`'s, read from `payload`, and count what they did.
+/// Walk `len` bytes at `seq` of `sender`'s (`payload`, where the steps find them at
+/// `source`) as `H2` says (`steps.rs`), and count what they did: true if the walk paused, to
+/// go on in the next program. The walk is begun and ended by functions of their own and its
+/// steps are taken from here, so that no chain of calls holds more than two stacks besides
+/// the program's (the verifier holds them together to 512 bytes).
 #[inline(always)]
-fn walk_counted<P: Payload>(
+fn walk_in_steps<P: Payload, const H2: u8>(
+    ctx: &SkBuffContext,
     conn: &mut ConnState,
     c: *mut EndpointCounters,
-    (seq, len): (u32, u32),
+    (at, source): ((u32, u32), steps::Source),
     payload: &P,
     sender: Sender,
-) {
+) -> bool {
+    let level = begin_steps(conn, c, &(at, source), payload, sender);
+    if level == steps::NO_LEVEL {
+        return false;
+    }
+    if H2 == H2_LOOP {
+        steps::take_steps::<true>(ctx, level);
+    } else {
+        steps::take_steps::<false>(ctx, level);
+    }
+    end_steps(conn, c, level, sender)
+}
+
+/// Begin a walk in steps: a walk with steps to take waits in this CPU's slot at the level
+/// returned; one without (a retransmission, a segment that ends in a held header) is ended
+/// and counted here, and `steps::NO_LEVEL` returned.
+#[inline(never)]
+fn begin_steps<P: Payload>(
+    conn: &mut ConnState,
+    c: *mut EndpointCounters,
+    &((seq, len), source): &((u32, u32), steps::Source),
+    payload: &P,
+    sender: Sender,
+) -> u32 {
     let protocol = Protocol::from_u32(u32::from(conn.protocol));
     let streams = ConnectionStreams::of(conn);
     let frames = match sender {
         Sender::Client => &mut conn.client_frames,
         Sender::Server => &mut conn.server_frames,
     };
-    let walk = frames.walk::<_, counters::KernelFrameOps, _>(
-        &mut conn.hole,
-        &streams,
-        FrameSegment {
-            seq,
-            len,
-            payload,
-            sender,
-            protocol,
-        },
-    );
+    let segment = FrameSegment {
+        seq,
+        len,
+        payload,
+        sender,
+        protocol,
+    };
+    let mut begun = frames.begin_walk(&mut conn.hole, &streams, segment);
+    if begun.is_stepping() {
+        let of = steps::StepsOf {
+            connection: conn.h2_connection,
+            entry: conn.h2_entry,
+            source,
+        };
+        if let Some(level) = steps::enter(frames, begun, of) {
+            return level;
+        }
+    }
+    frames.end_walk(&mut conn.hole, &mut begun);
+    count_walk(c, begun.did());
+    steps::NO_LEVEL
+}
+
+/// End a walk in steps: the walk back from this CPU's slot at `level`, its place saved, what
+/// it did counted. True if it paused.
+#[inline(never)]
+fn end_steps(conn: &mut ConnState, c: *mut EndpointCounters, level: u32, sender: Sender) -> bool {
+    let Some((stepped, mut walk, opened)) = steps::leave(level) else {
+        return false;
+    };
+    let frames = match sender {
+        Sender::Client => &mut conn.client_frames,
+        Sender::Server => &mut conn.server_frames,
+    };
+    *frames = stepped;
+    // SAFETY: a field of the connection's live state; 2^64 - k subtracts k.
+    unsafe { counters::add(&raw mut conn.h2_open, opened) };
+    frames.end_walk(&mut conn.hole, &mut walk);
+    count_walk(c, walk.did());
+    walk.did().paused
+}
+
+/// Count what a segment's walk did: its streams in the endpoint's counters `c`, its problems
+/// in the probe's.
+#[inline(always)]
+fn count_walk(c: *mut EndpointCounters, walk: &FrameWalk) {
     if walk.unframed {
         counters::probe_stat(&PROBE_STATS, ProbeStat::Http2SegmentsUnframed);
     }

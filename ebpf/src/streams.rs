@@ -24,43 +24,71 @@ static H2_STREAMS: HashMap<StreamKey, StreamEntry> =
 #[map]
 static H2_CLOSED: HashMap<u64, u64> = HashMap::with_max_entries(CLOSED_ENTRIES, 0);
 
+/// Where a connection's stream bookkeeping lives: its id, the entry template its streams are
+/// inserted with, and the count of its open streams.
+pub(crate) trait StreamOwner {
+    /// The connection's id (its socket's cookie).
+    fn connection(&self) -> u64;
+    /// The entry its streams are inserted with (the open time is set at each).
+    fn entry(&mut self) -> &mut StreamEntry;
+    /// Its open streams, added to atomically (2^64 - 1 subtracts one).
+    fn open_count(&mut self) -> *mut u64;
+}
+
+impl StreamOwner for ConnState {
+    #[inline(always)]
+    fn connection(&self) -> u64 {
+        self.h2_connection
+    }
+
+    #[inline(always)]
+    fn entry(&mut self) -> &mut StreamEntry {
+        &mut self.h2_entry
+    }
+
+    #[inline(always)]
+    fn open_count(&mut self) -> *mut u64 {
+        &raw mut self.h2_open
+    }
+}
+
 /// The streams of one connection, as its segment's walk opens and ends them. One pointer:
 /// the walk's loop body, which builds the keys, runs three calls deep, and the verifier holds
 /// the three stacks together to 512 bytes.
-pub(crate) struct ConnectionStreams {
-    conn: *mut ConnState,
+pub(crate) struct ConnectionStreams<O = ConnState> {
+    owner: *mut O,
 }
 
-impl ConnectionStreams {
-    /// The streams of `conn`.
+impl<O: StreamOwner> ConnectionStreams<O> {
+    /// The streams of the connection `owner` keeps.
     #[inline(always)]
-    pub(crate) fn of(conn: &mut ConnState) -> Self {
-        Self { conn }
+    pub(crate) fn of(owner: &mut O) -> Self {
+        Self { owner }
     }
 
     #[inline(always)]
     fn key(&self, stream: u32) -> StreamKey {
         StreamKey {
-            // SAFETY: `conn` points at the connection's live state.
-            connection: unsafe { (*self.conn).h2_connection },
+            // SAFETY: `owner` points at live state.
+            connection: unsafe { (*self.owner).connection() },
             stream,
             pad: 0,
         }
     }
 }
 
-impl StreamTable for ConnectionStreams {
+impl<O: StreamOwner> StreamTable for ConnectionStreams<O> {
     #[inline(always)]
     fn open(&self, stream: u32) -> Opened {
-        // SAFETY: `conn` points at the connection's live state.
-        let conn = unsafe { &mut *self.conn };
+        // SAFETY: `owner` points at live state.
+        let owner = unsafe { &mut *self.owner };
         // SAFETY: the helper takes no argument.
-        conn.h2_entry.opened_ns = unsafe { bpf_ktime_get_ns() };
-        let inserted = H2_STREAMS.insert(&self.key(stream), &conn.h2_entry, u64::from(BPF_NOEXIST));
+        owner.entry().opened_ns = unsafe { bpf_ktime_get_ns() };
+        let inserted = H2_STREAMS.insert(&self.key(stream), owner.entry(), u64::from(BPF_NOEXIST));
         match inserted {
             Ok(()) => {
-                // SAFETY: a field of the connection's live state.
-                unsafe { counters::add(&raw mut conn.h2_open, 1) };
+                // SAFETY: a field of live state.
+                unsafe { counters::add(owner.open_count(), 1) };
                 Opened::New
             }
             Err(error) if error == -EEXIST => Opened::Known,
@@ -73,7 +101,7 @@ impl StreamTable for ConnectionStreams {
         let ended = H2_STREAMS.remove(&self.key(stream)).is_ok();
         if ended {
             // SAFETY: as in `open`; adding 2^64 - 1 subtracts one.
-            unsafe { counters::add(&raw mut (*self.conn).h2_open, u64::MAX) };
+            unsafe { counters::add((*self.owner).open_count(), u64::MAX) };
         }
         ended
     }

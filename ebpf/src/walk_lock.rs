@@ -4,76 +4,94 @@
 //! direction can be received on two CPUs at once (a sender that writes from a system call on
 //! one CPU and from its ACK processing on another queues them on both). Two walks of the same
 //! byte stream at once would each read the other's half-written place. So the walk, its hole
-//! and the connection's parked places belong to the CPU that holds `ConnState::h2_walker`;
-//! another waits for it, as it would wait for the socket's own lock a moment later, and a
-//! segment it then finds ahead of the walk is parked as any other. The CPU that holds it
-//! walks what is parked through the chain of tail calls that follows its segment, and the
-//! last program of the chain gives it back.
+//! and the connection's parked places belong to the CPU whose entry is in `H2_WALKERS` under
+//! the connection's id; another waits for it, as it would wait for the socket's own lock a
+//! moment later, and a segment it then finds ahead of the walk is parked as any other. The
+//! CPU that holds it walks what is parked through the chain of tail calls that follows its
+//! segment, and the last program of the chain gives it back.
+//!
+//! The entry is taken by inserting it where none is (`BPF_NOEXIST`), which the map's own lock
+//! makes an exchange on every kernel: atomic exchange (5.12) is not needed, and the verifier
+//! checks a wait of a fixed number of looks at little cost.
 
-use core::{
-    intrinsics::{AtomicOrdering, atomic_cxchg},
-    ptr::read_volatile,
+use aya_ebpf::{
+    bindings::BPF_NOEXIST, helpers::bpf_get_smp_processor_id, macros::map, maps::HashMap,
 };
+use retry_after_common::ProbeStat;
 
-use aya_ebpf::helpers::bpf_get_smp_processor_id;
-use retry_after_common::{ConnState, ProbeStat, h2::FrameOps};
+use crate::{counters, maps::PROBE_STATS};
 
-use crate::{
-    counters::{self, KernelFrameOps},
-    maps::PROBE_STATS,
-};
+/// Connections being walked: the connection's id (its socket's cookie) → the walking CPU + 1.
+/// At most one entry per CPU at a time; a close removes its connection's.
+#[map]
+static H2_WALKERS: HashMap<u64, u64> = HashMap::with_max_entries(WALKERS, 0);
 
-/// Looks at the walker word before a segment is walked without the walk (counted in
-/// `http2_walks_contended`): far more than the longest walk takes (a segment of 64 KiB of
-/// empty frames), so only a holder that never gives it back (which a program that always
-/// runs to its end cannot be) makes a CPU give up.
-const TRIES: u32 = 1 << 20;
+/// Entries of `H2_WALKERS`: far more than CPUs walk at once.
+const WALKERS: u32 = 4096;
 
-/// Take the walk of `conn`'s received bytes for this CPU, waiting while another CPU holds it;
-/// if the wait runs out, the segment is walked all the same, and counted. Give it back with
-/// [`give_back`]. Nothing after it depends on whether it was taken: the verifier then checks
-/// the walk once, not once for each. A function of its own: its loop's state is then on a
-/// stack frame of its own, not added to the segment program's on the way to the frame walk
-/// (Debian 12's 6.1 counts 512 bytes for a program's calls together, and refuses more).
+/// Tries to take the walk in one call of [`ra_h2_take_walk`]. Each is a step the verifier
+/// checks, with one branch it keeps for later: 4,000 stay below its limit of 8,192 such
+/// branches.
+const TRIES: u32 = 4000;
+
+/// Calls of [`ra_h2_take_walk`] before a segment is walked without the walk (counted in
+/// `http2_walks_contended`): 256,000 tries, far longer than the walk of any segment takes.
+/// (A wait in a `bpf_loop` would do as well where there is one, but 6.18's verifier then walks
+/// the segment program past its million instructions.)
+const ROUNDS: u32 = 64;
+
+/// Take the walk of `connection` (its socket cookie) for this CPU, waiting while another CPU
+/// holds it; if the wait runs out, the segment is walked all the same, and counted. Give it
+/// back with [`give_back`]. A function of its own: what follows it is then checked once, not
+/// once for each round the wait can end in.
 #[inline(never)]
-pub(crate) fn take(conn: &mut ConnState) {
-    let word = &raw mut conn.h2_walker;
+pub(crate) fn take(connection: u64) {
+    let mut round = 0;
+    while round < ROUNDS {
+        if ra_h2_take_walk(connection) != 0 {
+            return;
+        }
+        round += 1;
+    }
+    counters::probe_stat(&PROBE_STATS, ProbeStat::Http2WalksContended);
+}
+
+/// Up to [`TRIES`] tries to take the walk of `connection` for this CPU: 1 if taken. A global
+/// function, which the verifier checks once, apart from the program that calls it.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn ra_h2_take_walk(connection: u64) -> i32 {
     let me = this_cpu();
-    KernelFrameOps::repeat(TRIES, || {
-        // Read before the exchange, so a waiting CPU does not keep taking the line away
-        // from the walking one.
-        // SAFETY: `word` points into the socket's live, 8-byte aligned state.
-        !(unsafe { read_volatile(word) } == 0 && unsafe { exchange(word, 0, me) })
-    });
-    // SAFETY: as above.
-    if unsafe { read_volatile(word) } != me {
-        counters::probe_stat(&PROBE_STATS, ProbeStat::Http2WalksContended);
+    let mut i = 0;
+    while i < TRIES {
+        if H2_WALKERS
+            .insert(&connection, &me, u64::from(BPF_NOEXIST))
+            .is_ok()
+        {
+            return 1;
+        }
+        i += 1;
+    }
+    0
+}
+
+/// Give back the walk of `connection` if this CPU holds it; if another holds it (this CPU's
+/// wait ran out), it stays theirs.
+#[inline(always)]
+pub(crate) fn give_back(connection: u64) {
+    // SAFETY: the value is only compared.
+    if unsafe { H2_WALKERS.get(&connection) }.copied() == Some(this_cpu()) {
+        let _ = H2_WALKERS.remove(&connection);
     }
 }
 
-/// Give back the walk of `conn` if this CPU holds it, so that what this CPU wrote is seen
-/// whole by the next walker (an exchange orders every write before it); if another holds it
-/// (this CPU's wait ran out), it stays theirs.
+/// Drop the walker entry of `connection`, which closed (whoever held it).
 #[inline(always)]
-pub(crate) fn give_back(conn: &mut ConnState) {
-    // SAFETY: the socket's live, 8-byte aligned state.
-    unsafe { exchange(&raw mut conn.h2_walker, this_cpu(), 0) };
+pub(crate) fn forget(connection: u64) {
+    let _ = H2_WALKERS.remove(&connection);
 }
 
-/// Put `new` in `*word` if it holds `old`: true if it did.
-///
-/// # Safety
-/// `word` must point into a live, 8-byte aligned map value.
-#[inline(always)]
-pub(crate) unsafe fn exchange(word: *mut u64, old: u64, new: u64) -> bool {
-    // SAFETY: guaranteed by the caller.
-    let (held, _) = unsafe {
-        atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(word, old, new)
-    };
-    held == old
-}
-
-/// This CPU's mark in the walker word: its number + 1 (0 is nobody).
+/// This CPU's mark: its number + 1.
 #[inline(always)]
 fn this_cpu() -> u64 {
     // SAFETY: the helper takes no argument.

@@ -14,10 +14,7 @@ use aya::{
 /// A kernel feature that some of the programs need.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum KernelFeature {
-    /// BPF atomic fetch operations, compare-and-exchange among them: the HTTP/2 walker word
-    /// (one CPU at a time walks what a connection receives).
-    AtomicFetch,
-    /// The `bpf_loop` helper: the HTTP/2 frame walk.
+    /// The `bpf_loop` helper: each segment's HTTP/2 frames walked in one loop.
     BpfLoop,
     /// Socket-local storage from a tracing program: the closes of adopted connections.
     TracingSocketStorage,
@@ -27,17 +24,11 @@ pub enum KernelFeature {
 
 impl KernelFeature {
     /// Every feature, in the order they are reported.
-    pub const ALL: [Self; 4] = [
-        Self::AtomicFetch,
-        Self::BpfLoop,
-        Self::TracingSocketStorage,
-        Self::CgroupLinks,
-    ];
+    pub const ALL: [Self; 3] = [Self::BpfLoop, Self::TracingSocketStorage, Self::CgroupLinks];
 
     /// The name in logs, `check` and the `feature` label of `retry_after_kernel_feature`.
     pub fn name(self) -> &'static str {
         match self {
-            Self::AtomicFetch => "atomic_fetch",
             Self::BpfLoop => "bpf_loop",
             Self::TracingSocketStorage => "tracing_socket_storage",
             Self::CgroupLinks => "cgroup_links",
@@ -47,7 +38,6 @@ impl KernelFeature {
     /// The mainline kernel version that brought it.
     pub fn since(self) -> &'static str {
         match self {
-            Self::AtomicFetch => "5.12",
             Self::BpfLoop => "5.17",
             Self::TracingSocketStorage => "5.11",
             Self::CgroupLinks => "5.7",
@@ -57,9 +47,11 @@ impl KernelFeature {
     /// What goes without it.
     pub fn without(self) -> &'static str {
         match self {
-            Self::AtomicFetch | Self::BpfLoop => {
-                "HTTP/2 streams are not counted: HTTP/2 connections are left out (counted in \
-                 retry_after_probe_problems{kind=\"http2_connections_left_out\"})"
+            Self::BpfLoop => {
+                "HTTP/2 frames are walked in steps, each a call of a function the verifier \
+                 checks once, 2,048 a program and on in the next by a tail call: counted as \
+                 exactly; a segment whose frames outlast the chain is counted in \
+                 retry_after_probe_problems{kind=\"http2_walks_cut\"}"
             }
             Self::TracingSocketStorage => {
                 "connections opened before the agent started (proxies' pools) are not adopted: \
@@ -75,7 +67,6 @@ impl KernelFeature {
     /// The probe program that only a kernel with this feature accepts, if it has one.
     fn probe_program(self) -> Option<&'static str> {
         match self {
-            Self::AtomicFetch => Some("ra_has_atomics"),
             Self::BpfLoop => Some("ra_has_bpf_loop"),
             Self::TracingSocketStorage => Some("ra_has_sk_store"),
             Self::CgroupLinks => None,
@@ -95,7 +86,7 @@ pub enum FeatureState {
 /// The state of every [`KernelFeature`] on the running kernel.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KernelFeatures {
-    states: [FeatureState; 4],
+    states: [FeatureState; 3],
 }
 
 impl KernelFeatures {

@@ -60,8 +60,11 @@ pub const PROGRAM_NAMES: [&str; 4] = ProgramSet::Full.names();
 pub enum ProgramSet {
     /// Every program: turns, TLS records and HTTP/2 streams.
     Full,
-    /// Without HTTP/2 streams (no `bpf_loop`, no atomic fetch operations): HTTP/2
-    /// connections are left out.
+    /// Every program, each segment's HTTP/2 frames walked in steps by a chain of tail calls
+    /// (no `bpf_loop` or no atomic exchange: before 5.17).
+    Http2InSteps,
+    /// Without HTTP/2 streams (both builds that count them refused): HTTP/2 connections are
+    /// left out.
     WithoutHttp2,
 }
 
@@ -70,12 +73,32 @@ impl ProgramSet {
     pub const fn names(self) -> [&'static str; 4] {
         match self {
             Self::Full => ["ra_sockops", "ra_ingress", "ra_egress", "ra_destroy"],
+            Self::Http2InSteps => [
+                "ra_sockops",
+                "ra_ingress_step",
+                "ra_egress_step",
+                "ra_destroy",
+            ],
             Self::WithoutHttp2 => [
                 "ra_sockops_noh2",
                 "ra_ingress_noh2",
                 "ra_egress_noh2",
                 "ra_destroy_noh2",
             ],
+        }
+    }
+
+    /// The programs its segment programs reach by tail calls, each with the table that holds
+    /// it: the walk of parked HTTP/2 segments, and in steps, the walk on from a pause.
+    const fn tail_calls(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            Self::Full => &[("ra_ingress_parked", "H2_PARKED_WALK")],
+            Self::Http2InSteps => &[
+                ("ra_parked_step", "H2_PARKED_WALK"),
+                ("ra_ingress_more", "H2_INGRESS_MORE"),
+                ("ra_egress_more", "H2_EGRESS_MORE"),
+            ],
+            Self::WithoutHttp2 => &[],
         }
     }
 }
@@ -87,6 +110,8 @@ pub struct KernelSupport {
     pub features: KernelFeatures,
     /// Why HTTP/2 streams are not counted, if they are not (the build without HTTP/2 runs).
     pub http2_off: Option<String>,
+    /// Why HTTP/2 frames are walked in steps, if they are (the build without `bpf_loop` runs).
+    pub http2_in_steps: Option<String>,
     /// Why connections opened before they were watched are not adopted, if they are not.
     pub adoption_off: Option<String>,
 }
@@ -96,6 +121,8 @@ impl KernelSupport {
     pub fn programs(&self) -> ProgramSet {
         if self.http2_off.is_some() {
             ProgramSet::WithoutHttp2
+        } else if self.http2_in_steps.is_some() {
+            ProgramSet::Http2InSteps
         } else {
             ProgramSet::Full
         }
@@ -108,12 +135,16 @@ impl KernelSupport {
                 "HTTP/2 streams not counted, HTTP/2 connections left out: {why}; HTTP/1.x and TLS are counted"
             )
         });
+        let steps = self
+            .http2_in_steps
+            .as_ref()
+            .map(|why| format!("HTTP/2 frames walked in steps: {why}"));
         let adoption = self.adoption_off.as_ref().map(|why| {
             format!(
                 "connections opened before the agent started are not adopted: {why}; connections established while it runs are counted"
             )
         });
-        http2.into_iter().chain(adoption).collect()
+        http2.into_iter().chain(steps).chain(adoption).collect()
     }
 }
 
@@ -649,43 +680,58 @@ fn load_programs(
     for feature in without {
         features.switch_off(*feature);
     }
-    let http2_off = load_counting_programs(ebpf, &features)?;
+    let (http2_in_steps, http2_off) = load_counting_programs(ebpf, &features)?;
     let mut support = KernelSupport {
         features,
         http2_off,
+        http2_in_steps,
         adoption_off: None,
     };
     support.adoption_off = load_adoption(ebpf, &support.features, support.programs(), btf)?;
     Ok(support)
 }
 
-/// Load the socket programs of the fullest build `features` allow; why HTTP/2 is off, if it
-/// is (the build without HTTP/2 was loaded).
+/// Load the socket programs of the fullest build `features` allow and the kernel accepts:
+/// the full build, else the one that walks HTTP/2 frames in steps, else the one without
+/// HTTP/2. Returns why HTTP/2 frames are walked in steps, and why HTTP/2 is off, if they are.
 fn load_counting_programs(
     ebpf: &mut Ebpf,
     features: &KernelFeatures,
-) -> Result<Option<String>, ProbeError> {
-    let lacking = [KernelFeature::AtomicFetch, KernelFeature::BpfLoop]
-        .into_iter()
-        .find_map(|feature| missing(features, feature));
-    if let Some(why) = lacking {
-        load_socket_programs(ebpf, ProgramSet::WithoutHttp2)?;
-        return Ok(Some(why));
-    }
-    let Err(refused) = load_socket_programs(ebpf, ProgramSet::Full) else {
-        return Ok(None);
+) -> Result<(Option<String>, Option<String>), ProbeError> {
+    let lacking = missing(features, KernelFeature::BpfLoop);
+    let in_steps = match lacking {
+        Some(why) => why,
+        None => match load_socket_programs(ebpf, ProgramSet::Full) {
+            Ok(()) => return Ok((None, None)),
+            Err(refused) => {
+                unload_socket_programs(ebpf, ProgramSet::Full);
+                format!(
+                    "the kernel refused the full build: {}",
+                    refused_reason(&refused)
+                )
+            }
+        },
     };
-    let full = refused_reason(&refused);
-    unload_socket_programs(ebpf, ProgramSet::Full);
+    let Err(refused) = load_socket_programs(ebpf, ProgramSet::Http2InSteps) else {
+        return Ok((Some(in_steps), None));
+    };
+    let steps = format!(
+        "{in_steps}; and the build in steps: {}",
+        refused_reason(&refused)
+    );
+    unload_socket_programs(ebpf, ProgramSet::Http2InSteps);
     load_socket_programs(ebpf, ProgramSet::WithoutHttp2).map_err(|error| match error {
         ProbeError::Verify { name, source } => ProbeError::VerifyBoth {
             name,
-            full: full.as_str().into(),
+            full: steps.as_str().into(),
             source,
         },
         other => other,
     })?;
-    Ok(Some(format!("the kernel refused the HTTP/2 build: {full}")))
+    Ok((
+        None,
+        Some(format!("the kernel refused the HTTP/2 builds: {steps}")),
+    ))
 }
 
 /// Load the `tcp_destroy_sock` program of `programs` where the kernel can run it; else switch
@@ -749,21 +795,19 @@ fn load_socket_programs(ebpf: &mut Ebpf, set: ProgramSet) -> Result<(), ProbeErr
             .load()
             .map_err(|source| ProbeError::Verify { name, source })?;
     }
-    if set == ProgramSet::Full {
-        load_parked_walk(ebpf)?;
+    for &(name, table) in set.tail_calls() {
+        load_tail_call(ebpf, name, table)?;
     }
     Ok(())
 }
 
-/// The program that walks parked HTTP/2 segments, reached by tail calls from `ra_ingress`.
-const PARKED_WALK_PROGRAM: &str = "ra_ingress_parked";
-/// The tail-call table that holds it.
-const PARKED_WALK_MAP: &str = "H2_PARKED_WALK";
-
-/// Load the program that walks parked HTTP/2 segments and put it where `ra_ingress`
-/// tail-calls it.
-fn load_parked_walk(ebpf: &mut Ebpf) -> Result<(), ProbeError> {
-    let name = PARKED_WALK_PROGRAM;
+/// Load the program `name`, reached by tail calls, and put it in the table `table` (index 0)
+/// where the segment programs call it.
+fn load_tail_call(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+    table: &'static str,
+) -> Result<(), ProbeError> {
     let program: &mut CgroupSkb = program_mut(ebpf, name)?;
     program
         .load()
@@ -776,9 +820,9 @@ fn load_parked_walk(ebpf: &mut Ebpf) -> Result<(), ProbeError> {
             name,
             source: ProgramError::from(source),
         })?;
-    typed_map_mut::<aya::maps::ProgramArray<_>>(ebpf, PARKED_WALK_MAP)?
+    typed_map_mut::<aya::maps::ProgramArray<_>>(ebpf, table)?
         .set(0, &fd, 0)
-        .map_err(|source| map_error("set", PARKED_WALK_MAP, source))
+        .map_err(|source| map_error("set", table, source))
 }
 
 /// Unload whatever of the socket programs of `set` was loaded.
@@ -787,7 +831,8 @@ fn unload_socket_programs(ebpf: &mut Ebpf, set: ProgramSet) {
     if let Ok(program) = program_mut::<SockOps>(ebpf, sockops) {
         let _ = program.unload();
     }
-    for name in [ingress, egress, PARKED_WALK_PROGRAM] {
+    let tail_calls = set.tail_calls().iter().map(|&(name, _)| name);
+    for name in [ingress, egress].into_iter().chain(tail_calls) {
         if let Ok(program) = program_mut::<CgroupSkb>(ebpf, name) {
             let _ = program.unload();
         }

@@ -97,9 +97,11 @@ const ENCRYPTED: u8 = 8;
 
 /// What the frame walk needs from where it runs: a loop whose count is known only at run
 /// time. The eBPF programs run it with `bpf_loop` (whose body the verifier checks once, where
-/// an unrolled loop would exceed its budget).
+/// an unrolled loop would exceed its budget); on kernels without `bpf_loop`, with a loop of a
+/// fixed bound, which may stop before the segment's last frame: the walk then pauses
+/// ([`FrameWalk::paused`]) and goes on when the same segment is walked again.
 pub trait FrameOps {
-    /// Run `body` up to `n` times, until it returns false.
+    /// Run `body` up to `n` times, until it returns false; a bounded loop may stop sooner.
     fn repeat<F: FnMut() -> bool>(n: u32, body: F);
 }
 
@@ -198,6 +200,10 @@ pub struct FrameWalk {
     pub unframed: bool,
     /// Streams not counted at this segment: opened when the stream table was full.
     pub untracked: u16,
+    /// The walk's loop ran out of steps within the segment: its place is saved there (between
+    /// a frame header and its payload), and walking the same segment again goes on from it.
+    /// Only a bounded [`FrameOps`] pauses.
+    pub paused: bool,
     /// What the frames did to the counters.
     pub delta: TurnDelta,
 }
@@ -256,20 +262,61 @@ impl Frame {
     }
 }
 
-/// One segment's frame walk in progress: what its steps read, and what they found.
-struct Walking<'a, P, T> {
+/// One segment's frame walk in progress: what its steps read, and where they are.
+struct Walking<'a, 'w, P, T> {
     streams: &'a T,
     payload: &'a P,
+    w: &'w mut SegmentWalk,
+}
+
+/// A segment's walk between its steps: where it is in the segment, and what it found so far.
+/// [`FrameStream::walk`] takes the steps in one loop; on a kernel without `bpf_loop` the walk
+/// waits in a map between steps, each taken by a function the verifier checks once.
+#[derive(Clone, Copy, Debug)]
+pub struct SegmentWalk {
+    /// The segment's sequence number.
+    seq: u32,
+    /// Where the walk is in the segment, and its length.
     at: At,
     sender: Sender,
     protocol: Protocol,
-    walk: FrameWalk,
-    /// What the last step said (see `FrameStream::next_frame`).
+    /// The walk has a place in the segment (not a retransmission, not unframed).
+    walking: bool,
+    /// What the last step said (see `FrameStream::next_frame`): `None` while steps remain.
     outcome: Option<bool>,
+    walk: FrameWalk,
+}
+
+impl SegmentWalk {
+    /// True while a step remains.
+    #[inline(always)]
+    pub fn is_stepping(&self) -> bool {
+        self.walking && self.outcome.is_none()
+    }
+
+    /// The most steps the rest of the segment can take: each step but the last reads a whole
+    /// frame header, so a loop of this many ends with the segment.
+    #[inline(always)]
+    pub fn steps(&self) -> u32 {
+        (self.at.len - self.at.pos) / FRAME_HEADER_LEN + 1
+    }
+
+    /// What the segment's frames did (complete once the walk has ended).
+    #[inline(always)]
+    pub fn did(&self) -> &FrameWalk {
+        &self.walk
+    }
+
+    /// The segment's bytes cannot be read where the steps look for them: the framing is
+    /// lost, as for a segment that cannot be walked.
+    #[inline(always)]
+    pub fn lose(&mut self) {
+        self.outcome = Some(false);
+    }
 }
 
 /// Where a frame's payload begins within the segment being walked.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 struct At {
     /// Offset of the frame's first payload byte from the segment's first byte.
     pos: u32,
@@ -347,59 +394,114 @@ impl FrameStream {
         hole: &mut Hole,
         streams: &T,
         segment: FrameSegment<'_, P>,
-    ) -> FrameWalk {
-        let mut walk = FrameWalk::default();
-        if segment.len == 0 {
-            return walk;
+    ) -> SegmentWalk {
+        let mut w = self.begin_walk(hole, streams, segment);
+        if w.is_stepping() {
+            A::repeat(w.steps(), || self.step(&mut w, segment.payload, streams));
         }
-        // Nothing the hole decides before the walk is kept outside the two (the verifier
-        // then checks the walk once, not once for each way the hole went).
-        hole.enter(self, segment.seq, segment.sender);
-        self.walk_segment::<P, A, T>(streams, &segment, &mut walk);
-        hole.leave(self, &mut walk);
-        walk
+        self.end_walk(hole, &mut w);
+        w
     }
 
-    /// [`FrameStream::walk`] of the segment, without the hole.
+    /// The start of [`FrameStream::walk`]: the hole entered, the walk's place in the segment
+    /// found, a header held from the last segment completed. Then [`FrameStream::step`] while
+    /// it says so, and [`FrameStream::end_walk`].
     #[inline(always)]
-    fn walk_segment<P: Payload, A: FrameOps, T: StreamTable>(
+    pub fn begin_walk<P: Payload, T: StreamTable>(
         &mut self,
+        hole: &mut Hole,
         streams: &T,
-        segment: &FrameSegment<'_, P>,
-        walk: &mut FrameWalk,
-    ) {
+        segment: FrameSegment<'_, P>,
+    ) -> SegmentWalk {
         let FrameSegment {
             seq,
             len,
             payload,
             sender,
             protocol,
-        } = *segment;
-        let end = seq.wrapping_add(len);
-        let Some(pos) = self.resume_at(seq, end, payload, walk) else {
-            return;
+        } = segment;
+        let mut w = SegmentWalk {
+            seq,
+            at: At { pos: 0, len },
+            sender,
+            protocol,
+            walking: false,
+            outcome: None,
+            walk: FrameWalk::default(),
         };
-        let bytes = len - pos;
-        match sender {
-            Sender::Client => walk.delta.request_bytes = bytes,
-            Sender::Server => walk.delta.response_bytes = bytes,
+        if len == 0 {
+            return w;
         }
+        // Nothing the hole decides before the walk is kept outside the two (the verifier
+        // then checks the walk once, not once for each way the hole went).
+        hole.enter(self, (seq, len), sender);
+        let Some(pos) = self.resume_at(seq, seq.wrapping_add(len), payload, &mut w.walk) else {
+            return w;
+        };
+        w.walking = true;
+        w.at.pos = pos;
+        // The bytes from here to the end; a walk that pauses takes back what it did not walk.
+        match sender {
+            Sender::Client => w.walk.delta.request_bytes = len - pos,
+            Sender::Server => w.walk.delta.response_bytes = len - pos,
+        }
+        if self.held_len > 0 {
+            let mut seg = Walking {
+                streams,
+                payload,
+                w: &mut w,
+            };
+            seg.w.outcome = self.finish_held(&mut seg);
+        }
+        w
+    }
+
+    /// One step of a walk begun by [`FrameStream::begin_walk`]: the rest of the current frame
+    /// as far as the segment goes, then the next frame header. True while there are more.
+    #[inline(always)]
+    pub fn step<P: Payload, T: StreamTable>(
+        &mut self,
+        w: &mut SegmentWalk,
+        payload: &P,
+        streams: &T,
+    ) -> bool {
         let mut seg = Walking {
             streams,
             payload,
-            at: At { pos, len },
-            sender,
-            protocol,
-            walk: *walk,
-            outcome: None,
+            w,
         };
-        if self.walk_frames::<P, A, T>(&mut seg) {
-            self.next_seq = end;
-        } else {
-            self.flags.clear(FRAMED);
-            seg.walk.unframed = true;
+        seg.w.outcome = self.next_frame::<P, T>(&mut seg);
+        seg.w.outcome.is_none()
+    }
+
+    /// The end of a walk: the walk's place saved (the segment's end, or where the steps ran
+    /// out), the bytes counted, the hole left. What the segment's frames did is then
+    /// [`SegmentWalk::did`].
+    #[inline(always)]
+    pub fn end_walk(&mut self, hole: &mut Hole, w: &mut SegmentWalk) {
+        if w.walking {
+            match w.outcome {
+                Some(true) => self.next_seq = w.seq.wrapping_add(w.at.len),
+                Some(false) => {
+                    self.flags.clear(FRAMED);
+                    w.walk.unframed = true;
+                }
+                None => {
+                    // Paused: the bytes after the pause are not this walk's.
+                    self.next_seq = w.seq.wrapping_add(w.at.pos);
+                    w.walk.paused = true;
+                    let rest = w.at.len - w.at.pos;
+                    match w.sender {
+                        Sender::Client => w.walk.delta.request_bytes -= rest,
+                        Sender::Server => w.walk.delta.response_bytes -= rest,
+                    }
+                }
+            }
         }
-        *walk = seg.walk;
+        // The hole was entered if the segment has bytes.
+        if w.at.len != 0 {
+            hole.leave(self, &mut w.walk);
+        }
     }
 
     /// True if a segment at `seq` would leave a gap: the walk knows its place, and `seq` is
@@ -414,6 +516,14 @@ impl FrameStream {
     #[inline(always)]
     pub fn walked_to(&self) -> Option<u32> {
         self.is_framed().then_some(self.next_seq)
+    }
+
+    /// The rest of a segment whose walk paused will not be walked (on a kernel without
+    /// `bpf_loop`, its chain of tail calls ran out): the place is lost, and found again at
+    /// the next segment that begins with a frame header.
+    #[inline(always)]
+    pub fn lose_place(&mut self) {
+        self.flags.clear(FRAMED);
     }
 
     /// True while `next_seq` is a known position of the frame stream.
@@ -458,43 +568,34 @@ impl FrameStream {
         }
     }
 
-    /// From `seg.at.pos`: a header held from the last segment, the rest of the current frame,
-    /// then the frames whose headers lie whole in the segment; a header cut by the segment's
-    /// end is held. False if the framing is lost.
+    /// A header held from the last segment, completed with the bytes at `seg.w.at.pos`, and
+    /// its frame begun: `None` to step on, `Some(true)` if the segment ended first (the bytes
+    /// are held), `Some(false)` if the framing is lost.
     #[inline(always)]
-    fn walk_frames<P: Payload, A: FrameOps, T: StreamTable>(
+    fn finish_held<P: Payload, T: StreamTable>(
         &mut self,
-        seg: &mut Walking<P, T>,
-    ) -> bool {
-        if self.held_len > 0 {
-            match self.finish_held_header(seg) {
-                Some(Some(header)) => {
-                    seg.at.pos += FRAME_HEADER_LEN - self.held_len as u32;
-                    self.hold(0, 0);
-                    if !self.begin_frame::<P, T>(seg, header) {
-                        return false;
-                    }
-                }
-                Some(None) => return true,
-                None => return false,
+        seg: &mut Walking<'_, '_, P, T>,
+    ) -> Option<bool> {
+        match self.finish_held_header(seg) {
+            Some(Some(header)) => {
+                seg.w.at.pos += FRAME_HEADER_LEN - self.held_len as u32;
+                self.hold(0, 0);
+                (!self.begin_frame::<P, T>(seg, header)).then_some(false)
             }
+            Some(None) => Some(true),
+            None => Some(false),
         }
-        // Each step but the last reads a whole frame header: the segment cannot hold more
-        // steps than this, so the loop ends with the segment.
-        let steps = (seg.at.len - seg.at.pos) / FRAME_HEADER_LEN + 1;
-        A::repeat(steps, || {
-            seg.outcome = self.next_frame::<P, T>(seg);
-            seg.outcome.is_none()
-        });
-        seg.outcome == Some(true)
     }
 
     /// One step of the walk: the rest of the current frame as far as the segment goes, then
     /// the next frame header if the segment holds it whole (one cut by its end is held).
     /// `None`: go on; `Some(true)`: the segment is walked; `Some(false)`: the framing is lost.
     #[inline(always)]
-    fn next_frame<P: Payload, T: StreamTable>(&mut self, seg: &mut Walking<P, T>) -> Option<bool> {
-        let at = &mut seg.at;
+    fn next_frame<P: Payload, T: StreamTable>(
+        &mut self,
+        seg: &mut Walking<'_, '_, P, T>,
+    ) -> Option<bool> {
+        let at = &mut seg.w.at;
         let take = self.left.min(at.len - at.pos);
         at.pos += take;
         self.left -= take;
@@ -525,12 +626,12 @@ impl FrameStream {
     #[inline(always)]
     fn finish_held_header<P: Payload, T>(
         &mut self,
-        seg: &Walking<P, T>,
+        seg: &Walking<'_, '_, P, T>,
     ) -> Option<Option<[u8; 9]>> {
         let have = self.held_len as u32;
         let need = FRAME_HEADER_LEN - have;
-        let n = need.min(seg.at.len - seg.at.pos);
-        let bytes = read_be(seg.payload, seg.at.pos, n)?;
+        let n = need.min(seg.w.at.len - seg.w.at.pos);
+        let bytes = read_be(seg.payload, seg.w.at.pos, n)?;
         if n < need {
             self.hold(self.held() << (8 * n) | bytes, have + n);
             return Some(None);
@@ -553,7 +654,7 @@ impl FrameStream {
     #[inline(always)]
     fn begin_frame<P: Payload, T: StreamTable>(
         &mut self,
-        seg: &mut Walking<P, T>,
+        seg: &mut Walking<'_, '_, P, T>,
         header: [u8; 9],
     ) -> bool {
         let frame = Frame::parse(header);
@@ -562,8 +663,8 @@ impl FrameStream {
             return false;
         }
         self.left = frame.len;
-        match seg.sender {
-            Sender::Client => self.client_frame(seg.streams, frame, &mut seg.walk),
+        match seg.w.sender {
+            Sender::Client => self.client_frame(seg.streams, frame, &mut seg.w.walk),
             Sender::Server => server_frame(seg, frame),
         }
         true
@@ -618,14 +719,14 @@ impl FrameStream {
 /// HEADERS completes it at once. (A GOAWAY's unprocessed streams stay open until the close,
 /// which follows it, abandons them.)
 #[inline(always)]
-fn server_frame<P: Payload, T: StreamTable>(seg: &mut Walking<P, T>, frame: Frame) {
-    let (at, payload) = (seg.at, seg.payload);
+fn server_frame<P: Payload, T: StreamTable>(seg: &mut Walking<'_, '_, P, T>, frame: Frame) {
+    let (at, payload) = (seg.w.at, seg.payload);
     if !frame.on_client_stream() {
         return;
     }
     let end_stream = frame.flags & END_STREAM != 0;
     let rejected = match frame.kind {
-        HEADERS => response_rejected(frame, at, payload, seg.protocol),
+        HEADERS => response_rejected(frame, at, payload, seg.w.protocol),
         RST_STREAM => read_be(payload, at.pos, 4) == Some(u64::from(REFUSED_STREAM)),
         _ => false,
     };
@@ -635,8 +736,8 @@ fn server_frame<P: Payload, T: StreamTable>(seg: &mut Walking<P, T>, frame: Fram
         _ => false,
     };
     if ends && seg.streams.end(frame.stream) {
-        seg.walk.delta.completed += 1;
-        seg.walk.delta.rejected += u16::from(rejected);
+        seg.w.walk.delta.completed += 1;
+        seg.w.walk.delta.rejected += u16::from(rejected);
     }
 }
 
@@ -671,15 +772,20 @@ impl Hole {
         pad: 0,
     };
 
-    /// Before `walk`'s segment (at `seq`, from `sender`) is walked: if it brings the hole's
-    /// bytes, swap the hole's place in for the walk; if it overtakes bytes not seen, save the
-    /// walk's place there (an older hole still open is given up: its bytes' frames are lost).
-    /// A segment that fills the hole and runs on past its end walks again what lies past it:
-    /// the counts do not change for it (a stream starts and ends once), only the bytes do.
+    /// Before `walk`'s segment (`len` bytes at `seq`, from `sender`) is walked: if it brings
+    /// the hole's next bytes (it holds the byte at the hole's place: it begins there, or a
+    /// paused walk or a retransmission cut differently began before it), swap the hole's
+    /// place in for the walk; if it overtakes bytes not seen, save the walk's place there (an
+    /// older hole still open is given up: its bytes' frames are lost). A segment that fills
+    /// the hole and runs on past its end walks again what lies past it: the counts do not
+    /// change for it (a stream starts and ends once), only the bytes do.
     #[inline(always)]
-    fn enter(&mut self, walk: &mut FrameStream, seq: u32, sender: Sender) {
+    fn enter(&mut self, walk: &mut FrameStream, (seq, len): (u32, u32), sender: Sender) {
         let ours = self.sender == sender as u8;
-        if self.state == HOLE_OPEN && ours && seq == self.place.next_seq {
+        let at = self.place.next_seq;
+        let holds_place =
+            !crate::turn::seq_after(seq, at) && crate::turn::seq_after(seq.wrapping_add(len), at);
+        if self.state == HOLE_OPEN && ours && holds_place {
             core::mem::swap(&mut self.place, walk);
             self.state = HOLE_FILLING;
         } else if walk.is_framed() && crate::turn::seq_after(seq, walk.next_seq) {
@@ -745,12 +851,20 @@ mod tests {
     use crate::test_bytes::Bytes;
     use streams::host::HostStreams;
 
+    std::thread_local! {
+        /// The steps `Plain` runs at most per call: unbounded, or a bound as a kernel without
+        /// `bpf_loop` has (the walk pauses and `Conn` walks the segment again).
+        static BOUND: core::cell::Cell<u32> = const { core::cell::Cell::new(u32::MAX) };
+        /// Pauses seen since the bound was set.
+        static PAUSES: core::cell::Cell<u32> = const { core::cell::Cell::new(0) };
+    }
+
     /// The host tests run one direction at a time: plain read-modify-writes.
     struct Plain;
 
     impl FrameOps for Plain {
         fn repeat<F: FnMut() -> bool>(n: u32, mut body: F) {
-            for _ in 0..n {
+            for _ in 0..n.min(BOUND.get()) {
                 if !body() {
                     break;
                 }
@@ -839,20 +953,42 @@ mod tests {
             });
             let mut w = FrameWalk::default();
             if self.client.is_http2() {
-                w = self.client.walk::<_, Plain, _>(
-                    &mut self.hole,
-                    &self.streams,
-                    FrameSegment {
-                        seq: self.client_seq,
-                        len,
-                        payload: &Bytes(bytes),
-                        sender: Sender::Client,
-                        protocol: self.protocol,
-                    },
-                );
+                w = self.walk(Sender::Client, self.client_seq, bytes);
             }
             self.client_seq = self.client_seq.wrapping_add(len);
-            (detected, self.add(w))
+            (detected, w)
+        }
+
+        /// Walk `sender`'s `bytes` at `seq`, again while the walk pauses (as the programs'
+        /// chain of tail calls does), counting what every walk did; the walks' outcome.
+        fn walk(&mut self, sender: Sender, seq: u32, bytes: &[u8]) -> FrameWalk {
+            let mut all = FrameWalk::default();
+            loop {
+                let frames = match sender {
+                    Sender::Client => &mut self.client,
+                    Sender::Server => &mut self.server,
+                };
+                let w = *frames
+                    .walk::<_, Plain, _>(
+                        &mut self.hole,
+                        &self.streams,
+                        FrameSegment {
+                            seq,
+                            len: bytes.len() as u32,
+                            payload: &Bytes(bytes),
+                            sender,
+                            protocol: self.protocol,
+                        },
+                    )
+                    .did();
+                self.add(w);
+                all.unframed |= w.unframed;
+                all.untracked += w.untracked;
+                if !w.paused {
+                    return all;
+                }
+                PAUSES.set(PAUSES.get() + 1);
+            }
         }
 
         fn server_sends(&mut self, bytes: &[u8]) -> FrameWalk {
@@ -865,18 +1001,7 @@ mod tests {
         /// The server's `bytes` at `seq`, wherever the last ended (a segment out of order).
         fn server_sends_at(&mut self, seq: u32, bytes: &[u8]) -> FrameWalk {
             assert!(self.client.is_http2());
-            let w = self.server.walk::<_, Plain, _>(
-                &mut self.hole,
-                &self.streams,
-                FrameSegment {
-                    seq,
-                    len: bytes.len() as u32,
-                    payload: &Bytes(bytes),
-                    sender: Sender::Server,
-                    protocol: self.protocol,
-                },
-            );
-            self.add(w)
+            self.walk(Sender::Server, seq, bytes)
         }
 
         fn open(&self) -> u32 {
@@ -1194,5 +1319,52 @@ mod tests {
         let w = c.server_sends(&seg);
         assert!(!w.unframed);
         assert_eq!((c.started, c.completed, c.open()), (2000, 2000, 0));
+    }
+
+    #[test]
+    fn a_walk_whose_loop_runs_out_pauses_and_goes_on_with_the_same_counts() {
+        // The tests of the walk again, with a loop of 1, 2 and 7 steps per walk (a kernel
+        // without `bpf_loop` walks a bounded number of frames per program).
+        for bound in [1, 2, 7] {
+            BOUND.set(bound);
+            PAUSES.set(0);
+            concurrent_streams_start_with_their_headers_and_end_with_end_stream();
+            frame_headers_cut_anywhere_keep_the_counts_exact();
+            grpc_trailers_only_is_a_rejection_on_grpc_endpoints_only();
+            resets_goaway_and_close_end_the_open_streams();
+            any_number_of_streams_stay_open_until_their_ends_whatever_came_between();
+            a_stream_that_finds_the_table_full_is_counted_untracked_not_started();
+            a_segment_overtaken_on_the_way_is_walked_when_it_arrives();
+            a_hole_whose_bytes_end_inside_a_frame_or_a_second_hole_counts_the_framing_lost();
+            a_connection_adopted_mid_stream_is_taken_for_http2_by_its_frames();
+            retransmissions_are_walked_once_and_gaps_reframe();
+            a_segment_of_thousands_of_frames_is_walked_whole();
+            // 2,000 requests in one segment and 7,000 frames in another paused at least that
+            // often.
+            assert!(PAUSES.get() > 9_000 / bound, "{bound}: {}", PAUSES.get());
+        }
+        BOUND.set(u32::MAX);
+    }
+
+    #[test]
+    fn a_walk_paused_inside_a_hole_goes_on_from_the_hole_s_place() {
+        BOUND.set(3);
+        let mut c = Conn::default();
+        c.start();
+        let ids: Vec<u32> = (0..40).map(|i| 2 * i + 1).collect();
+        c.client_sends(&ids.iter().flat_map(|&id| request(id)).collect::<Vec<u8>>());
+        let all = responses(&ids);
+        let start = c.server_seq;
+        let at = |n: usize| start.wrapping_add(n as u32);
+        let piece = responses(&ids[..10]).len();
+        // The second piece overtakes the first; the first, walked three frames at a time,
+        // fills the hole in pauses; then the rest.
+        c.server_sends_at(at(piece), &all[piece..2 * piece]);
+        assert_eq!(c.hole.state, HOLE_OPEN);
+        let w = c.server_sends_at(at(0), &all[..piece]);
+        assert_eq!((w.unframed, c.hole.state), (false, HOLE_NONE));
+        c.server_sends_at(at(2 * piece), &all[2 * piece..]);
+        assert_eq!((c.completed, c.unframed, c.open()), (40, 0, 0));
+        BOUND.set(u32::MAX);
     }
 }

@@ -73,13 +73,10 @@ fn check(listen: &str, tls: Option<Tls>) {
     check_with(listen, tls, &ProbeOptions::default());
 }
 
-/// What the oldest kernels users run lack (5.10: no atomic fetch operations, no `bpf_loop`,
-/// no socket storage from tracing programs), switched off here as there.
-const OLDER_KERNEL: [KernelFeature; 3] = [
-    KernelFeature::AtomicFetch,
-    KernelFeature::BpfLoop,
-    KernelFeature::TracingSocketStorage,
-];
+/// What the oldest kernels users run lack (5.10: no `bpf_loop`, no socket storage from
+/// tracing programs), switched off here as there.
+const OLDER_KERNEL: [KernelFeature; 2] =
+    [KernelFeature::BpfLoop, KernelFeature::TracingSocketStorage];
 
 /// [`check`] with the probe attached with `options`.
 fn check_with(listen: &str, tls: Option<Tls>, options: &ProbeOptions) {
@@ -155,8 +152,8 @@ fn tls_1_3_on_a_deferred_listener_turns_equal_nginx_stub_status() {
     check(" deferred", Some(TLS_1_3));
 }
 
-/// The build an older kernel runs, without HTTP/2 streams and without adoption, counts plain
-/// and TLS turns exactly as the full build does.
+/// The build an older kernel runs, walking HTTP/2 frames in steps and without adoption, counts
+/// plain and TLS turns exactly as the full build does.
 #[test]
 fn without_the_features_older_kernels_lack_plain_and_tls_turns_equal_nginx_stub_status() {
     let options = ProbeOptions {
@@ -167,9 +164,9 @@ fn without_the_features_older_kernels_lack_plain_and_tls_turns_equal_nginx_stub_
     check_with("", Some(TLS_1_3), &options);
     let probe = AttachedProbe::attach_with(&options);
     let support = probe.kernel_support();
-    assert_eq!(support.programs(), ProgramSet::WithoutHttp2);
+    assert_eq!(support.programs(), ProgramSet::Http2InSteps);
     assert!(
-        support.http2_off.is_some() && support.adoption_off.is_some(),
+        support.http2_in_steps.is_some() && support.adoption_off.is_some(),
         "{support:?}"
     );
 }

@@ -1,0 +1,227 @@
+//! The HTTP/2 frame walk of a segment, in steps: begun (`FrameStream::begin_walk`), a step
+//! a frame (`FrameStream::step`), ended (`FrameStream::end_walk`). Between its steps the walk
+//! waits in a slot of a per-CPU map (`H2_STEPPING`), with a copy of the direction's frame walk
+//! and what its streams are inserted with; the steps read the segment from the packet or from
+//! the parking map.
+//!
+//! Each step is a global function, [`ra_h2_step`], which the verifier checks once, apart
+//! from the programs that call it (5.6 and later); it takes only the context and numbers
+//! (5.10), hence the slot. With `bpf_loop` (5.17) one loop calls it for all of a segment's
+//! frames. Without it (Ubuntu 22.04's 5.15, Debian 11's 5.10) a loop of fixed bound calls it
+//! up to [`STEPS_PER_PROGRAM`] times: the verifier walks such a loop call by call (with the
+//! frame walk itself in the loop, every way a frame can go multiplied the states it keeps,
+//! and the loop was refused after a few steps). A segment with more frames pauses, and a
+//! program reached by a tail call walks the same segment on from there; a chain of tail calls
+//! ends after 33 programs, and what is left then is not walked (`http2_walks_cut`).
+
+use aya_ebpf::{
+    EbpfContext,
+    bindings::__sk_buff,
+    macros::map,
+    maps::{PerCpuArray, ProgramArray},
+    programs::SkBuffContext,
+};
+use retry_after_common::h2::{FrameOps, FrameStream, SegmentWalk, StreamEntry};
+
+use crate::{
+    counters::KernelFrameOps,
+    packet::SegmentPayload,
+    parking,
+    streams::{ConnectionStreams, StreamOwner},
+};
+
+/// Steps (frames) one program takes at most.
+pub const STEPS_PER_PROGRAM: u32 = 2048;
+
+/// No slot: the walk was not put in one.
+pub(crate) const NO_LEVEL: u32 = u32::MAX;
+
+/// Slots per CPU: one per level at which the programs nest on a CPU (a send in a system call
+/// interrupted by a receive, or by a send of its own from a softirq).
+const SLOTS: u32 = 4;
+
+/// A walk between its steps, in a slot of this CPU.
+pub(crate) struct Stepping {
+    /// The walking direction's frame walk, copied in before the steps and back after.
+    frames: FrameStream,
+    /// Where the walk is in the segment.
+    walk: SegmentWalk,
+    /// The connection's id and the entry its streams are inserted with.
+    connection: u64,
+    entry: StreamEntry,
+    /// Streams opened minus those ended by the steps (wrapping), added to the connection's
+    /// count after them.
+    open: u64,
+    /// Where the segment's bytes are: in the packet, `offset` bytes past the network header
+    /// (`parked` 0), or parked at `parked_seq`.
+    offset: u32,
+    parked: u32,
+    parked_seq: u32,
+}
+
+impl StreamOwner for Stepping {
+    #[inline(always)]
+    fn connection(&self) -> u64 {
+        self.connection
+    }
+
+    #[inline(always)]
+    fn entry(&mut self) -> &mut StreamEntry {
+        &mut self.entry
+    }
+
+    #[inline(always)]
+    fn open_count(&mut self) -> *mut u64 {
+        &raw mut self.open
+    }
+}
+
+/// The walks between their steps (`H2_STEPPING`): `SLOTS` per CPU.
+#[map]
+static H2_STEPPING: PerCpuArray<Stepping> = PerCpuArray::with_max_entries(SLOTS, 0);
+
+/// How deep the programs running on this CPU have taken slots (`H2_STEP_DEPTH`).
+#[map]
+static H2_STEP_DEPTH: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
+
+/// Where the bytes a walk steps through are.
+#[derive(Clone, Copy)]
+pub(crate) enum Source {
+    /// In the packet, this many bytes past its network header.
+    Packet(u32),
+    /// Parked, the segment that begins at this sequence number.
+    Parked(u32),
+}
+
+/// What a walk's steps need of its connection: its id, the entry its streams are inserted
+/// with, and where the segment's bytes are.
+pub(crate) struct StepsOf {
+    pub connection: u64,
+    pub entry: StreamEntry,
+    pub source: Source,
+}
+
+/// Put `walk`, begun on `frames`, in this CPU's next free slot: its level, or `None` if the
+/// programs nest deeper than the slots go (not seen; the walk then ends where it is).
+#[inline(always)]
+pub(crate) fn enter(frames: &FrameStream, walk: SegmentWalk, of: StepsOf) -> Option<u32> {
+    let depth = H2_STEP_DEPTH.get_ptr_mut(0)?;
+    // SAFETY: this CPU's value; a program that nests here runs to its end before this one
+    // goes on, so the depth is a stack.
+    let level = unsafe { *depth };
+    let slot = H2_STEPPING.get_ptr_mut(level)?;
+    let (offset, parked, parked_seq) = match of.source {
+        Source::Packet(offset) => (offset, 0, 0),
+        Source::Parked(seq) => (0, 1, seq),
+    };
+    // SAFETY: this CPU's slot at this level, which no other program uses until `leave`.
+    // Field by field: a whole `Stepping` built first would take its size of the stack.
+    unsafe {
+        *depth = level + 1;
+        (*slot).frames = *frames;
+        (*slot).walk = walk;
+        (*slot).connection = of.connection;
+        (*slot).entry = of.entry;
+        (*slot).open = 0;
+        (*slot).offset = offset;
+        (*slot).parked = parked;
+        (*slot).parked_seq = parked_seq;
+    }
+    Some(level)
+}
+
+/// Take the steps of the walk in this CPU's slot at `level`, each by [`ra_h2_step`], until
+/// one says the segment is walked: all of them in one `bpf_loop` (`ONE_LOOP`), or up to
+/// [`STEPS_PER_PROGRAM`] in a loop of fixed bound. A function of its own: the verifier then
+/// walks what follows the loop once, not once for each way the loop can end.
+#[inline(never)]
+pub(crate) fn take_steps<const ONE_LOOP: bool>(ctx: &SkBuffContext, level: u32) {
+    let skb = ctx.as_ptr().cast::<__sk_buff>();
+    // A constant: the build without `bpf_loop` must not even name its callback (5.10 counts
+    // the functions a program calls, not those it points to, and refuses the difference).
+    if ONE_LOOP {
+        let Some(slot) = H2_STEPPING.get_ptr_mut(level) else {
+            return;
+        };
+        // SAFETY: this CPU's slot, filled by `enter`.
+        let steps = unsafe { (*slot).walk.steps() };
+        // Hidden from the optimizer, which knows the step says 0 or 1 and would flip the bit
+        // where the verifier, which takes a global function's answer for any number, wants a
+        // branch before `bpf_loop`'s callback returns.
+        KernelFrameOps::repeat(steps, || core::hint::black_box(ra_h2_step(skb, level)) != 0);
+    } else {
+        // A constant bound: the verifier then splits its states only on what each step said.
+        let mut i = 0;
+        while i < STEPS_PER_PROGRAM {
+            if ra_h2_step(skb, level) == 0 {
+                break;
+            }
+            i += 1;
+        }
+    }
+}
+
+/// Take the walk out of this CPU's slot at `level` and give the slot back: the direction's
+/// frame walk, where the walk is (paused if steps remain), and the streams its steps opened
+/// minus those they ended, to add to the connection's count (wrapping).
+#[inline(always)]
+pub(crate) fn leave(level: u32) -> Option<(FrameStream, SegmentWalk, u64)> {
+    let depth = H2_STEP_DEPTH.get_ptr_mut(0)?;
+    let slot = H2_STEPPING.get_ptr_mut(level)?;
+    // SAFETY: this CPU's value and slot, taken by `enter`.
+    unsafe {
+        *depth = level;
+        Some(((*slot).frames, (*slot).walk, (*slot).open))
+    }
+}
+
+/// One step of the walk in this CPU's slot `slot`: true (1) while more remain. A global
+/// function, which the verifier checks once: it may take only the context and numbers.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn ra_h2_step(skb: *mut __sk_buff, slot: u32) -> i32 {
+    let Some(step) = H2_STEPPING.get_ptr_mut(slot) else {
+        return 0;
+    };
+    // SAFETY: this CPU's slot, filled by `enter` before this call.
+    let step = unsafe { &mut *step };
+    let streams = ConnectionStreams::of(step);
+    let go_on = if step.parked != 0 {
+        match parking::parked_payload(step.connection, step.parked_seq) {
+            Some(payload) => step.frames.step(&mut step.walk, &payload, &streams),
+            None => {
+                step.walk.lose();
+                false
+            }
+        }
+    } else if let Some(skb) = core::ptr::NonNull::new(skb) {
+        let ctx = SkBuffContext::new(skb);
+        let payload = SegmentPayload::new(&ctx, step.offset);
+        step.frames.step(&mut step.walk, &payload, &streams)
+    } else {
+        false
+    };
+    i32::from(go_on)
+}
+
+/// The program that walks on a received segment (index 0: `ra_ingress_more`), set by the
+/// agent when it runs this build.
+#[map]
+static H2_INGRESS_MORE: ProgramArray = ProgramArray::with_max_entries(1, 0);
+
+/// The program that walks on a sent segment (index 0: `ra_egress_more`).
+#[map]
+static H2_EGRESS_MORE: ProgramArray = ProgramArray::with_max_entries(1, 0);
+
+/// Hand the segment to the program that walks on from where its walk paused (this program
+/// ends here). Returns only if the tail call failed: the chain's 33 programs are spent.
+#[inline(always)]
+pub(crate) fn walk_more<const INGRESS: bool>(ctx: &SkBuffContext) {
+    let table = if INGRESS {
+        &H2_INGRESS_MORE
+    } else {
+        &H2_EGRESS_MORE
+    };
+    // SAFETY: a tail call with the program's own context.
+    unsafe { table.tail_call(ctx, 0) };
+}
