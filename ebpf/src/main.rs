@@ -1,6 +1,6 @@
 //! The eBPF programs of retry-after-agent.
 //!
-//! Six programs. Four count: three attach to the root of the cgroup v2 hierarchy (or to the
+//! Four programs count: three attach to the root of the cgroup v2 hierarchy (or to the
 //! cgroups of `agent.attach_cgroups`), so they see every TCP socket there without touching any
 //! application; the fourth is a tracepoint:
 //!
@@ -20,9 +20,12 @@
 //!   `ra_ingress`, it walks the HTTP/2 segments that arrived ahead of a gap and were parked
 //!   (`parking.rs`), once the gap has filled.
 //!
-//! Each of the four has a `_noh2` twin without HTTP/2 streams (an HTTP/2 connection is left
-//! out), which the agent loads instead on a kernel without `bpf_loop` or atomic fetch
-//! operations. The other two, `ra_floor_in` / `ra_floor_out` (cgroup_skb), let every segment
+//! On a kernel without `bpf_loop` (before 5.17) the agent loads `ra_ingress_step` and
+//! `ra_egress_step` instead, which take a segment's HTTP/2 frame steps in a loop of fixed
+//! bound and walk on in `ra_ingress_more` / `ra_egress_more` (and the parked segments in
+//! `ra_parked_step`), reached by tail calls (`steps.rs`). Each of the four counting programs
+//! also has a `_noh2` twin without HTTP/2 streams (an HTTP/2 connection is left out), for a
+//! kernel that refuses both. Two more, `ra_floor_in` / `ra_floor_out` (cgroup_skb), let every segment
 //! pass at once: the data path's floor, which the bench measures; the agent never attaches
 //! them. The feature probes (`features.rs`) are loaded at start and never attached.
 //!

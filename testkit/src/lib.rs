@@ -5,6 +5,7 @@
 //! real TCP on 127.0.0.1 or ::1 and the probe is the agent's own, attached to the root cgroup.
 
 pub mod http;
+pub mod kept_returns;
 pub mod kernels;
 pub mod netns;
 pub mod proxies;

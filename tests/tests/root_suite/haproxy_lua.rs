@@ -26,7 +26,9 @@ use retry_after_testkit::{
     sample,
 };
 
-use crate::{kept_returns::agent_service, one_agent::Scenario};
+use retry_after_testkit::kept_returns::agent_service;
+
+use crate::one_agent::Scenario;
 
 /// HAProxy's own fallback: the computed values here stay far below it (31 s would take a drain
 /// under 2/s against a queue of 50).

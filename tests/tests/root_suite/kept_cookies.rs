@@ -10,6 +10,7 @@
 
 use std::{net::SocketAddr, thread, time::Duration};
 
+use retry_after_testkit::kept_returns::{QUEUE_LIMIT, agent_service, haproxy_frontend};
 use retry_after_testkit::{
     AgentProcess, free_port,
     http::HttpServer,
@@ -18,7 +19,6 @@ use retry_after_testkit::{
 
 use crate::{
     kept_outage::{Seen, get_with},
-    kept_returns::{QUEUE_LIMIT, agent_service, haproxy_frontend},
     nginx_book::{Keeping, SERVICE, http_block},
 };
 

@@ -19,7 +19,7 @@ use retry_after_testkit::{
     run_stdout,
 };
 
-use crate::kept_returns::{
+use retry_after_testkit::kept_returns::{
     Book, CAPACITY, KEPT_RETURNS, Keep, REPLICAS, Record, SERVICE_TIME, Spec, agent_service,
     capped_replica, clairvoyant_p99, haproxy_frontend, kept_clients_with, nginx_http, nginx_logged,
     proxies_secret, quantile, tickets,

@@ -9,16 +9,14 @@
 
 use std::{net::SocketAddr, path::Path, process::Command, thread, time::Duration};
 
+use retry_after_testkit::kept_returns::{SERVICE_TIME, agent_service, haproxy_frontend};
 use retry_after_testkit::{
     AgentProcess, free_port,
     http::HttpServer,
     proxies::{Haproxy, NGINX_LUA_MODULES, Nginx, Wrk, nginx_workers_may_connect},
 };
 
-use crate::{
-    kept_returns::{SERVICE_TIME, agent_service, haproxy_frontend},
-    nginx_book::{BY_KEY, SERVICE, http_block},
-};
+use crate::nginx_book::{BY_KEY, SERVICE, http_block};
 
 /// The HAProxy service's name (nginx's is [`SERVICE`]).
 const HAPROXY_SERVICE: &str = "outage";

@@ -16,7 +16,7 @@ use retry_after_testkit::{
     },
 };
 
-use crate::kept_returns::{Book, QUEUE_LIMIT, agent_service};
+use retry_after_testkit::kept_returns::{Book, QUEUE_LIMIT, agent_service};
 
 /// The service's name, in the agent and in nginx.
 pub(crate) const SERVICE: &str = "api";

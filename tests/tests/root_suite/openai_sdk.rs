@@ -16,6 +16,10 @@
 
 use std::{net::SocketAddr, path::PathBuf, process::Command};
 
+use retry_after_testkit::kept_returns::{
+    CAPACITY, PLACES, QUEUE_LIMIT, REPLICAS, Record, SERVICE_TIME, agent_service, clairvoyant_p99,
+    nginx_logged, quantile,
+};
 use retry_after_testkit::{
     AgentProcess, free_port,
     http::{CHAT_COMPLETION, HttpServer, ServerOptions, Workers},
@@ -23,14 +27,7 @@ use retry_after_testkit::{
     run_stdout,
 };
 
-use crate::{
-    haproxy_lua::frontend,
-    kept_returns::{
-        CAPACITY, PLACES, QUEUE_LIMIT, REPLICAS, Record, SERVICE_TIME, agent_service,
-        clairvoyant_p99, nginx_logged, quantile,
-    },
-    one_agent::Scenario,
-};
+use crate::{haproxy_lua::frontend, one_agent::Scenario};
 
 /// Load, as a multiple of the fleet's capacity, and for how long.
 const LOAD: f64 = 1.5;

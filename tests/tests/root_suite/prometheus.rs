@@ -20,17 +20,14 @@ use std::{
     time::{Duration, Instant},
 };
 
+use retry_after_testkit::kept_returns::{
+    CAPACITY, Keep, QUEUE_LIMIT, REPLICAS, SERVICE_TIME, agent_service, haproxy_frontend,
+    kept_clients,
+};
 use retry_after_testkit::{AgentProcess, free_port, http::HttpServer, proxies::Haproxy};
 use serde_json::Value;
 
-use crate::{
-    haproxy_lua::frontend,
-    kept_returns::{
-        CAPACITY, Keep, QUEUE_LIMIT, REPLICAS, SERVICE_TIME, agent_service, haproxy_frontend,
-        kept_clients,
-    },
-    one_agent::Scenario,
-};
+use crate::{haproxy_lua::frontend, one_agent::Scenario};
 
 /// The services: the alert's, and the one whose proxy keeps places.
 const SERVICES: [&str; 2] = ["static_1s", "kept"];

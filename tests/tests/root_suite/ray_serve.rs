@@ -43,7 +43,7 @@ use retry_after_testkit::{
     sample,
 };
 
-use crate::kept_returns::{Book, Keep, clairvoyant_p99, kept_clients, quantile};
+use retry_after_testkit::kept_returns::{Book, Keep, clairvoyant_p99, kept_clients, quantile};
 
 /// The model's request places (two replicas, `max_ongoing_requests` 2) and its work per
 /// request (`serve_apps.py`).

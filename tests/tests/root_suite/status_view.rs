@@ -23,7 +23,7 @@ use retry_after_testkit::{
     run_ok,
 };
 
-use crate::kept_returns::{agent_service, haproxy_frontend};
+use retry_after_testkit::kept_returns::{agent_service, haproxy_frontend};
 
 /// The tmux session of this test.
 const SESSION: &str = "retry-after-status-view";
