@@ -18,7 +18,9 @@ use std::{
 /// One rejection a probe received.
 #[derive(Clone, Debug)]
 pub struct Rejection {
-    /// When it arrived.
+    /// When its request was sent. The proxy decided the answer after it, and the answer may
+    /// arrive much later (a rejection from inside Ray Serve's ingress waits for its busy event
+    /// loop), so a rejection is placed in a window of the outage by this.
     pub at: Instant,
     /// Its status code.
     pub status: u16,
@@ -51,6 +53,7 @@ pub const PROBE_WAIT: Duration = Duration::from_millis(150);
 /// One request for `path` on its own connection; a rejection answered within `wait` is
 /// returned, a request still unanswered then (admitted, queued behind slow replicas) is left.
 pub fn probe(target: SocketAddr, path: &str, wait: Duration) -> Option<Rejection> {
+    let sent = Instant::now();
     let mut stream = TcpStream::connect(target).ok()?;
     stream.set_read_timeout(Some(wait)).ok()?;
     stream
@@ -75,7 +78,7 @@ pub fn probe(target: SocketAddr, path: &str, wait: Duration) -> Option<Rejection
             .map(|v| v.trim().to_owned())
     };
     Some(Rejection {
-        at: Instant::now(),
+        at: sent,
         status,
         retry_after: header("retry-after"),
         retry_after_ms: header("retry-after-ms"),
@@ -100,7 +103,8 @@ pub fn prober(
     })
 }
 
-/// The `Retry-After` seconds of the rejections within `window` (from, to).
+/// The `Retry-After` seconds of the rejections whose requests were sent within `window`
+/// (from, to).
 ///
 /// # Panics
 /// If one of them has no header, or not delta-seconds.
