@@ -500,7 +500,7 @@ impl FrameStream {
         }
         // The hole was entered if the segment has bytes.
         if w.at.len != 0 {
-            hole.leave(self, &mut w.walk);
+            hole.leave(self, &mut w.walk, w.sender);
         }
     }
 
@@ -804,8 +804,13 @@ impl Hole {
     /// closes; the walk framed anew there was right if the hole's bytes end between two
     /// frames, and is counted unframed otherwise (as is a hole whose bytes lost the framing,
     /// and one given up before).
+    /// Only the walk of the hole's own direction (`sender`) leaves it: the other direction's,
+    /// on another CPU, must not take the hole's place for its own walk.
     #[inline(always)]
-    fn leave(&mut self, walk: &mut FrameStream, seen: &mut FrameWalk) {
+    fn leave(&mut self, walk: &mut FrameStream, seen: &mut FrameWalk, sender: Sender) {
+        if self.sender != sender as u8 {
+            return;
+        }
         if self.given_up != 0 {
             self.given_up = 0;
             seen.unframed = true;
@@ -1366,5 +1371,54 @@ mod tests {
         c.server_sends_at(at(2 * piece), &all[2 * piece..]);
         assert_eq!((c.completed, c.unframed, c.open()), (40, 0, 0));
         BOUND.set(u32::MAX);
+    }
+
+    #[test]
+    fn the_other_direction_leaves_a_hole_being_filled_alone() {
+        let mut c = Conn::default();
+        c.start();
+        let ids: Vec<u32> = (0..10).map(|i| 2 * i + 1).collect();
+        c.client_sends(
+            &ids[..5]
+                .iter()
+                .flat_map(|&id| request(id))
+                .collect::<Vec<u8>>(),
+        );
+        let all = responses(&ids[..5]);
+        let start = c.server_seq;
+        let piece = responses(&ids[..2]).len();
+        // The server's second piece overtakes its first: a hole of the server's bytes.
+        c.server_sends_at(start.wrapping_add(piece as u32), &all[piece..]);
+        assert_eq!(c.hole.state, HOLE_OPEN);
+        // The first piece begins to fill it (on one CPU) ...
+        let first = &all[..piece];
+        let mut w = c.server.begin_walk(
+            &mut c.hole,
+            &c.streams,
+            FrameSegment {
+                seq: start,
+                len: piece as u32,
+                payload: &Bytes(first),
+                sender: Sender::Server,
+                protocol: c.protocol,
+            },
+        );
+        assert_eq!(c.hole.state, HOLE_FILLING);
+        // ... while a client segment is walked whole (on another).
+        c.client_sends(
+            &ids[5..]
+                .iter()
+                .flat_map(|&id| request(id))
+                .collect::<Vec<u8>>(),
+        );
+        assert_eq!(
+            c.hole.state, HOLE_FILLING,
+            "the client's walk left the server's hole alone"
+        );
+        while w.is_stepping() && c.server.step(&mut w, &Bytes(first), &c.streams) {}
+        c.server.end_walk(&mut c.hole, &mut w);
+        c.add(*w.did());
+        assert_eq!((c.started, c.completed, c.unframed), (10, 5, 0));
+        assert_eq!(c.hole.state, HOLE_NONE);
     }
 }
