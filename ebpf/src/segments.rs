@@ -30,8 +30,8 @@ use crate::{
 const H2_OFF: u8 = 0;
 /// ... by streams, each segment's frames walked by one `bpf_loop` (5.17 and later).
 const H2_LOOP: u8 = 1;
-/// ... by streams, each segment's frames walked in steps by a chain of tail calls (`steps.rs`),
-/// one CPU at a time by an entry of a map: kernels without `bpf_loop` or atomic exchange.
+/// ... by streams, each segment's frames walked in steps by a loop of fixed bound and on by a
+/// chain of tail calls (`steps.rs`): kernels without `bpf_loop`.
 const H2_STEPS: u8 = 2;
 
 /// A segment arrives at a local socket.
@@ -43,8 +43,7 @@ fn ra_ingress(ctx: SkBuffContext) -> i32 {
     1
 }
 
-/// `ra_ingress` walking HTTP/2 frames in steps, for kernels without `bpf_loop` or atomic
-/// exchange (`steps.rs`).
+/// `ra_ingress` walking HTTP/2 frames in steps, for kernels without `bpf_loop` (`steps.rs`).
 #[cgroup_skb(ingress)]
 fn ra_ingress_step(ctx: SkBuffContext) -> i32 {
     if ports_watched(&ctx) {

@@ -60,8 +60,8 @@ pub const PROGRAM_NAMES: [&str; 4] = ProgramSet::Full.names();
 pub enum ProgramSet {
     /// Every program: turns, TLS records and HTTP/2 streams.
     Full,
-    /// Every program, each segment's HTTP/2 frames walked in steps by a chain of tail calls
-    /// (no `bpf_loop` or no atomic exchange: before 5.17).
+    /// Every program, each segment's HTTP/2 frames walked in steps by a loop of fixed bound and
+    /// on by a chain of tail calls (no `bpf_loop`, before 5.17, or the full build refused).
     Http2InSteps,
     /// Without HTTP/2 streams (both builds that count them refused): HTTP/2 connections are
     /// left out.
