@@ -141,6 +141,15 @@ pub(crate) const EARLY_NOT_A_REQUEST: u8 = 1;
 /// `EARLY_PAYLOADS`: anything else (a request).
 pub(crate) const EARLY_OTHER: u8 = 2;
 
+/// Scoped connections whose scope is entered, by socket cookie. The first segment with a full
+/// socket decides a scoped connection's scope, and two can decide it at once (the ingress
+/// program runs before TCP takes the socket's lock, on another CPU than the egress one): the
+/// one whose entry goes in where none was (`BPF_NOEXIST`, an exchange under the map's lock)
+/// counts the connection opened, the other only follows. An LRU: an entry matters only for the
+/// moment two segments race, and a cookie is never reused.
+#[map]
+pub(crate) static SCOPES_ENTERED: LruHashMap<u64, u8> = LruHashMap::with_max_entries(4_096, 0);
+
 /// Probe-wide counters of things that went wrong (see `ProbeStat`).
 #[map]
 pub(crate) static PROBE_STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(PROBE_STATS_LEN, 0);

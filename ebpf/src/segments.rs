@@ -3,7 +3,7 @@
 
 use aya_ebpf::{
     EbpfContext,
-    bindings::{__sk_buff, bpf_sock},
+    bindings::{__sk_buff, BPF_NOEXIST, bpf_sock},
     helpers::{bpf_get_socket_cookie, bpf_skb_ancestor_cgroup_id, bpf_skb_cgroup_id},
     macros::cgroup_skb,
     programs::SkBuffContext,
@@ -19,7 +19,7 @@ use crate::{
     adoption::adopt,
     counters,
     lifecycle::count_opened,
-    maps::{PROBE_STATS, forget, live_counters, port_watched, tracked},
+    maps::{PROBE_STATS, SCOPES_ENTERED, forget, live_counters, port_watched, tracked},
     packet, parking, steps,
     streams::ConnectionStreams,
     walk_lock,
@@ -256,8 +256,10 @@ fn with_counters<const INGRESS: bool>(
 }
 
 /// Decide a scoped connection's scope on its first segment with a full socket: true if its
-/// client is inside the proxy's cgroup (the scope is then settled and any request that came
-/// with the handshake counted), false if not yet known or outside (then forgotten).
+/// client is inside the proxy's cgroup (the scope is then settled, and the connection counted
+/// opened with any request that came with the handshake, once: an ingress and an egress
+/// segment can both find the scope open, on two CPUs), false if not yet known or outside
+/// (then forgotten).
 #[inline(always)]
 fn enter_scope(skb: *mut __sk_buff, sk: *mut bpf_sock, conn: &mut ConnState) -> bool {
     // SAFETY: the helpers only read the packet's socket.
@@ -273,14 +275,22 @@ fn enter_scope(skb: *mut __sk_buff, sk: *mut bpf_sock, conn: &mut ConnState) -> 
         forget(sk);
         return false;
     }
-    conn.scope_cgroup = 0;
     // No segment was fed to the turn before this one, so an open request is one that came
     // with the handshake (TCP Fast Open), started but not counted while the scope was open.
     let early = TurnDelta {
         started: u16::from(conn.turn.phase() == PHASE_REQUEST),
         ..TurnDelta::default()
     };
-    count_opened(conn, &early);
+    conn.scope_cgroup = 0;
+    // Counted by one of the segments that found the scope open, once.
+    // SAFETY: the helper reads the context's socket.
+    let cookie = unsafe { bpf_get_socket_cookie(skb.cast()) };
+    if SCOPES_ENTERED
+        .insert(&cookie, &0, u64::from(BPF_NOEXIST))
+        .is_ok()
+    {
+        count_opened(conn, &early);
+    }
     true
 }
 
