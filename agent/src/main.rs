@@ -26,6 +26,7 @@ use retry_after_estimator::{
     config::{AttachCgroups, Config, ConfigError, DEFAULT_CONFIG},
     {RejectedAt, RetryAfterPolicy, ServiceSettings},
 };
+use retry_after_policy::{MAX_KEPT_RETRY_AFTER_S, MAX_RETRY_AFTER_S};
 use tracing::info;
 
 /// What `--version` prints after the name: the version and the commit built from (build.rs).
@@ -265,6 +266,28 @@ fn policy_note(settings: &ServiceSettings) -> String {
     }
 }
 
+/// What `check` says of a service's clamp: the values its Retry-After is kept within, and,
+/// where it keeps returns, whether a place further away is told as it is.
+fn clamp_note(settings: &ServiceSettings) -> String {
+    let what = format!("service {}", settings.name);
+    let (min, max) = settings.constants.clamp();
+    let within = format!("Retry-After within {min} to {max} s");
+    match settings.policy {
+        RetryAfterPolicy::KeptReturns if max > MAX_RETRY_AFTER_S => format!(
+            "NOTE    {what}: {within}: places up to {max} s away are told as they are; a \
+            client that ignores or caps a value that long comes back early and spends an \
+            attempt (what common clients do: docs/integrations/clients.md)"
+        ),
+        RetryAfterPolicy::KeptReturns => format!(
+            "ok      {what}: {within}: a place further away is told {max} s and the client is \
+            told the rest when it comes back; max_retry_after_s up to \
+            {MAX_KEPT_RETRY_AFTER_S} tells it as it is, for clients that honour it \
+            (docs/integrations/clients.md)"
+        ),
+        _ => format!("ok      {what}: {within}"),
+    }
+}
+
 /// The lines `check` prints, and how many requirements are missing.
 #[derive(Default)]
 struct Checklist {
@@ -345,6 +368,7 @@ fn check_configuration(list: &mut Checklist, path: Option<&PathBuf>) -> Option<C
     for service in &config.services {
         let settings = service.settings();
         println!("{}", policy_note(&settings));
+        println!("{}", clamp_note(&settings));
         if settings.policy != RetryAfterPolicy::Static && settings.queue_needs_proxy_depth() {
             list.warn(
                 &format!("service {}", service.name),

@@ -7,7 +7,7 @@
 //! the counts are kept (bounded by the protocol's largest count) and sent once it is back.
 //!
 //! What the proxy handed out is counted per rung and second (values above
-//! [`MAX_RETRY_AFTER_S`] as that), in a fixed table: no allocation on the reject path. A report
+//! [`MAX_KEPT_RETRY_AFTER_S`] as that), in a fixed table: no allocation on the reject path. A report
 //! whose `handed_out=` would not fit on one line goes on in further `REPORT` lines with no
 //! admissions or rejections of their own.
 
@@ -22,7 +22,7 @@ use std::{
 
 use retry_after_protocol::{
     HandedOut, MAX_LINE_LEN, MAX_REPORT_COUNT, MAX_RESPONSE_LEN, Report, Request, Response,
-    policy::{MAX_RETRY_AFTER_S, Rung, TicketCounters, TicketOutcome},
+    policy::{MAX_KEPT_RETRY_AFTER_S, Rung, TicketCounters, TicketOutcome},
 };
 use tokio::{
     io::{AsyncWriteExt, BufReader},
@@ -35,8 +35,9 @@ use tokio::{
 
 use crate::{ClientError, read_line, within};
 
-/// Seconds the table of handed-out values holds: 0 to [`MAX_RETRY_AFTER_S`].
-const SECONDS: usize = MAX_RETRY_AFTER_S as usize + 1;
+/// Seconds the table of handed-out values holds: 0 to [`MAX_KEPT_RETRY_AFTER_S`] (places told
+/// as they are where a service keeping returns opts in).
+const SECONDS: usize = MAX_KEPT_RETRY_AFTER_S as usize + 1;
 /// The rungs that carry a value, in table order.
 const RUNGS: [Rung; 2] = [Rung::Computed, Rung::Static];
 /// Ticket outcomes, counted in the vocabulary's order.
@@ -115,7 +116,7 @@ impl Reporter {
         let Some(row) = RUNGS.iter().position(|r| *r == rung) else {
             return;
         };
-        let second = seconds.min(MAX_RETRY_AFTER_S) as usize;
+        let second = seconds.min(MAX_KEPT_RETRY_AFTER_S) as usize;
         self.counts.handed_out[row][second].fetch_add(1, Ordering::Relaxed);
     }
 

@@ -122,6 +122,8 @@ impl Places {
             match event.kind {
                 EventKind::AddReplica(r) => service[r].0 = event.at,
                 EventKind::LoseReplica(r) => service[r].1 = event.at,
+                // The bound keeps every proxy's queue room throughout.
+                EventKind::ProxyLeaves(_) | EventKind::ProxyJoins(_) => {}
             }
         }
         let mut free = BinaryHeap::new();

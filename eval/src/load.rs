@@ -8,6 +8,8 @@
 //!   N seconds; without the header it backs off as below;
 //! * [`Behaviour::HonourCapped`]: the same, but it waits no longer than its cap (a client
 //!   whose SDK limits the wait);
+//! * [`Behaviour::HonourUpTo`]: the same up to its limit; a longer value is ignored and it
+//!   backs off as without a header (the SDKs that fall back to their own backoff);
 //! * [`Behaviour::Backoff`]: it ignores the header and backs off exponentially with full
 //!   jitter (a uniform draw up to `base × 2^(attempt−1)`, capped): the status quo.
 //!
@@ -54,6 +56,10 @@ pub enum Behaviour {
     /// Wait the `Retry-After` but never longer than this many seconds; back off when there is
     /// none.
     HonourCapped(u64),
+    /// Wait the `Retry-After` when it is at most this many seconds; a longer one is ignored,
+    /// and the client backs off as without a header (the Anthropic Python and OpenAI Node SDKs
+    /// at 60 s, the OpenAI Python SDK before 2.52: docs/integrations/clients.md).
+    HonourUpTo(u64),
     /// Ignore any header; back off exponentially with full jitter.
     Backoff,
 }
@@ -74,6 +80,9 @@ impl Behaviour {
                 (Duration::from_secs(s), Some(s))
             }
             (Behaviour::HonourCapped(cap), Some(_)) => (Duration::from_secs(cap), None),
+            (Behaviour::HonourUpTo(limit), Some(s)) if s <= limit => {
+                (Duration::from_secs(s), Some(s))
+            }
             _ => {
                 let bound = BACKOFF_BASE
                     .saturating_mul(1 << (number - 1).min(10))

@@ -25,8 +25,9 @@ pub enum Policy {
     /// client library).
     ScheduledReturns(OverloadRule, Option<u32>),
     /// The agent's `kept_returns`: each proxy keeps the place it promised, by the client's key
-    /// or by a return cookie (docs/estimator.md, "Kept returns").
-    KeptReturns(KeptBy),
+    /// or by a return cookie (docs/estimator.md, "Kept returns"), telling places up to this
+    /// `max_retry_after_s` away as they are (61 to 300; `None`: the default 60).
+    KeptReturns(KeptBy, Option<u64>),
 }
 
 /// How a proxy recognises a returning client under kept returns.
@@ -52,8 +53,8 @@ impl Policy {
         Policy::ComputedDefaults,
         Policy::ComputedRetryBacklog,
         Policy::ScheduledReturns(OverloadRule::LatestWithRoom, None),
-        Policy::KeptReturns(KeptBy::Key),
-        Policy::KeptReturns(KeptBy::Cookie),
+        Policy::KeptReturns(KeptBy::Key, None),
+        Policy::KeptReturns(KeptBy::Cookie, None),
     ];
 
     /// The static values an operator could pick, for the suite's summary.
@@ -67,8 +68,16 @@ impl Policy {
             Policy::ComputedSimple => "computed, w1=w2=0".to_owned(),
             Policy::ComputedDefaults => "computed, defaults".to_owned(),
             Policy::ComputedRetryBacklog => "computed + retry backlog".to_owned(),
-            Policy::KeptReturns(KeptBy::Key) => "kept returns (key)".to_owned(),
-            Policy::KeptReturns(KeptBy::Cookie) => "kept returns (cookie)".to_owned(),
+            Policy::KeptReturns(by, max) => {
+                let by = match by {
+                    KeptBy::Key => "key",
+                    KeptBy::Cookie => "cookie",
+                };
+                match max {
+                    Some(max) => format!("kept returns ({by}), told up to {max} s"),
+                    None => format!("kept returns ({by})"),
+                }
+            }
             Policy::ScheduledReturns(rule, factor) => {
                 let mut label = "scheduled returns".to_owned();
                 if *rule != OverloadRule::LatestWithRoom {
@@ -85,7 +94,7 @@ impl Policy {
     /// How a proxy recognises returning clients, if it keeps their places.
     pub fn kept(&self) -> Option<KeptBy> {
         match self {
-            Policy::KeptReturns(by) => Some(*by),
+            Policy::KeptReturns(by, _) => Some(*by),
             _ => None,
         }
     }
@@ -129,9 +138,10 @@ impl Policy {
                     "overload_horizon_factor = {k}.0\n"
                 ))
             ),
-            Policy::KeptReturns(_) => {
-                format!("{common}retry_after_policy = \"kept_returns\"\nretry_after_s = 5\n")
-            }
+            Policy::KeptReturns(_, max) => format!(
+                "{common}retry_after_policy = \"kept_returns\"\nretry_after_s = 5\n{}",
+                max.map_or(String::new(), |s| format!("max_retry_after_s = {s}\n"))
+            ),
         }
     }
 
@@ -156,7 +166,7 @@ impl Policy {
 pub const SERVICE: &str = "eval";
 
 /// Every `--policy` name, for messages.
-const NAMES: &str = "none, static-N (N from 1 to 60), router_queue_drain_rate[-simple|-retry_backlog], scheduled_returns[-latest|-fill_capacity][-hN] (N from 1 to 100), kept_returns[-cookie]";
+const NAMES: &str = "none, static-N (N from 1 to 60), router_queue_drain_rate[-simple|-retry_backlog], scheduled_returns[-latest|-fill_capacity][-hN] (N from 1 to 100), kept_returns[-cookie][-maxN] (N from 61 to 300)";
 
 /// The `--policy` names, one rule: the configuration's `retry_after_policy` value (`none` for
 /// no header), then each variant after a `-`. A variant is the value of the setting it
@@ -164,7 +174,7 @@ const NAMES: &str = "none, static-N (N from 1 to 60), router_queue_drain_rate[-s
 /// `-fill_capacity`: the `overload_rule`; `-hN`: `overload_horizon_factor = N`) or names the
 /// change (`router_queue_drain_rate-simple`: both weights 0; `-retry_backlog`: the proxy's
 /// retry backlog in its depth; `kept_returns-cookie`: places kept by return cookie, not by
-/// key). Words join with `_`, as in the configuration, so `-` only
+/// key; `-maxN`: `max_retry_after_s = N`). Words join with `_`, as in the configuration, so `-` only
 /// ever separates variants.
 impl fmt::Display for Policy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -184,8 +194,16 @@ impl fmt::Display for Policy {
                     None => Ok(()),
                 }
             }
-            Policy::KeptReturns(KeptBy::Key) => f.write_str("kept_returns"),
-            Policy::KeptReturns(KeptBy::Cookie) => f.write_str("kept_returns-cookie"),
+            Policy::KeptReturns(by, max) => {
+                f.write_str("kept_returns")?;
+                if *by == KeptBy::Cookie {
+                    f.write_str("-cookie")?;
+                }
+                match max {
+                    Some(s) => write!(f, "-max{s}"),
+                    None => Ok(()),
+                }
+            }
         }
     }
 }
@@ -208,8 +226,7 @@ impl FromStr for Policy {
             ("router_queue_drain_rate", ["simple"]) => Some(Policy::ComputedSimple),
             ("router_queue_drain_rate", ["retry_backlog"]) => Some(Policy::ComputedRetryBacklog),
             ("scheduled_returns", variants) => scheduled(variants),
-            ("kept_returns", []) => Some(Policy::KeptReturns(KeptBy::Key)),
-            ("kept_returns", ["cookie"]) => Some(Policy::KeptReturns(KeptBy::Cookie)),
+            ("kept_returns", variants) => kept(variants),
             _ => None,
         };
         policy.ok_or_else(|| format!("no policy {name:?}; there are {NAMES}"))
@@ -240,6 +257,25 @@ fn scheduled(variants: &[&str]) -> Option<Policy> {
     Some(Policy::ScheduledReturns(rule, factor))
 }
 
+/// `kept_returns`' variants: `[-cookie][-maxN]`.
+fn kept(variants: &[&str]) -> Option<Policy> {
+    let (by, rest) = match variants.first() {
+        Some(&"cookie") => (KeptBy::Cookie, &variants[1..]),
+        _ => (KeptBy::Key, variants),
+    };
+    let max = match rest {
+        [] => None,
+        [m] => Some(
+            m.strip_prefix("max")?
+                .parse::<u64>()
+                .ok()
+                .filter(|s| (61..=retry_after_policy::MAX_KEPT_RETRY_AFTER_S).contains(s))?,
+        ),
+        _ => return None,
+    };
+    Some(Policy::KeptReturns(by, max))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -251,8 +287,8 @@ mod tests {
             Policy::ScheduledReturns(OverloadRule::Latest, None),
             Policy::ScheduledReturns(OverloadRule::FillCapacity, Some(3)),
             Policy::ScheduledReturns(OverloadRule::LatestWithRoom, Some(2)),
-            Policy::KeptReturns(KeptBy::Key),
-            Policy::KeptReturns(KeptBy::Cookie),
+            Policy::KeptReturns(KeptBy::Key, Some(120)),
+            Policy::KeptReturns(KeptBy::Cookie, Some(300)),
         ]) {
             assert_eq!(p.to_string().parse::<Policy>(), Ok(p));
         }
@@ -273,6 +309,9 @@ mod tests {
             "scheduled_returns-latest_with_room",
             "scheduled_returns-h4-latest",
             "router_queue_drain_rate-simple-retry_backlog",
+            "kept_returns-max60",
+            "kept_returns-max301",
+            "kept_returns-max120-cookie",
             "computed, defaults",
         ] {
             let e = bad.parse::<Policy>().unwrap_err();

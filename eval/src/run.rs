@@ -183,6 +183,9 @@ async fn follow(
             match event.kind {
                 EventKind::LoseReplica(i) => replicas[i].stop(),
                 EventKind::AddReplica(i) => proxy.set_replica_up(i, true),
+                EventKind::ProxyLeaves(_) | EventKind::ProxyJoins(_) => {
+                    unreachable!("one proxy, which cannot leave (the scenario's check)")
+                }
             }
         }
         if elapsed >= warm_up && load.waiting.load(Ordering::Relaxed) > 0 {

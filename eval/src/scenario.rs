@@ -46,6 +46,8 @@ pub struct Scenario {
     pub replicas: Vec<Replica>,
     /// Proxies in front of the fleet, each with its own queue and agent.
     pub proxies: usize,
+    /// How each attempt reaches a proxy.
+    pub front: Front,
     /// Each proxy's queue bound.
     pub max_queued_requests: usize,
     /// The arrival schedule; the first phase is the warm-up, whose clients are not measured.
@@ -80,6 +82,19 @@ impl Replica {
     }
 }
 
+/// How the balancer in front of the proxies sends each attempt to one of them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Front {
+    /// A proxy drawn at random among those in service, for each attempt (round robin, least
+    /// connections, DNS: a client's next attempt goes anywhere).
+    Random,
+    /// The proxy the client's key hashes to among those in service, consistently (HAProxy
+    /// `balance hdr(<name>)` with `hash-type consistent`, nginx `hash $http_<name>
+    /// consistent`, Envoy's ring hash): every attempt of a client goes to the same proxy,
+    /// and a proxy leaving or joining moves only the keys it gives up or takes.
+    KeyHash,
+}
+
 /// Something that happens to the fleet at a moment.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Event {
@@ -96,6 +111,11 @@ pub enum EventKind {
     LoseReplica(usize),
     /// The replica comes into service (autoscaling).
     AddReplica(usize),
+    /// The proxy takes no more attempts (scaled in, restarted): the front sends them to the
+    /// others. What it has queued is still served.
+    ProxyLeaves(usize),
+    /// The proxy, gone since it left, takes attempts again.
+    ProxyJoins(usize),
 }
 
 impl Scenario {
@@ -186,6 +206,8 @@ struct ScenarioFile {
     title: String,
     #[serde(default = "one")]
     proxies: usize,
+    #[serde(default)]
+    front: FrontFile,
     max_ongoing_requests: usize,
     max_queued_requests: usize,
     #[serde(default = "default_attempts")]
@@ -204,6 +226,14 @@ struct ScenarioFile {
     events: Vec<EventFile>,
     #[serde(default)]
     clients: Vec<ClientsFile>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+enum FrontFile {
+    #[default]
+    Random,
+    KeyHash,
 }
 
 fn one() -> usize {
@@ -266,6 +296,8 @@ struct EventFile {
     at_s: f64,
     lose_replica: Option<usize>,
     add_replica: Option<usize>,
+    proxy_leaves: Option<usize>,
+    proxy_joins: Option<usize>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -363,6 +395,10 @@ impl ScenarioFile {
             title: self.title,
             replicas,
             proxies: self.proxies,
+            front: match self.front {
+                FrontFile::Random => Front::Random,
+                FrontFile::KeyHash => Front::KeyHash,
+            },
             max_queued_requests: self.max_queued_requests,
             phases,
             events,
@@ -496,23 +532,39 @@ impl ScenarioFile {
                 e.at_s,
                 "within the phases",
             )?;
-            let kind = match (e.lose_replica, e.add_replica) {
-                (Some(r), None) => EventKind::LoseReplica(r),
-                (None, Some(r)) => EventKind::AddReplica(r),
+            let kind = match (e.lose_replica, e.add_replica, e.proxy_leaves, e.proxy_joins) {
+                (Some(r), None, None, None) => EventKind::LoseReplica(r),
+                (None, Some(r), None, None) => EventKind::AddReplica(r),
+                (None, None, Some(p), None) => EventKind::ProxyLeaves(p),
+                (None, None, None, Some(p)) => EventKind::ProxyJoins(p),
                 _ => {
                     return Err(format!(
-                        "events[{i}]: expected one of lose_replica, add_replica"
+                        "events[{i}]: expected one of lose_replica, add_replica, proxy_leaves, proxy_joins"
                     ));
                 }
             };
-            let (EventKind::LoseReplica(r) | EventKind::AddReplica(r)) = kind;
-            let field = match kind {
-                EventKind::LoseReplica(_) => at("lose_replica"),
-                EventKind::AddReplica(_) => at("add_replica"),
-            };
-            check(r < replicas.len(), &field, r, "the index of a replica")?;
-            if let EventKind::AddReplica(r) = kind {
-                check(!replicas[r].present, &field, r, "a replica marked absent")?;
+            match kind {
+                EventKind::LoseReplica(r) => {
+                    check(
+                        r < replicas.len(),
+                        &at("lose_replica"),
+                        r,
+                        "the index of a replica",
+                    )?;
+                }
+                EventKind::AddReplica(r) => {
+                    let field = at("add_replica");
+                    check(r < replicas.len(), &field, r, "the index of a replica")?;
+                    check(!replicas[r].present, &field, r, "a replica marked absent")?;
+                }
+                EventKind::ProxyLeaves(p) | EventKind::ProxyJoins(p) => {
+                    let field = at(if e.proxy_leaves.is_some() {
+                        "proxy_leaves"
+                    } else {
+                        "proxy_joins"
+                    });
+                    check(p < self.proxies, &field, p, "the index of a proxy")?;
+                }
             }
             events.push(Event {
                 at: Duration::from_secs_f64(self.warm_up_s + e.at_s),
@@ -520,10 +572,17 @@ impl ScenarioFile {
             });
         }
         events.sort_by_key(|e| e.at);
-        // In time order: a replica is added once, and a lost replica stays lost.
+        self.check_event_order(replicas, &events)?;
+        Ok(events)
+    }
+
+    /// In time order: a replica is added once, a lost replica stays lost, a proxy leaves while
+    /// in service and joins after it left, and one proxy at least is always in service.
+    fn check_event_order(&self, replicas: &[Replica], events: &[Event]) -> Result<(), String> {
         let mut up: Vec<bool> = replicas.iter().map(|r| r.present).collect();
         let mut lost = vec![false; replicas.len()];
-        for e in &events {
+        let mut proxy_up = vec![true; self.proxies];
+        for e in events {
             let at_s = (e.at.as_secs_f64() - self.warm_up_s).max(0.0);
             match e.kind {
                 EventKind::LoseReplica(r) => {
@@ -537,9 +596,25 @@ impl ScenarioFile {
                     check(!up[r] && !lost[r], "events", what, expected)?;
                     up[r] = true;
                 }
+                EventKind::ProxyLeaves(p) => {
+                    let what = format!("proxy_leaves = {p} at {at_s} s");
+                    check(proxy_up[p], "events", &what, "a proxy in service then")?;
+                    proxy_up[p] = false;
+                    check(
+                        proxy_up.contains(&true),
+                        "events",
+                        what,
+                        "another proxy in service then",
+                    )?;
+                }
+                EventKind::ProxyJoins(p) => {
+                    let what = format!("proxy_joins = {p} at {at_s} s");
+                    check(!proxy_up[p], "events", what, "a proxy that left before")?;
+                    proxy_up[p] = true;
+                }
             }
         }
-        Ok(events)
+        Ok(())
     }
 
     fn clients(&self) -> Result<Vec<(f64, Behaviour)>, String> {
@@ -559,27 +634,28 @@ impl ScenarioFile {
                 ("honour", None) => Behaviour::HonourRetryAfter,
                 ("backoff", None) => Behaviour::Backoff,
                 ("honour-capped", Some(cap)) if cap >= 1 => Behaviour::HonourCapped(cap),
-                ("honour-capped", Some(cap)) => {
+                ("honour-up-to", Some(cap)) if cap >= 1 => Behaviour::HonourUpTo(cap),
+                (b @ ("honour-capped" | "honour-up-to"), Some(cap)) => {
                     return Err(format!(
-                        "{} = {cap}: expected a cap of 1 s or more",
+                        "{} = {cap}: expected a limit of 1 s or more for {b:?}",
                         at("cap_s")
                     ));
                 }
-                ("honour-capped", None) => {
+                (b @ ("honour-capped" | "honour-up-to"), None) => {
                     return Err(format!(
-                        "{}: missing (\"honour-capped\" needs a cap in seconds)",
+                        "{}: missing ({b:?} needs a limit in seconds)",
                         at("cap_s")
                     ));
                 }
                 (b @ ("honour" | "backoff"), Some(_)) => {
                     return Err(format!(
-                        "{}: only for \"honour-capped\", not {b:?}",
+                        "{}: only for \"honour-capped\" and \"honour-up-to\", not {b:?}",
                         at("cap_s")
                     ));
                 }
                 (other, _) => {
                     return Err(format!(
-                        "{} = {other:?}: expected \"honour\", \"backoff\" or \"honour-capped\"",
+                        "{} = {other:?}: expected \"honour\", \"backoff\", \"honour-capped\" or \"honour-up-to\"",
                         at("behaviour")
                     ));
                 }
@@ -651,6 +727,47 @@ phases = [{ seconds = 25, rate = 1.5 }]
     }
 
     #[test]
+    fn proxies_leave_and_join_behind_a_front_that_hashes_keys() {
+        let fleet = STEADY.replace(
+            "max_queued_requests = 32",
+            "max_queued_requests = 32\nproxies = 3\nfront = \"key-hash\"",
+        );
+        let events =
+            "[[events]]\nat_s = 5\nproxy_leaves = 2\n[[events]]\nat_s = 9\nproxy_joins = 2\n";
+        let s = Scenario::parse(&format!("{fleet}\n{events}")).unwrap();
+        assert_eq!(s.front, Front::KeyHash);
+        assert_eq!(
+            s.events.iter().map(|e| e.kind).collect::<Vec<_>>(),
+            [EventKind::ProxyLeaves(2), EventKind::ProxyJoins(2)]
+        );
+        assert_eq!(Scenario::parse(STEADY).unwrap().front, Front::Random);
+        let e = Scenario::parse(&fleet.replace("key-hash", "sticky")).unwrap_err();
+        assert!(e.contains("front") && e.contains("sticky"), "{e}");
+        let e = Scenario::parse(&format!(
+            "{fleet}\n[[events]]\nat_s = 5\nproxy_leaves = 3\n"
+        ))
+        .unwrap_err();
+        assert!(
+            e.contains("events[0].proxy_leaves = 3") && e.contains("a proxy"),
+            "{e}"
+        );
+        let e = Scenario::parse(&format!("{fleet}\n[[events]]\nat_s = 5\nproxy_joins = 1\n"))
+            .unwrap_err();
+        assert!(
+            e.contains("proxy_joins = 1 at 5 s") && e.contains("left"),
+            "{e}"
+        );
+        let all_leave = (0..3)
+            .map(|p| format!("[[events]]\nat_s = {}\nproxy_leaves = {p}\n", p + 1))
+            .collect::<String>();
+        let e = Scenario::parse(&format!("{fleet}\n{all_leave}")).unwrap_err();
+        assert!(
+            e.contains("proxy_leaves = 2 at 3 s") && e.contains("another proxy"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn scaling_keeps_the_warm_up_and_moves_events_with_the_phases() {
         let text = format!("{STEADY}\n[[events]]\nat_s = 10\nlose_replica = 0\n");
         let s = Scenario::parse(&text).unwrap().scaled_to(5.0);
@@ -666,5 +783,11 @@ phases = [{ seconds = 25, rate = 1.5 }]
         let s = Scenario::parse(&text).unwrap();
         assert_eq!(s.behaviour(0.74), Behaviour::HonourRetryAfter);
         assert_eq!(s.behaviour(0.76), Behaviour::HonourCapped(10));
+        let sdk =
+            format!("{STEADY}\n[[clients]]\nshare = 1\nbehaviour = \"honour-up-to\"\ncap_s = 60\n");
+        assert_eq!(
+            Scenario::parse(&sdk).unwrap().behaviour(0.5),
+            Behaviour::HonourUpTo(60)
+        );
     }
 }

@@ -18,7 +18,8 @@
 //! Several proxies share one [`Fleet`]: the replicas hold their own `max_ongoing_requests`
 //! and a proxy's placement sees their true load (a fresh probe per placement). Each proxy has
 //! an agent of its own, as proxies on separate nodes have, and each attempt of a client goes
-//! to a proxy drawn at random.
+//! to a proxy the scenario's front picks among those in service: one drawn at random, or the
+//! one the client's key hashes to.
 
 use std::{
     cmp::Reverse,
@@ -46,7 +47,7 @@ use crate::{
     policy::{KeptBy, Policy, SERVICE},
     record::{JudgeFigures, RunResult},
     run::{DRAIN_LIMIT, clients},
-    scenario::{EventKind, Scenario},
+    scenario::{EventKind, Front, Scenario},
     seeds,
 };
 
@@ -174,6 +175,8 @@ struct Sim<'a> {
     epochs: Vec<u32>,
     on_replica: Vec<Vec<usize>>,
     proxies: Vec<SimProxy>,
+    /// Which proxies the front sends attempts to (they leave and join by events).
+    proxy_up: Vec<bool>,
     clients: Vec<Client>,
     warm_up_clients: usize,
     attempts: Vec<Attempt>,
@@ -199,7 +202,7 @@ impl<'a> Sim<'a> {
         for r in &scenario.replicas {
             fleet.add(r.max_ongoing_requests, r.present);
         }
-        let proxies = (0..scenario.proxies)
+        let proxies: Vec<SimProxy> = (0..scenario.proxies)
             .map(|p| {
                 let seed = seeds::proxy(seed, p);
                 SimProxy {
@@ -246,6 +249,7 @@ impl<'a> Sim<'a> {
                 .collect(),
             epochs: vec![0; replicas],
             on_replica: vec![Vec::new(); replicas],
+            proxy_up: vec![true; proxies.len()],
             proxies,
             warm_up_clients: clients.iter().take_while(|c| c.arrival < warm_up).count(),
             clients,
@@ -341,15 +345,11 @@ impl<'a> Sim<'a> {
         }
     }
 
-    /// Client `c` sends its next attempt, to a proxy drawn at random.
+    /// Client `c` sends its next attempt, to the proxy the front picks.
     fn send(&mut self, c: usize) {
-        let proxies = self.proxies.len();
+        let p = self.front_pick(c);
         let client = &mut self.clients[c];
         client.attempts += 1;
-        let p = match proxies {
-            1 => 0,
-            n => client.rng.random_range(0..n),
-        };
         let number = client.attempts;
         let index = self.attempts.len();
         self.attempts.push(Attempt {
@@ -390,6 +390,28 @@ impl<'a> Sim<'a> {
                     },
                 );
                 self.rejected(c, seconds);
+            }
+        }
+    }
+
+    /// The proxy client `c`'s next attempt reaches, among those in service: drawn at random
+    /// (by the client's own draws), or the one its key hashes to.
+    fn front_pick(&mut self, c: usize) -> usize {
+        let up = &self.proxy_up;
+        let in_service = (0..up.len()).filter(|&p| up[p]);
+        match self.scenario.front {
+            Front::KeyHash => {
+                let key = self.hasher.key(format!("client-{c}").as_bytes()).0;
+                let weight = |p: &usize| mix(key ^ mix(*p as u64 + 1));
+                in_service.max_by_key(weight).unwrap_or(0)
+            }
+            Front::Random => {
+                let n = up.iter().filter(|u| **u).count();
+                let nth = match n {
+                    1 => 0,
+                    n => self.clients[c].rng.random_range(0..n),
+                };
+                in_service.clone().nth(nth).unwrap_or(0)
             }
         }
     }
@@ -656,6 +678,15 @@ impl<'a> Sim<'a> {
                 }
             }
             EventKind::AddReplica(r) => self.fleet.set_up(r, true),
+            EventKind::ProxyLeaves(p) => self.proxy_up[p] = false,
+            // Started afresh: the places it kept and the returns it promised are gone; its
+            // agent, a node's daemon, kept running.
+            EventKind::ProxyJoins(p) => {
+                self.proxy_up[p] = true;
+                let proxy = &mut self.proxies[p];
+                proxy.book = TicketBook::new(kept_settings(self.policy));
+                proxy.own = OwnReturns::default();
+            }
         }
         for p in 0..self.proxies.len() {
             self.poll(p);
@@ -768,9 +799,18 @@ impl<'a> Sim<'a> {
 }
 
 /// The books' settings: the defaults, under every policy (only kept returns fill them).
+/// A 64-bit mix (SplitMix64's finalizer): the front's hash of a key with a proxy. The front
+/// hashes by highest weight (rendezvous hashing), which keeps a key where it was while its
+/// proxy stays, as a consistent hash ring does.
+fn mix(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
 fn kept_settings(policy: Policy) -> KeptReturnsSettings {
     match policy {
-        Policy::KeptReturns(_) => KeptReturnsSettings::default(),
+        Policy::KeptReturns(..) => KeptReturnsSettings::default(),
         _ => KeptReturnsSettings {
             max_keys: 0,
             horizon_s: 0,
@@ -854,8 +894,8 @@ mod tests {
             Policy::ComputedDefaults,
             Policy::ComputedRetryBacklog,
             Policy::ScheduledReturns(retry_after_policy::OverloadRule::LatestWithRoom, None),
-            Policy::KeptReturns(KeptBy::Key),
-            Policy::KeptReturns(KeptBy::Cookie),
+            Policy::KeptReturns(KeptBy::Key, None),
+            Policy::KeptReturns(KeptBy::Cookie, None),
         ] {
             let scenario = scenario("");
             let result = simulate(&scenario, policy, 1);
@@ -893,8 +933,8 @@ mod tests {
     #[test]
     fn kept_places_admit_every_retry_at_its_place_through_any_proxy_by_cookie() {
         let s = scenario("proxies = 4");
-        let by_cookie = figures(&simulate(&s, Policy::KeptReturns(KeptBy::Cookie), 1));
-        let by_key = figures(&simulate(&s, Policy::KeptReturns(KeptBy::Key), 1));
+        let by_cookie = figures(&simulate(&s, Policy::KeptReturns(KeptBy::Cookie, None), 1));
+        let by_key = figures(&simulate(&s, Policy::KeptReturns(KeptBy::Key, None), 1));
         // A cookie is honoured by whichever proxy the client comes back through; a key only
         // by the proxy that gave the place (one in four here).
         assert!(
@@ -902,6 +942,49 @@ mod tests {
             "{by_cookie:?}"
         );
         assert!(by_key.admitted_at_suggested().unwrap() < 0.9, "{by_key:?}");
+    }
+
+    #[test]
+    fn behind_a_front_hashing_keys_a_key_finds_its_place_and_a_proxy_leaving_moves_only_its_own() {
+        let s = scenario("proxies = 4\nfront = \"key-hash\"");
+        let by_key = figures(&simulate(&s, Policy::KeptReturns(KeptBy::Key, None), 1));
+        assert!(
+            by_key.admitted_at_suggested().unwrap() >= 0.99,
+            "{by_key:?}"
+        );
+        // Proxy 3 leaves 4 s in: its keys move to the others, every other key stays.
+        let leaves =
+            scenario("proxies = 4\nfront = \"key-hash\"\n[[events]]\nat_s = 4\nproxy_leaves = 3\n");
+        let mut sim = Sim::new(&leaves, Policy::KeptReturns(KeptBy::Key, None), 1);
+        let clients = sim.clients.len();
+        let before: Vec<usize> = (0..clients).map(|c| sim.front_pick(c)).collect();
+        sim.proxy_up[3] = false;
+        let after: Vec<usize> = (0..clients).map(|c| sim.front_pick(c)).collect();
+        let on_3 = before.iter().filter(|p| **p == 3).count();
+        assert!(
+            on_3 * 5 > clients && on_3 * 3 < clients,
+            "{on_3} of {clients}"
+        );
+        for (was, is) in before.iter().zip(&after) {
+            assert!(*is != 3 && (*was == 3 || was == is), "{was} → {is}");
+        }
+        // Every retry of a client whose key stayed where it was is admitted at its place; the
+        // retries not admitted are of clients whose key moved (and lost the place it held).
+        let run = simulate(&leaves, Policy::KeptReturns(KeptBy::Key, None), 1);
+        let stayed = |c: usize| before[c] != 3;
+        let retries = |moved: bool| {
+            run.attempts
+                .iter()
+                .filter(move |a| a.number > 1 && stayed(a.client) != moved)
+        };
+        assert!(retries(false).count() > 100);
+        assert!(retries(false).all(|a| a.outcome == Outcome::Served));
+        let moved_rejected = retries(true)
+            .filter(|a| a.outcome != Outcome::Served)
+            .count();
+        let all = figures(&run);
+        assert!(all.admitted_at_suggested().unwrap() < 1.0, "{all:?}");
+        assert!(moved_rejected > 0, "the moved keys lost places");
     }
 
     #[test]

@@ -56,6 +56,7 @@ local M = require("retry_after_policy")
 local T = require("retry_after_tickets")
 
 local MAX_RETRY_AFTER_S = M.MAX_RETRY_AFTER_S
+local MAX_KEPT_RETRY_AFTER_S = M.MAX_KEPT_RETRY_AFTER_S
 local MAX_LINE = M.MAX_RESPONSE_LEN
 
 -- Everything below runs inside HAProxy only.
@@ -303,7 +304,7 @@ local function computed_answer(state, depth, now)
   return seconds, millis, rung
 end
 
--- One rejection counted, and the value it carried (as the agent takes it: whole seconds, 60
+-- One rejection counted, and the value it carried (as the agent takes it: whole seconds, 300
 -- at most); retry: the request was a return (it held a place).
 local function count_rejection(state, seconds, rung, retry)
   state.rejected = state.rejected + 1
@@ -430,7 +431,7 @@ end
 local function reject_kept(txn, name, state, hasher, found, depth, drain, now)
   local kept = state.kept
   local push, age_s = fresh_push(state, now)
-  local clamp = T.push_clamp(T.book_inputs(push), MAX_RETRY_AFTER_S)
+  local clamp = T.push_clamp(T.book_inputs(push), MAX_KEPT_RETRY_AFTER_S)
   local key = new_key(txn, kept, found)
   local source
   if kept.book.settings.source_share_percent > 0 then
@@ -475,7 +476,7 @@ core.register_action("retry_after_admit", { "http-req" }, function(txn, name)
   if outcome == "returned" or outcome == "queued" then return end
   local seconds, millis, rung = retry_after_s, nil, "static"
   if state and outcome == "early" then
-    seconds, rung = T.told(due, now // 1000, T.push_clamp(push, MAX_RETRY_AFTER_S)).seconds, "computed"
+    seconds, rung = T.told(due, now // 1000, T.push_clamp(push, MAX_KEPT_RETRY_AFTER_S)).seconds, "computed"
   elseif state and state.kept then
     seconds, rung = reject_kept(txn, name, state, hasher, found, depth, drain, now)
   elseif state then

@@ -7,8 +7,12 @@
 local M = {}
 
 local MAX_RETRY_AFTER_S = 60
--- The longest Retry-After the agent gives, seconds.
+-- The default clamp's top, and the widest of the hint policies, seconds.
 M.MAX_RETRY_AFTER_S = MAX_RETRY_AFTER_S
+local MAX_KEPT_RETRY_AFTER_S = 300
+-- The longest Retry-After the agent gives, seconds: a service keeping returns may tell a place
+-- up to its book's horizon (opt-in, `max_retry_after_s` above 60). Every clamp stays within it.
+M.MAX_KEPT_RETRY_AFTER_S = MAX_KEPT_RETRY_AFTER_S
 -- The longest answer line the agent sends (bytes, without the newline).
 M.MAX_RESPONSE_LEN = 2048
 
@@ -105,7 +109,7 @@ end
 -- value seconds, rounded up to whole seconds and milliseconds (microseconds first), clamped.
 local function rounded(value, min_s, max_s)
   if not (finite(value) and value >= 0.0) then return nil end
-  local top = clamp(max_s, 1, MAX_RETRY_AFTER_S)
+  local top = clamp(max_s, 1, MAX_KEPT_RETRY_AFTER_S)
   local bottom = clamp(min_s, 1, top)
   local x = value * 1e6
   if x >= 2.0^62 then return top, top * 1000 end
@@ -152,7 +156,7 @@ local function scheduled_returns(push, depth, seen)
   local promised = seen.returns
   local arrivals = push.arrival_rate
   if arrivals == nil or not finite(arrivals) or arrivals <= 0.0 then arrivals = 0.0 end
-  local high = clamp(push.max_retry_after_s, 1, MAX_RETRY_AFTER_S)
+  local high = clamp(push.max_retry_after_s, 1, MAX_KEPT_RETRY_AFTER_S)
   local low = clamp(push.min_retry_after_s, 1, high)
   local horizon = overload_horizon(push, seen.overload_age_s, low, high)
   local s = earliest_second(depth, push.drain_rate - arrivals, promised, low, high)
@@ -206,10 +210,10 @@ end
 M.MAX_LINE_LEN = 512
 
 -- The handed_out entry of one rejection's value, as the agent takes it: its rung ("c"
--- computed, "s" static) and whole seconds, MAX_RETRY_AFTER_S at most ("c5").
+-- computed, "s" static) and whole seconds, MAX_KEPT_RETRY_AFTER_S at most ("c5").
 function M.handed_out_value(rung, seconds)
   return string.format("%s%d", rung == "static" and "s" or "c",
-    math.min(math.floor(seconds), MAX_RETRY_AFTER_S))
+    math.min(math.floor(seconds), MAX_KEPT_RETRY_AFTER_S))
 end
 
 -- Send one report's lines (from report_lines) in order: exchange(line) sends one and is true

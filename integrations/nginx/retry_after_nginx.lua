@@ -66,7 +66,7 @@ local parsed = {}
 
 local function dict() return ngx.shared[options.dict] end
 
--- Seconds handed out are reported as the agent takes them: rung and whole seconds, 60 at most.
+-- Seconds handed out are reported as the agent takes them: rung and whole seconds, 300 at most.
 local function handed_out_key(service, value)
   return "handed_out:" .. service .. ":" .. value
 end
@@ -211,7 +211,7 @@ end
 local function take_handed_out(service)
   local shared, handed_out = dict(), {}
   for _, rung in ipairs({ "computed", "static" }) do
-    for s = 0, policy.MAX_RETRY_AFTER_S do
+    for s = 0, policy.MAX_KEPT_RETRY_AFTER_S do
       local value = policy.handed_out_value(rung, s)
       local count = shared:get(handed_out_key(service, value))
       if count and count > 0 then handed_out[value] = count end
@@ -366,7 +366,7 @@ local function with_book(service, f, may_sleep)
 end
 
 -- The header's clamp places are told within, from a push (tickets.push_clamp).
-local function push_clamp(push) return tickets.push_clamp(push, policy.MAX_RETRY_AFTER_S) end
+local function push_clamp(push) return tickets.push_clamp(push, policy.MAX_KEPT_RETRY_AFTER_S) end
 
 -- A place for a rejected request (its key, or a fresh nonce in cookie mode), or the hint
 -- (tickets.reject): seconds to tell (nil: no header), their rung and, in cookie mode with a

@@ -53,8 +53,12 @@ __all__ = [
 
 #: Longest answer line the agent sends (bytes, without the newline).
 MAX_RESPONSE_LEN = 2048
-#: The widest clamp: common client SDKs ignore Retry-After above 60 s.
+#: The default clamp's top, and the widest of the hint policies: common client SDKs ignored
+#: Retry-After above 60 s.
 MAX_RETRY_AFTER_S = 60
+#: The widest clamp: a service keeping returns may tell a place up to its book's horizon
+#: (opt-in, ``max_retry_after_s`` above 60).
+MAX_KEPT_RETRY_AFTER_S = 300
 _U64_MAX = 2**64 - 1
 #: What became of the places a proxy keeps (kept returns), in the order ``tickets=`` lists
 #: them: the names of policy's ``TicketOutcome``.
@@ -244,7 +248,7 @@ def _round_half_away(x: float) -> int:
 def _rounded(value: float, min_s: int, max_s: int) -> Optional[Tuple[int, int]]:
     if not (math.isfinite(value) and value >= 0.0):
         return None
-    top = min(max(max_s, 1), MAX_RETRY_AFTER_S)
+    top = min(max(max_s, 1), MAX_KEPT_RETRY_AFTER_S)
     bottom = min(max(min_s, 1), top)
     micros = _round_half_away(value * 1e6)
     seconds = min(max(-(-micros // 1_000_000), bottom), top)
@@ -261,7 +265,7 @@ def header_value(base_s: float, jitter: float, jitter_draw: float, min_s: int, m
 
 
 def _clamp(push: Estimate) -> Tuple[int, int]:
-    top = min(max(push.max_retry_after_s, 1), MAX_RETRY_AFTER_S)
+    top = min(max(push.max_retry_after_s, 1), MAX_KEPT_RETRY_AFTER_S)
     return min(max(push.min_retry_after_s, 1), top), top
 
 
@@ -491,7 +495,7 @@ def report_lines(
     counts: Dict[str, int] = {}
     for (rung, seconds), count in handed_out.items():
         if rung in ("static", "computed") and count > 0:
-            key = f"{'s' if rung == 'static' else 'c'}{min(int(seconds), MAX_RETRY_AFTER_S)}"
+            key = f"{'s' if rung == 'static' else 'c'}{min(int(seconds), MAX_KEPT_RETRY_AFTER_S)}"
             counts[key] = counts.get(key, 0) + int(count)
     entries = [f"{key}:{count}" for key, count in sorted(counts.items())]
     lines, line = [], head + " handed_out="

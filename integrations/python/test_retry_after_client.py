@@ -438,14 +438,16 @@ class RealAgent(unittest.TestCase):
 
     def test_report_is_acknowledged(self):
         client.report(env("RETRY_AFTER_SOCKET"), "api", admitted=5, rejected=2, queue_depth=1, timeout=2.0)
-        # Values handed out: above 60 s counted as 60, more than one line's worth split; the
-        # agent takes every line.
+        # Values handed out: above 300 s counted as 300 (a kept place told as it is goes up to
+        # it), more than one line's worth split; the agent takes every line.
         handed_out = {("computed", s): 1234567 for s in range(61)}
-        handed_out[("static", 300)] = 2
+        handed_out[("computed", 120)] = 3
+        handed_out[("static", 3600)] = 2
         lines = client.report_lines("api", 5, 2, 1, handed_out)
         self.assertGreater(len(lines), 1)
         self.assertTrue(all(len(line) <= client.MAX_LINE_LEN for line in lines))
-        self.assertIn("s60:2", ",".join(lines))
+        self.assertIn("s300:2", ",".join(lines))
+        self.assertIn("c120:3", ",".join(lines))
         client.report(env("RETRY_AFTER_SOCKET"), "api", 5, 2, 1, timeout=2.0, handed_out=handed_out)
 
     def test_a_subscription_answers_from_memory_with_the_agents_values(self):

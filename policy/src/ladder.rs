@@ -6,8 +6,8 @@
 //! clamp: a missing, NaN, infinite or negative estimate falls to the next rung.
 
 use crate::{
-    Computed, FallbackReason, MAX_RETRY_AFTER_S, PolicyConstants, RetryAfterPolicy, Rung, Signals,
-    Spread,
+    Computed, FallbackReason, MAX_KEPT_RETRY_AFTER_S, PolicyConstants, RetryAfterPolicy, Rung,
+    Signals, Spread,
 };
 
 /// The answer for one rejection.
@@ -88,7 +88,7 @@ pub fn answer(
 /// The header value of an estimate: `base_s` seconds times a jitter factor
 /// `1 + jitter · (2·jitter_draw − 1)` (uniform in [1 − jitter, 1 + jitter] for `jitter_draw`
 /// uniform in [0, 1)), rounded up to whole seconds and to whole milliseconds, each clamped to
-/// [`min_s`, `max_s`] (themselves kept within [1, 60]).
+/// [`min_s`, `max_s`] (themselves kept within [1, 300]).
 ///
 /// Jitter comes before rounding. The value is rounded to whole microseconds first, so
 /// floating-point noise (0.1 × 3 × 10 = 3.0000000000000004) cannot add a second. Returns
@@ -128,7 +128,7 @@ fn rounded(value: f64, min_s: u64, max_s: u64) -> Option<(u64, u64)> {
     if !(value.is_finite() && value >= 0.0) {
         return None;
     }
-    let max = max_s.clamp(1, MAX_RETRY_AFTER_S);
+    let max = max_s.clamp(1, MAX_KEPT_RETRY_AFTER_S);
     let min = min_s.clamp(1, max);
     // `as` saturates far beyond the clamp.
     let micros = (value * 1e6).round() as u64;
@@ -190,9 +190,10 @@ mod tests {
         let noisy: f64 = 0.1 * 3.0 * 10.0;
         assert_eq!(noisy.ceil(), 4.0, "the case is real");
         assert_eq!(header_value(noisy, 0.0, 0.5, 1, 60), Some((3, 3000)));
-        // Clamps, never wider than [1, 60].
+        // Clamps, never wider than [1, 300].
         assert_eq!(header_value(0.0, 0.0, 0.5, 1, 60), Some((1, 1000)));
-        assert_eq!(header_value(1e300, 0.0, 0.5, 0, 600), Some((60, 60_000)));
+        assert_eq!(header_value(1e300, 0.0, 0.5, 0, 60), Some((60, 60_000)));
+        assert_eq!(header_value(1e300, 0.0, 0.5, 0, 600), Some((300, 300_000)));
         assert_eq!(header_value(f64::NAN, 0.0, 0.5, 1, 60), None);
         assert_eq!(header_value(-1.0, 0.0, 0.5, 1, 60), None);
         for u in [f64::NAN, -3.0, 7.0] {
@@ -226,7 +227,8 @@ mod tests {
             answer(COMPUTED, &narrow, None, signals(100, Some(1.0)), 0.5).seconds,
             Some(10)
         );
-        // A configuration can never widen past [1, 60].
+        // Constants can never widen past [1, 300] (the configuration allows above 60 only
+        // where returns are kept).
         let wide = PolicyConstants {
             min_retry_after_s: 0,
             max_retry_after_s: 600,
@@ -238,7 +240,7 @@ mod tests {
         );
         assert_eq!(
             answer(COMPUTED, &wide, None, signals(1000, Some(1.0)), 0.5).seconds,
-            Some(60)
+            Some(300)
         );
     }
 

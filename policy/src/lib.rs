@@ -40,5 +40,12 @@ pub use tickets::{
     TicketCounters, TicketKey,
 };
 
-/// The widest clamp of a header value: common client SDKs ignore Retry-After above 60 s.
+/// The default clamp of a header value, and the widest for the hint policies: common client
+/// SDKs ignored Retry-After above 60 s (the proposal's clamp).
 pub const MAX_RETRY_AFTER_S: u64 = 60;
+
+/// The widest clamp of a service that keeps returns and opts in (`max_retry_after_s` above
+/// 60): the ticket book's horizon, the farthest place it gives, so that a place minutes away
+/// is told as it is to a client that honours it. Every port clamps to this; the agent's
+/// configuration allows more than [`MAX_RETRY_AFTER_S`] only where returns are kept.
+pub const MAX_KEPT_RETRY_AFTER_S: u64 = 300;

@@ -47,7 +47,8 @@ pub struct PolicyConstants {
     pub jitter: f64,
     /// Lower clamp of the header value, seconds (1).
     pub min_retry_after_s: u64,
-    /// Upper clamp of the header value, seconds (60; never more).
+    /// Upper clamp of the header value, seconds (60; up to [`crate::MAX_KEPT_RETRY_AFTER_S`]
+    /// where the service keeps returns).
     pub max_retry_after_s: u64,
     /// What `scheduled_returns` answers when no second within the clamp has room.
     pub overload_rule: OverloadRule,
@@ -96,9 +97,12 @@ impl PolicyConstants {
         }
     }
 
-    /// The clamp as applied: `[min, max]` kept within [1, 60].
+    /// The clamp as applied: `[min, max]` kept within [1, 300] (the agent's configuration
+    /// allows a top above 60 only where the service keeps returns).
     pub fn clamp(&self) -> (u64, u64) {
-        let max = self.max_retry_after_s.clamp(1, crate::MAX_RETRY_AFTER_S);
+        let max = self
+            .max_retry_after_s
+            .clamp(1, crate::MAX_KEPT_RETRY_AFTER_S);
         (self.min_retry_after_s.clamp(1, max), max)
     }
 

@@ -39,8 +39,9 @@ pub struct KeptReturnsSettings {
     /// no reserved room (its second has passed) but keeps its turn: a client that backs off
     /// on its own past its place still finds it.
     pub grace_s: u32,
-    /// The farthest second a ticket may name, from now (300 s); a client told more than the
-    /// header's clamp comes back early and is told the time left.
+    /// The farthest second a ticket may name, from now (300 s,
+    /// [`crate::MAX_KEPT_RETRY_AFTER_S`]); a client told more than the header's clamp comes
+    /// back early and is told the time left.
     pub horizon_s: u32,
     /// Keys the book holds at once (100,000): the bound of its memory.
     pub max_keys: usize,
@@ -58,7 +59,7 @@ impl Default for KeptReturnsSettings {
     fn default() -> Self {
         Self {
             grace_s: 30,
-            horizon_s: 300,
+            horizon_s: crate::MAX_KEPT_RETRY_AFTER_S as u32,
             max_keys: 100_000,
             max_returns_per_key: 1,
             source_share_percent: 0,

@@ -61,7 +61,7 @@ fn random_push(rng: &mut impl Rng) -> EstimatePush {
     // 60, jitter of 1 or more, B of 0): every port must bring them into range the same way.
     let invalid = rng.random_bool(0.1);
     let (min, max) = if invalid {
-        (rng.random_range(0..=120u64), rng.random_range(0..=120u64))
+        (rng.random_range(0..=400u64), rng.random_range(0..=400u64))
     } else {
         (lo.min(hi), lo.max(hi))
     };

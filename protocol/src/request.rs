@@ -4,7 +4,7 @@ use std::fmt;
 
 use crate::{
     ErrorCode, MAX_LINE_LEN, MAX_REPORT_COUNT, MAX_SERVICE_NAME_LEN, ProtocolError,
-    policy::{MAX_RETRY_AFTER_S, Rung, TicketOutcome},
+    policy::{MAX_KEPT_RETRY_AFTER_S, Rung, TicketOutcome},
     wire::Opt,
 };
 
@@ -67,7 +67,8 @@ pub struct Report<'a> {
 pub struct HandedOut {
     /// The rung the value came from (computed or static).
     pub rung: Rung,
-    /// The value in seconds.
+    /// The value in seconds (0 to 300: above 60 only from a service keeping returns that
+    /// opted in).
     pub seconds: u64,
     /// Rejections that carried it.
     pub count: u64,
@@ -96,7 +97,8 @@ impl HandedOut {
             seconds: seconds.parse().ok()?,
             count: count.parse().ok()?,
         };
-        (parsed.seconds <= MAX_RETRY_AFTER_S && parsed.count <= MAX_REPORT_COUNT).then_some(parsed)
+        (parsed.seconds <= MAX_KEPT_RETRY_AFTER_S && parsed.count <= MAX_REPORT_COUNT)
+            .then_some(parsed)
     }
 }
 

@@ -86,7 +86,7 @@ fn parses_every_request() {
         (none.handed_out, none.handed_out().count()),
         (Some("none"), 0)
     );
-    let line = b"REPORT chat admitted=3 rejected=9 handed_out=c3:5,c4:2,s5:2";
+    let line = b"REPORT chat admitted=3 rejected=10 handed_out=c3:5,c4:2,s5:2,c300:1";
     let Ok(Request::Report(report)) = Request::parse(line) else {
         panic!("a report");
     };
@@ -99,7 +99,8 @@ fn parses_every_request() {
         vec![
             (Rung::Computed, 3, 5),
             (Rung::Computed, 4, 2),
-            (Rung::Static, 5, 2)
+            (Rung::Static, 5, 2),
+            (Rung::Computed, 300, 1)
         ]
     );
 }
@@ -138,7 +139,7 @@ fn every_bad_line_gets_its_code() {
         "c3:-1",
         "c+3:1",
         "c3:10000001",
-        "c61:1",
+        "c301:1",
         "c18446744073709551615:1",
     ] {
         let line = format!("REPORT chat admitted=1 rejected=1 handed_out={handed_out}");

@@ -18,7 +18,9 @@ use std::{
 };
 
 use retry_after_common::{MAX_WATCHED_ENDPOINTS, Protocol};
-use retry_after_policy::{MAX_RETRY_AFTER_S, PolicyConstants, RetryAfterPolicy};
+use retry_after_policy::{
+    MAX_KEPT_RETRY_AFTER_S, MAX_RETRY_AFTER_S, PolicyConstants, RetryAfterPolicy,
+};
 use retry_after_protocol::MAX_SERVICE_NAME_LEN;
 
 use self::file::{
@@ -570,15 +572,16 @@ fn backpressure(at: &str, b: BackpressureFile) -> Result<BackpressureConfig, Con
             format!("{} is not 429 or 503", b.status_code),
         ));
     }
+    let policy = section.parse("retry_after_policy", &b.retry_after_policy)?;
     Ok(BackpressureConfig {
         status_code: b.status_code,
-        policy: section.parse("retry_after_policy", &b.retry_after_policy)?,
+        policy,
         retry_after_s: b
             .retry_after_s
             .map(|s| bounded(&section.field("retry_after_s"), s, 0..=86_400))
             .transpose()?,
         drain: drain_constants(&section, &b)?,
-        constants: policy_constants(&section, &b)?,
+        constants: policy_constants(&section, &b, policy)?,
     })
 }
 
@@ -594,10 +597,39 @@ fn drain_constants(
     })
 }
 
+/// `max_retry_after_s` within 1 to 60, or up to the ticket book's horizon (300) where the
+/// service keeps returns: a place minutes away is then told as it is (opt-in, for clients
+/// that honour long values).
+fn check_max_retry_after(
+    section: &Section<'_>,
+    b: &BackpressureFile,
+    policy: RetryAfterPolicy,
+) -> Result<(), ConfigError> {
+    let (top, why) = if policy == RetryAfterPolicy::KeptReturns {
+        (
+            MAX_KEPT_RETRY_AFTER_S,
+            "the kept places' horizon: the clamp may narrow, never widen",
+        )
+    } else {
+        (
+            MAX_RETRY_AFTER_S,
+            "above 60 only where retry_after_policy = \"kept_returns\", up to 300",
+        )
+    };
+    if (1..=top).contains(&b.max_retry_after_s) {
+        return Ok(());
+    }
+    Err(invalid(
+        section.field("max_retry_after_s"),
+        format!("{} is outside 1..={top} ({why})", b.max_retry_after_s),
+    ))
+}
+
 /// The policy's constants of a `backpressure` section.
 fn policy_constants(
     section: &Section<'_>,
     b: &BackpressureFile,
+    policy: RetryAfterPolicy,
 ) -> Result<PolicyConstants, ConfigError> {
     let backoff_streak_saturation = bounded(
         &section.field("backoff_streak_saturation"),
@@ -607,15 +639,7 @@ fn policy_constants(
     let occupancy_weight = section.between("occupancy_weight", b.occupancy_weight, 0.0, 100.0)?;
     let backoff_weight = section.between("backoff_weight", b.backoff_weight, 0.0, 100.0)?;
     let jitter = section.between("jitter", b.jitter, 0.0, 0.5)?;
-    if !(1..=MAX_RETRY_AFTER_S).contains(&b.max_retry_after_s) {
-        return Err(invalid(
-            section.field("max_retry_after_s"),
-            format!(
-                "{} is outside 1..={MAX_RETRY_AFTER_S} (the clamp may narrow, never widen)",
-                b.max_retry_after_s
-            ),
-        ));
-    }
+    check_max_retry_after(section, b, policy)?;
     let min_retry_after_s = bounded(
         &section.field("min_retry_after_s"),
         b.min_retry_after_s,
@@ -801,6 +825,10 @@ mod tests {
             ("jitter = 0.9", "jitter"),
             ("max_retry_after_s = 120", "max_retry_after_s"),
             (
+                "retry_after_policy = \"kept_returns\"\nmax_retry_after_s = 301",
+                "max_retry_after_s",
+            ),
+            (
                 "min_retry_after_s = 30\nmax_retry_after_s = 10",
                 "min_retry_after_s",
             ),
@@ -817,6 +845,27 @@ mod tests {
                 "{line}: {e}"
             );
         }
+    }
+
+    #[test]
+    fn a_service_keeping_returns_may_tell_places_up_to_its_horizon() {
+        let service = |lines: &str| {
+            format!(
+                "[[service]]\nname = \"a\"\nbackends = [{{ address = \"*:1\" }}]\n[service.backpressure]\n{lines}\n"
+            )
+        };
+        let kept = Config::parse(&service(
+            "retry_after_policy = \"kept_returns\"\nmax_retry_after_s = 120",
+        ))
+        .unwrap();
+        assert_eq!(kept.services[0].backpressure.constants.clamp(), (1, 120));
+        let e = error_of(&service(
+            "retry_after_policy = \"scheduled_returns\"\nmax_retry_after_s = 120",
+        ));
+        assert!(
+            e.contains("max_retry_after_s") && e.contains("120") && e.contains("kept_returns"),
+            "{e}"
+        );
     }
 
     #[test]

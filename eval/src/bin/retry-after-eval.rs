@@ -72,7 +72,7 @@ struct Common {
     #[arg(long = "scenario-dir")]
     scenario_dirs: Vec<PathBuf>,
     /// A policy (repeatable): none, static-N, router_queue_drain_rate[-simple|-retry_backlog],
-    /// scheduled_returns[-latest|-fill_capacity][-hN], kept_returns[-cookie]. Default: the ten
+    /// scheduled_returns[-latest|-fill_capacity][-hN], kept_returns[-cookie][-maxN]. Default: the ten
     /// of the evaluation.
     #[arg(long = "policy")]
     policies: Vec<Policy>,

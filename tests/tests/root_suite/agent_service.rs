@@ -684,7 +684,21 @@ fn check_names_the_bad_field_and_value() {
     assert!(ok, "{text}");
     assert!(
         text.contains("ok      service api: policy scheduled_returns (overload_rule latest)")
+            && text.contains("ok      service api: Retry-After within 1 to 60 s")
             && !text.contains("NOTE"),
+        "{text}"
+    );
+    // A service keeping returns may tell places up to its horizon; check names the clamp.
+    std::fs::write(
+        &config,
+        "[agent]\nsocket_path = \"/tmp/retry-after-check/agent.sock\"\n[[service]]\nname = \"api\"\nfrontend = \"127.0.0.1:8000\"\nbackends = [{ address = \"*:80\" }]\n[service.backpressure]\nretry_after_policy = \"kept_returns\"\nmax_retry_after_s = 120\n",
+    )
+    .unwrap();
+    let (ok, text) = check(&config);
+    assert!(
+        ok && text.contains(
+            "NOTE    service api: Retry-After within 1 to 120 s: places up to 120 s away are told as they are"
+        ),
         "{text}"
     );
     // A bad overload rule is named with its field.

@@ -31,7 +31,7 @@ fn the_judge_agrees_with_the_clients_when_the_proxy_hands_out_its_own_time() {
 /// place is admitted.
 #[test]
 fn the_judge_agrees_with_the_clients_when_the_proxy_keeps_places() {
-    let f = check_a_short_run(Policy::KeptReturns(KeptBy::Cookie));
+    let f = check_a_short_run(Policy::KeptReturns(KeptBy::Cookie, None));
     assert!(
         f.admitted_at_suggested().unwrap() >= 0.95,
         "retries at their place: {f:?}"
