@@ -167,13 +167,21 @@ pub fn agent_service(
     frontend: Option<SocketAddr>,
     backpressure: &str,
 ) -> String {
-    let backends: Vec<String> = replicas
+    let backends: Vec<(SocketAddr, usize)> = replicas.iter().map(|r| (r.addr(), PLACES)).collect();
+    agent_service_with(name, &backends, frontend, backpressure)
+}
+
+/// [`agent_service`] over `backends`, each an address and its places.
+pub fn agent_service_with(
+    name: &str,
+    backends: &[(SocketAddr, usize)],
+    frontend: Option<SocketAddr>,
+    backpressure: &str,
+) -> String {
+    let backends: Vec<String> = backends
         .iter()
-        .map(|r| {
-            format!(
-                "{{ address = \"{}\", max_ongoing_requests = {PLACES} }}",
-                r.addr()
-            )
+        .map(|(address, places)| {
+            format!("{{ address = \"{address}\", max_ongoing_requests = {places} }}")
         })
         .collect();
     let frontend = frontend.map_or(String::new(), |f| format!("frontend = \"{f}\"\n"));
@@ -186,10 +194,21 @@ pub fn agent_service(
 /// A frontend keeping returns for `name`: the queue's bound as in the example configuration,
 /// then `lua.retry_after_admit`; a return goes ahead in HAProxy's queue (priority class).
 pub fn haproxy_frontend(name: &str, bind: SocketAddr, replicas: &[HttpServer]) -> String {
-    let servers: String = replicas
+    let servers: Vec<SocketAddr> = replicas.iter().map(HttpServer::addr).collect();
+    haproxy_frontend_with(name, bind, &servers, PLACES)
+}
+
+/// [`haproxy_frontend`] over `servers`, each taking `maxconn` requests at a time.
+pub fn haproxy_frontend_with(
+    name: &str,
+    bind: SocketAddr,
+    servers: &[SocketAddr],
+    maxconn: usize,
+) -> String {
+    let servers: String = servers
         .iter()
         .enumerate()
-        .map(|(i, r)| format!("    server r{i} {} maxconn {PLACES}\n", r.addr()))
+        .map(|(i, addr)| format!("    server r{i} {addr} maxconn {maxconn}\n"))
         .collect();
     format!(
         "frontend fe_{name}\n    bind {bind}\n\

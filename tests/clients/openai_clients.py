@@ -3,7 +3,8 @@
 Clients arrive at ``--rate`` per second (Poisson, seeded: retrying_clients.open_loop) for
 ``--seconds``; each makes one ``chat.completions.create`` call through one shared
 ``openai.OpenAI`` client (``base_url`` ``--url``, ``max_retries`` ``--max-retries``: the SDK's
-default is 2), on a thread of its own. On a 429 the SDK waits what the rejection says
+default is 2), on a thread of its own; with ``--keyed``, each client has an API key of its own
+(``client-<seed>-<n>``, sent as ``Authorization: Bearer …``), as the users of an API do. On a 429 the SDK waits what the rejection says
 (``retry-after-ms`` first, then ``Retry-After``, up to 120 s; its own backoff without either)
 and retries; after its last retry it raises ``RateLimitError``.
 
@@ -46,6 +47,8 @@ class Waits(logging.Handler):
 def call(sdk, waits, index, results, lock):
     """One client: one completion, the SDK retrying by itself."""
     threading.current_thread().name = f"client-{index}"
+    if callable(sdk):
+        sdk = sdk(index)
     started = time.monotonic()
     try:
         sdk.chat.completions.create(model="test-model", messages=[{"role": "user", "content": "hello"}])
@@ -68,6 +71,7 @@ def main():
     parser.add_argument("--seconds", type=float, required=True)
     parser.add_argument("--max-retries", type=int, default=2)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--keyed", action="store_true", help="an API key for each client")
     args = parser.parse_args()
 
     waits = Waits()
@@ -76,6 +80,9 @@ def main():
     sdk_log.addHandler(waits)
     sdk_log.propagate = False
     sdk = openai.OpenAI(base_url=args.url, api_key="test", max_retries=args.max_retries, timeout=120)
+    if args.keyed:
+        shared = sdk
+        sdk = lambda index: shared.with_options(api_key=f"client-{args.seed}-{index}")  # noqa: E731
     results, lock = [], threading.Lock()
     arrivals = open_loop(args.rate, args.seconds, args.seed, lambda i: call(sdk, waits, i, results, lock))
 

@@ -16,6 +16,7 @@ mod detach;
 mod evaluation;
 mod haproxy_h2_backends;
 mod haproxy_lua;
+mod hashing_front;
 mod http2;
 mod in_flight;
 mod integrations;

@@ -8,16 +8,18 @@
 //!
 //! The scenarios: kept returns through HAProxy and nginx (`kept_returns`), the OpenAI SDK
 //! behind both with and without `retry-after-ms` (`openai_sdk`), urllib3 clients through
-//! HAProxy told static 5 s or `scheduled_returns` (`haproxy_lua`), and the shipped rules and
-//! dashboard on a real Prometheus scraping this loaded agent (`prometheus`).
+//! HAProxy told static 5 s or `scheduled_returns` (`haproxy_lua`), the shipped rules and
+//! dashboard on a real Prometheus scraping this loaded agent (`prometheus`), and keyed OpenAI
+//! SDK clients through HAProxy proxies behind a front hashing their key (`hashing_front`).
 
 use std::{any::Any, thread};
 
 use retry_after_testkit::{AgentProcess, proxies::nginx_workers_may_connect};
 
 use crate::{
-    haproxy_lua::Urllib3ThroughHaproxy, kept_returns::KeptReturnsThroughProxies,
-    openai_sdk::OpenAiSdkBehindProxies, prometheus::ShippedRulesOnPrometheus,
+    haproxy_lua::Urllib3ThroughHaproxy, hashing_front::KeyedClientsBehindAHashingFront,
+    kept_returns::KeptReturnsThroughProxies, openai_sdk::OpenAiSdkBehindProxies,
+    prometheus::ShippedRulesOnPrometheus,
 };
 
 /// A load run that shares the agent with others running at the same time.
@@ -47,6 +49,7 @@ fn kept_returns_the_openai_sdk_urllib3_and_prometheus_run_at_once_under_one_agen
         Box::new(OpenAiSdkBehindProxies::new()),
         Box::new(Urllib3ThroughHaproxy::new()),
         Box::new(ShippedRulesOnPrometheus::new()),
+        Box::new(KeyedClientsBehindAHashingFront::new()),
     ];
     let services: String = scenarios.iter().map(|s| s.services()).collect();
     let agent = AgentProcess::start(&nginx_workers_may_connect(), &services);
