@@ -66,6 +66,9 @@ pub struct Record {
     pub retries_admitted: u64,
     pub answered_200: u64,
     pub answered_429: u64,
+    /// Attempts answered otherwise, by status as the record writes it (`None`: no answer, a
+    /// connection error urllib3 retried; a 5xx urllib3 retried): rare, and itemized.
+    pub other_answers: std::collections::BTreeMap<String, u64>,
     pub times: Vec<f64>,
     pub arrivals: Vec<f64>,
     /// What each client that gave up was told at each rejection, as the clients print it.
@@ -95,6 +98,15 @@ impl Record {
             retries_admitted: count("retries_admitted"),
             answered_200: answered("200"),
             answered_429: answered("429"),
+            other_answers: v["answered"]
+                .as_object()
+                .map(|all| {
+                    all.iter()
+                        .filter(|(status, _)| !matches!(status.as_str(), "200" | "429"))
+                        .map(|(status, n)| (status.clone(), n.as_u64().unwrap_or(0)))
+                        .collect()
+                })
+                .unwrap_or_default(),
             times: list("time_to_success_s"),
             arrivals: list("arrivals_s"),
             // Only kept_returns_clients.py says what its clients that gave up were told.
@@ -116,16 +128,40 @@ impl Record {
     }
 
     /// The proxy's own counters (`proxy_2xx`, `proxy_4xx`) agree with the clients' record:
-    /// the successes as 2xx, every rejection as 4xx, every attempt answered.
+    /// the successes as 2xx, every rejection as 4xx, and every other attempt one the clients
+    /// itemize (`other_answers`).
     pub fn agrees_with_the_proxy(&self, proxy_2xx: u64, proxy_4xx: u64, line: &str) {
         assert_eq!(proxy_2xx, self.answered_200, "{line}");
         assert_eq!(proxy_4xx, self.answered_429, "{line}");
-        assert_eq!(proxy_2xx + proxy_4xx, self.clients + self.retries, "{line}");
+        let other: u64 = self.other_answers.values().sum();
+        assert_eq!(
+            proxy_2xx + proxy_4xx + other,
+            self.clients + self.retries,
+            "{line}: other answers {:?}",
+            self.other_answers
+        );
     }
 
     /// The share of retries answered 200.
     pub fn admitted_share(&self) -> f64 {
         self.retries_admitted as f64 / self.retries.max(1) as f64
+    }
+
+    /// The record in a line, its p99 time to success against the bound's `bound_p99`.
+    pub fn summary(&self, bound_p99: f64) -> String {
+        let p99 = quantile(&self.times, 0.99);
+        format!(
+            "{} clients, {} succeeded, {} gave up, {} errors; {:.1}% of {} retries admitted; p99 to success {:.1} s, the bound's {:.1} s ({:.2}x)",
+            self.clients,
+            self.succeeded,
+            self.gave_up,
+            self.errors,
+            100.0 * self.admitted_share(),
+            self.retries,
+            p99,
+            bound_p99,
+            p99 / bound_p99,
+        )
     }
 }
 

@@ -10,7 +10,8 @@ request, with up to ``--retries`` retries. With a key header, urllib3's own
 each client keeps an ``http.cookiejar.CookieJar`` (as a browser or an SDK does) and sends it on
 each attempt, and the same urllib3 ``Retry`` decides, counts and sleeps between attempts.
 Prints one JSON object: clients, succeeded, gave_up, errors, retries (attempts after a
-rejection), retries_admitted (retries answered 200), answered (attempts answered, by status),
+rejection), retries_admitted (retries answered 200), answered (attempts answered, by status;
+``None`` for an attempt that got no answer, a connection error urllib3 retried),
 the time to success of each client that succeeded, every client's arrival (seconds from the
 start, in order), and for each client that gave up, what it was told at each rejection
 (seconds since it arrived, status, Retry-After).

@@ -158,20 +158,11 @@ struct Figures {
 impl Figures {
     fn describe(&self) -> String {
         let r = &self.record;
-        let p99 = quantile(&r.times, 0.99);
         let books: Vec<String> = self.books.iter().map(Book::describe).collect();
         format!(
-            "{} proxies behind a hashing front: {} clients, {} succeeded, {} gave up, {} errors; {:.1}% of {} retries admitted at their first return; p99 to success {:.1} s, the bound's {:.1} s ({:.2}x); proxies' 2xx/4xx {:?}, the front's {:?} (SDK: {} answered 200, {} answered 429); books: {}",
+            "{} proxies behind a hashing front: {}; proxies' 2xx/4xx {:?}, the front's {:?} (SDK: {} answered 200, {} answered 429); books: {}",
             self.proxies,
-            r.clients,
-            r.succeeded,
-            r.gave_up,
-            r.errors,
-            100.0 * r.admitted_share(),
-            r.retries,
-            p99,
-            self.bound_p99,
-            p99 / self.bound_p99,
+            r.summary(self.bound_p99),
             self.per_proxy,
             self.front,
             r.answered_200,

@@ -68,7 +68,7 @@ fn clients(spec: Spec, front: SocketAddr) -> Record {
 
 /// A run's figures: the clients' record, the bound's p99, the proxy's counters.
 #[derive(Debug)]
-struct Figures {
+pub(crate) struct Figures {
     spec: Spec,
     record: Record,
     bound_p99: f64,
@@ -82,11 +82,17 @@ impl Figures {
         quantile(&self.record.times, 0.99)
     }
 
+    /// Attempts a client made, on average.
+    fn attempts_per_client(&self) -> f64 {
+        let r = &self.record;
+        (r.clients + r.retries) as f64 / r.clients.max(1) as f64
+    }
+
     /// One line to quote.
     fn describe(&self) -> String {
         let r = &self.record;
         format!(
-            "{} ({:?}, {:.1}x for {} s): {} clients, {:.1}% of {} retries admitted, {} gave up, {} errors; p99 to success {:.1} s, the bound's {:.1} s ({:.2}x); proxy 2xx {} 4xx {} (clients: {} succeeded, {} answered 429); agent: {}",
+            "{} ({:?}, {:.1}x for {} s): {} clients, {:.1}% of {} retries admitted, {:.2} attempts a client, {} gave up, {} errors; p99 to success {:.1} s, the bound's {:.1} s ({:.2}x); proxy 2xx {} 4xx {} (clients: {} succeeded, {} answered 429, other answers {:?}); agent: {}",
             self.spec.name,
             self.spec.keep,
             self.spec.load,
@@ -94,6 +100,7 @@ impl Figures {
             r.clients,
             100.0 * r.admitted_share(),
             r.retries,
+            self.attempts_per_client(),
             r.gave_up,
             r.errors,
             self.p99(),
@@ -103,6 +110,7 @@ impl Figures {
             self.proxy_4xx,
             r.succeeded,
             r.answered_429,
+            r.other_answers,
             self.book.describe(),
         )
     }
@@ -193,9 +201,86 @@ const NGINX_RUNS: [Spec; 4] = [
     },
 ];
 
-/// The runs of [`HAPROXY_RUNS`] and [`NGINX_RUNS`] at once, each with its replicas and
-/// frontend, one HAProxy and one nginx (two workers) for them; a scenario of `one_agent`.
+/// Three minutes at 1.5× by key, with the clamp at 60 s (`_60`) and at 120 s (`_120`), the same
+/// arrivals side by side: the overload's backlog puts places up to about 90 s away.
+const HAPROXY_CLAMPS: [Spec; 2] = [
+    Spec {
+        name: "ha_long_60",
+        keep: Keep::Header,
+        load: 1.5,
+        seconds: 180,
+        seed: 31,
+    },
+    Spec {
+        name: "ha_long_120",
+        keep: Keep::Header,
+        load: 1.5,
+        seconds: 180,
+        seed: 31,
+    },
+];
+
+/// The same through nginx.
+const NGINX_CLAMPS: [Spec; 2] = [
+    Spec {
+        name: "ngx_long_60",
+        keep: Keep::Header,
+        load: 1.5,
+        seconds: 180,
+        seed: 33,
+    },
+    Spec {
+        name: "ngx_long_120",
+        keep: Keep::Header,
+        load: 1.5,
+        seconds: 180,
+        seed: 33,
+    },
+];
+
+/// A run's `max_retry_after_s`: 120 for the runs named `…_120`, else the default.
+fn clamp_by_name(spec: &Spec) -> Option<u64> {
+    spec.name.ends_with("_120").then_some(120)
+}
+
+/// The clamp at 60 and at 120 s side by side ([`HAPROXY_CLAMPS`], [`NGINX_CLAMPS`], in that
+/// order): told their place as it is, urllib3's clients (which wait up to 6 h) are admitted at
+/// their first return and ask fewer times; told 60 s, those placed further come back early.
+fn check_clamps_side_by_side(figures: &[Figures]) {
+    for pair in figures.chunks(2) {
+        let (at_60, at_120) = (&pair[0], &pair[1]);
+        for f in pair {
+            let (r, line) = (&f.record, f.describe());
+            assert_eq!(r.errors, 0, "{line}");
+            assert!(r.retries > 50, "the load overloads: {line}");
+            r.agrees_with_the_proxy(f.proxy_2xx, f.proxy_4xx, &line);
+            f.book.accounts_for_rejections(r, &line);
+        }
+        let line = format!("{}\n{}", at_60.describe(), at_120.describe());
+        assert!(at_120.record.admitted_share() >= 0.95, "{line}");
+        assert!(
+            at_120.record.admitted_share() > at_60.record.admitted_share(),
+            "{line}"
+        );
+        assert!(
+            at_120.attempts_per_client() < at_60.attempts_per_client(),
+            "{line}"
+        );
+        assert!(at_120.record.gave_up <= at_60.record.gave_up, "{line}");
+    }
+}
+
+/// Runs at once, each with its replicas and frontend, one HAProxy and one nginx (two workers)
+/// for them; a scenario of `one_agent`: [`HAPROXY_RUNS`] and [`NGINX_RUNS`] (`new`), or the
+/// clamp at 60 and 120 s side by side in a three-minute overload (`past_a_minute`).
 pub(crate) struct KeptReturnsThroughProxies {
+    name: &'static str,
+    /// Through HAProxy (the runs after them go through nginx).
+    haproxy_runs: &'static [Spec],
+    /// Each run's `max_retry_after_s`, if not the default 60.
+    clamp: fn(&Spec) -> Option<u64>,
+    /// What the runs must show, each and together.
+    check: fn(&[Figures]),
     runs: Vec<Spec>,
     replicas: Vec<Vec<HttpServer>>,
     fronts: Vec<SocketAddr>,
@@ -203,27 +288,62 @@ pub(crate) struct KeptReturnsThroughProxies {
 
 impl KeptReturnsThroughProxies {
     pub(crate) fn new() -> Self {
-        let runs: Vec<Spec> = HAPROXY_RUNS.iter().chain(&NGINX_RUNS).copied().collect();
+        Self::with(
+            "kept_returns",
+            &HAPROXY_RUNS,
+            &NGINX_RUNS,
+            |_| None,
+            |figures| figures.iter().for_each(Figures::check),
+        )
+    }
+
+    /// Three minutes at 1.5× through HAProxy, by key, with the clamp at 60 s and at 120 s (the
+    /// same arrivals side by side). Through nginx: an ignored test below, an open defect.
+    pub(crate) fn past_a_minute() -> Self {
+        Self::with(
+            "kept_past_a_minute",
+            &HAPROXY_CLAMPS,
+            &[],
+            clamp_by_name,
+            check_clamps_side_by_side,
+        )
+    }
+
+    fn with(
+        name: &'static str,
+        haproxy_runs: &'static [Spec],
+        nginx_runs: &'static [Spec],
+        clamp: fn(&Spec) -> Option<u64>,
+        check: fn(&[Figures]),
+    ) -> Self {
+        let runs: Vec<Spec> = haproxy_runs.iter().chain(nginx_runs).copied().collect();
         let replicas = (0..runs.len())
-            .map(|i| (0..REPLICAS).map(|_| capped_replica(is_nginx(i))).collect())
+            .map(|i| {
+                let nginx = i >= haproxy_runs.len();
+                (0..REPLICAS).map(|_| capped_replica(nginx)).collect()
+            })
             .collect();
         let fronts = runs.iter().map(|_| free_port()).collect();
         Self {
+            name,
+            haproxy_runs,
+            clamp,
+            check,
             runs,
             replicas,
             fronts,
         }
     }
-}
 
-/// Whether run `i` goes through nginx (the runs after HAProxy's).
-fn is_nginx(i: usize) -> bool {
-    i >= HAPROXY_RUNS.len()
+    /// Whether run `i` goes through nginx (the runs after HAProxy's).
+    fn is_nginx(&self, i: usize) -> bool {
+        i >= self.haproxy_runs.len()
+    }
 }
 
 impl Scenario for KeptReturnsThroughProxies {
     fn name(&self) -> &'static str {
-        "kept_returns"
+        self.name
     }
 
     fn services(&self) -> String {
@@ -231,11 +351,13 @@ impl Scenario for KeptReturnsThroughProxies {
             .iter()
             .enumerate()
             .map(|(i, spec)| {
+                let clamp = (self.clamp)(spec)
+                    .map_or(String::new(), |s| format!("max_retry_after_s = {s}\n"));
                 agent_service(
                     spec.name,
                     &self.replicas[i],
-                    is_nginx(i).then_some(self.fronts[i]),
-                    KEPT_RETURNS,
+                    self.is_nginx(i).then_some(self.fronts[i]),
+                    &format!("{KEPT_RETURNS}{clamp}"),
                 )
             })
             .collect()
@@ -244,38 +366,46 @@ impl Scenario for KeptReturnsThroughProxies {
     fn run(&self, agent: &AgentProcess) {
         let (runs, replicas, fronts) = (&self.runs, &self.replicas, &self.fronts);
         let (shared, secret) = proxies_secret();
-        let names: Vec<String> = HAPROXY_RUNS
+        let names: Vec<String> = self
+            .haproxy_runs
             .iter()
             .map(|s| format!("{0}:be_{0}", s.name))
             .collect();
-        let keep: Vec<String> = HAPROXY_RUNS
+        let keep: Vec<String> = self
+            .haproxy_runs
             .iter()
             .map(|s| format!("{}={}", s.name, key_kind(s)))
             .collect();
-        let haproxy = Haproxy::start_with_lua(
-            &agent.socket,
-            &[
-                ("RETRY_AFTER_SERVICES", &names.join(",")),
-                ("RETRY_AFTER_STATIC", "5"),
-                ("RETRY_AFTER_KEEP", &keep.join(",")),
-                ("RETRY_AFTER_SECRET_FILE", &secret.display().to_string()),
-            ],
-            &HAPROXY_RUNS
-                .iter()
-                .zip(fronts)
-                .zip(replicas)
-                .map(|((spec, front), r)| haproxy_frontend(spec.name, *front, r))
-                .collect::<String>(),
-        );
-        let nginx_runs: Vec<(Spec, SocketAddr, &[HttpServer])> = (HAPROXY_RUNS.len()..runs.len())
+        let haproxy = (!self.haproxy_runs.is_empty()).then(|| {
+            Haproxy::start_with_lua(
+                &agent.socket,
+                &[
+                    ("RETRY_AFTER_SERVICES", &names.join(",")),
+                    ("RETRY_AFTER_STATIC", "5"),
+                    ("RETRY_AFTER_KEEP", &keep.join(",")),
+                    ("RETRY_AFTER_SECRET_FILE", &secret.display().to_string()),
+                ],
+                &self
+                    .haproxy_runs
+                    .iter()
+                    .zip(fronts)
+                    .zip(replicas)
+                    .map(|((spec, front), r)| haproxy_frontend(spec.name, *front, r))
+                    .collect::<String>(),
+            )
+        });
+        let nginx_runs: Vec<(Spec, SocketAddr, &[HttpServer])> = (self.haproxy_runs.len()
+            ..runs.len())
             .map(|i| (runs[i], fronts[i], replicas[i].as_slice()))
             .collect();
-        let nginx = Nginx::start_with(
-            &format!("{NGINX_LUA_MODULES}worker_processes 2;\n"),
-            &nginx_http(&nginx_runs, &agent.socket, &secret, shared.path(), ""),
-            None,
-        );
-        let nginx_before = nginx.status();
+        let nginx = (!nginx_runs.is_empty()).then(|| {
+            Nginx::start_with(
+                &format!("{NGINX_LUA_MODULES}worker_processes 2;\n"),
+                &nginx_http(&nginx_runs, &agent.socket, &secret, shared.path(), ""),
+                None,
+            )
+        });
+        let nginx_before = nginx.as_ref().map(Nginx::status);
         let records: Vec<Record> = std::thread::scope(|s| {
             let running: Vec<_> = runs
                 .iter()
@@ -287,15 +417,16 @@ impl Scenario for KeptReturnsThroughProxies {
         // The last report reaches the agent within a second or two.
         std::thread::sleep(Duration::from_secs(3));
         let metrics = agent.metrics();
-        let nginx_after = nginx.status();
+        let nginx_after = nginx.as_ref().map(Nginx::status);
         let figures: Vec<Figures> = runs
             .iter()
             .zip(records)
             .enumerate()
             .map(|(i, (spec, record))| {
-                let (proxy_2xx, proxy_4xx) = if is_nginx(i) {
+                let (proxy_2xx, proxy_4xx) = if self.is_nginx(i) {
                     nginx_logged(shared.path(), spec.name)
                 } else {
+                    let haproxy = haproxy.as_ref().expect("HAProxy runs the HAProxy runs");
                     let stat =
                         |field| haproxy.stat(&format!("fe_{}", spec.name), "FRONTEND", field);
                     (stat("hrsp_2xx"), stat("hrsp_4xx"))
@@ -314,20 +445,36 @@ impl Scenario for KeptReturnsThroughProxies {
             eprintln!("{}", f.describe());
         }
         // stub_status counted every attempt of nginx's clients (and the one read before).
-        let nginx_attempts: u64 = figures[HAPROXY_RUNS.len()..]
-            .iter()
-            .map(|f| f.record.clients + f.record.retries)
-            .sum();
-        eprintln!(
-            "nginx stub_status: {} requests during the runs, the clients made {nginx_attempts} attempts",
-            nginx_after.requests - nginx_before.requests - 1
-        );
-        assert_eq!(
-            nginx_after.requests - nginx_before.requests - 1,
-            nginx_attempts
-        );
-        for f in &figures {
-            f.check();
+        if let (Some(before), Some(after)) = (nginx_before, nginx_after) {
+            let nginx_attempts: u64 = figures[self.haproxy_runs.len()..]
+                .iter()
+                .map(|f| f.record.clients + f.record.retries)
+                .sum();
+            let counted = after.requests - before.requests - 1;
+            eprintln!(
+                "nginx stub_status: {counted} requests during the runs, the clients made {nginx_attempts} attempts"
+            );
+            assert_eq!(counted, nginx_attempts);
         }
+        (self.check)(&figures);
     }
+}
+
+/// The three-minute overload through nginx, the clamp at 60 and 120 s side by side.
+#[test]
+#[ignore = "open defect: through nginx a quarter to a third of the clients get nginx's 504 \
+            after its 60 s proxy_read_timeout, both clamps (see docs/evaluation.md)"]
+fn nginx_keeps_places_through_a_three_minute_overload_clamp_60_and_120() {
+    let scenario = KeptReturnsThroughProxies::with(
+        "kept_past_a_minute_nginx",
+        &[],
+        &NGINX_CLAMPS,
+        clamp_by_name,
+        check_clamps_side_by_side,
+    );
+    let agent = AgentProcess::start(
+        &retry_after_testkit::proxies::nginx_workers_may_connect(),
+        &scenario.services(),
+    );
+    scenario.run(&agent);
 }

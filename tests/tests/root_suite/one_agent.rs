@@ -8,7 +8,8 @@
 //!
 //! The scenarios: kept returns through HAProxy and nginx (`kept_returns`), the OpenAI SDK
 //! behind both with and without `retry-after-ms` (`openai_sdk`), urllib3 clients through
-//! HAProxy told static 5 s or `scheduled_returns` (`haproxy_lua`), the shipped rules and
+//! HAProxy told static 5 s or `scheduled_returns` (`haproxy_lua`), three minutes at 1.5×
+//! through HAProxy with the clamp at 60 and at 120 s (`kept_past_a_minute`), the shipped rules and
 //! dashboard on a real Prometheus scraping this loaded agent (`prometheus`), and keyed OpenAI
 //! SDK clients through HAProxy proxies behind a front hashing their key (`hashing_front`).
 
@@ -50,6 +51,7 @@ fn kept_returns_the_openai_sdk_urllib3_and_prometheus_run_at_once_under_one_agen
         Box::new(Urllib3ThroughHaproxy::new()),
         Box::new(ShippedRulesOnPrometheus::new()),
         Box::new(KeyedClientsBehindAHashingFront::new()),
+        Box::new(KeptReturnsThroughProxies::past_a_minute()),
     ];
     let services: String = scenarios.iter().map(|s| s.services()).collect();
     let agent = AgentProcess::start(&nginx_workers_may_connect(), &services);

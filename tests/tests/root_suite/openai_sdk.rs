@@ -18,7 +18,7 @@ use std::{net::SocketAddr, path::PathBuf, process::Command};
 
 use retry_after_testkit::kept_returns::{
     CAPACITY, PLACES, QUEUE_LIMIT, REPLICAS, Record, SERVICE_TIME, agent_service, clairvoyant_p99,
-    nginx_logged, quantile,
+    nginx_logged,
 };
 use retry_after_testkit::{
     AgentProcess, free_port,
@@ -186,20 +186,11 @@ impl Figures {
 
     fn describe(&self) -> String {
         let r = &self.record;
-        let p99 = quantile(&r.times, 0.99);
         format!(
-            "{} (retry-after-ms {}): {} clients, {} succeeded, {} gave up, {} errors; {:.1}% of {} retries admitted; p99 to success {:.1} s, the bound's {:.1} s ({:.2}x); {:.0}% of the SDK's {} waits within the second; proxy 2xx {} 4xx {} (SDK: {} answered 200, {} answered 429)",
+            "{} (retry-after-ms {}): {}; {:.0}% of the SDK's {} waits within the second; proxy 2xx {} 4xx {} (SDK: {} answered 200, {} answered 429)",
             self.run.name,
             if self.run.millis { "on" } else { "off" },
-            r.clients,
-            r.succeeded,
-            r.gave_up,
-            r.errors,
-            100.0 * r.admitted_share(),
-            r.retries,
-            p99,
-            self.bound_p99,
-            p99 / self.bound_p99,
+            r.summary(self.bound_p99),
             100.0 * self.within_the_second(),
             self.waits.len(),
             self.proxy_2xx,
