@@ -5,7 +5,10 @@
 //!
 //! * **proxy** (`rejected_at = "proxy"`, the default): the proxy on this node queues and
 //!   rejects. Its queue is the depth it passes in its query, else its listener's requests in
-//!   flight minus the requests it has in flight to the backends (the frontend). Its drain is
+//!   flight minus the requests it has in flight to the backends (the frontend), plus those of
+//!   its requests a backend holds beyond its `max_ongoing_requests` (waiting inside a replica
+//!   that queues: a proxy that does not cap concurrency per server, as open-source nginx, hands
+//!   its queue on to the replicas). Its drain is
 //!   this node's **client-side** completions to the service's backends: what this proxy got
 //!   served, not what the replicas served to every caller.
 //! * **replica** (`rejected_at = "replica"`): the replicas queue and reject (the proposal's
@@ -102,6 +105,19 @@ impl ServiceLoad {
         Some((self.in_flight() as f64 / capacity as f64).min(1.0))
     }
 
+    /// Requests in flight in this scope beyond each backend's `max_ongoing_requests` (none
+    /// where it is not configured): waiting inside the replicas.
+    fn beyond_capacity(&self) -> u64 {
+        self.backends
+            .iter()
+            .map(|b| {
+                self.side(b)
+                    .in_flight
+                    .saturating_sub(b.max_ongoing_requests.unwrap_or(u64::MAX))
+            })
+            .sum()
+    }
+
     /// The queue, from the best source that can see it in this scope (see the module docs);
     /// `None` when none can.
     pub fn queue_depth(&self, from_proxy: Option<u64>) -> Option<QueueDepth> {
@@ -110,22 +126,13 @@ impl ServiceLoad {
             (None, RejectedAt::Proxy) => {
                 let frontend = self.frontend_in_flight?;
                 (
-                    frontend.saturating_sub(self.in_flight()),
+                    frontend.saturating_sub(self.in_flight()) + self.beyond_capacity(),
                     QueueDepthSource::Frontend,
                 )
             }
             (None, RejectedAt::Replica) => {
                 self.capacity()?;
-                let beyond = self
-                    .backends
-                    .iter()
-                    .map(|b| {
-                        b.server
-                            .in_flight
-                            .saturating_sub(b.max_ongoing_requests.unwrap_or(u64::MAX))
-                    })
-                    .sum();
-                (beyond, QueueDepthSource::BeyondCapacity)
+                (self.beyond_capacity(), QueueDepthSource::BeyondCapacity)
             }
         };
         Some(QueueDepth { depth, source })
@@ -179,6 +186,32 @@ mod tests {
         assert_eq!(load.completed_total(), 200, "own drain: client side only");
         assert_eq!(load.in_flight(), 4);
         assert_eq!(load.occupancy(), Some(4.0 / 16.0));
+    }
+
+    #[test]
+    fn proxy_scope_counts_its_requests_a_replica_queues_beyond_its_places() {
+        // nginx forwards 12 and 7 to replicas of 8 places each, which queue the rest: 4 wait
+        // inside the first, and 3 more at nginx itself.
+        let load = ServiceLoad {
+            rejected_at: RejectedAt::Proxy,
+            backends: vec![
+                backend((12, 100), (12, 100), Some(8)),
+                backend((7, 100), (7, 100), Some(8)),
+            ],
+            frontend_in_flight: Some(22),
+        };
+        assert_eq!(depth(&load, None), Some((7, QueueDepthSource::Frontend)));
+        let uncapped = ServiceLoad {
+            backends: vec![
+                backend((12, 0), (12, 0), None),
+                backend((7, 0), (7, 0), None),
+            ],
+            ..load
+        };
+        assert_eq!(
+            depth(&uncapped, None),
+            Some((3, QueueDepthSource::Frontend))
+        );
     }
 
     #[test]

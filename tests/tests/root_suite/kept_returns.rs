@@ -297,13 +297,13 @@ impl KeptReturnsThroughProxies {
         )
     }
 
-    /// Three minutes at 1.5× through HAProxy, by key, with the clamp at 60 s and at 120 s (the
-    /// same arrivals side by side). Through nginx: an ignored test below, an open defect.
+    /// Three minutes at 1.5× through HAProxy and nginx, by key, with the clamp at 60 s and at
+    /// 120 s (the same arrivals side by side).
     pub(crate) fn past_a_minute() -> Self {
         Self::with(
             "kept_past_a_minute",
             &HAPROXY_CLAMPS,
-            &[],
+            &NGINX_CLAMPS,
             clamp_by_name,
             check_clamps_side_by_side,
         )
@@ -458,23 +458,4 @@ impl Scenario for KeptReturnsThroughProxies {
         }
         (self.check)(&figures);
     }
-}
-
-/// The three-minute overload through nginx, the clamp at 60 and 120 s side by side.
-#[test]
-#[ignore = "open defect: through nginx a quarter to a third of the clients get nginx's 504 \
-            after its 60 s proxy_read_timeout, both clamps (see docs/evaluation.md)"]
-fn nginx_keeps_places_through_a_three_minute_overload_clamp_60_and_120() {
-    let scenario = KeptReturnsThroughProxies::with(
-        "kept_past_a_minute_nginx",
-        &[],
-        &NGINX_CLAMPS,
-        clamp_by_name,
-        check_clamps_side_by_side,
-    );
-    let agent = AgentProcess::start(
-        &retry_after_testkit::proxies::nginx_workers_may_connect(),
-        &scenario.services(),
-    );
-    scenario.run(&agent);
 }

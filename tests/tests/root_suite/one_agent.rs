@@ -9,9 +9,10 @@
 //! The scenarios: kept returns through HAProxy and nginx (`kept_returns`), the OpenAI SDK
 //! behind both with and without `retry-after-ms` (`openai_sdk`), urllib3 clients through
 //! HAProxy told static 5 s or `scheduled_returns` (`haproxy_lua`), three minutes at 1.5×
-//! through HAProxy with the clamp at 60 and at 120 s (`kept_past_a_minute`), the shipped rules and
-//! dashboard on a real Prometheus scraping this loaded agent (`prometheus`), and keyed OpenAI
-//! SDK clients through HAProxy proxies behind a front hashing their key (`hashing_front`).
+//! through HAProxy and nginx with the clamp at 60 and at 120 s (`kept_past_a_minute`), the
+//! shipped rules and dashboard on a real Prometheus scraping this loaded agent
+//! (`prometheus`), and keyed OpenAI SDK clients through HAProxy proxies behind a front hashing
+//! their key (`hashing_front`).
 
 use std::{any::Any, thread};
 
