@@ -401,7 +401,7 @@ impl<'a> Sim<'a> {
         let in_service = (0..up.len()).filter(|&p| up[p]);
         match self.scenario.front {
             Front::KeyHash => {
-                let key = self.hasher.key(format!("client-{c}").as_bytes()).0;
+                let key = self.client_key(c).0;
                 let weight = |p: &usize| mix(key ^ mix(*p as u64 + 1));
                 in_service.max_by_key(weight).unwrap_or(0)
             }
@@ -798,7 +798,6 @@ impl<'a> Sim<'a> {
     }
 }
 
-/// The books' settings: the defaults, under every policy (only kept returns fill them).
 /// A 64-bit mix (SplitMix64's finalizer): the front's hash of a key with a proxy. The front
 /// hashes by highest weight (rendezvous hashing), which keeps a key where it was while its
 /// proxy stays, as a consistent hash ring does.
@@ -808,6 +807,7 @@ fn mix(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
+/// The books' settings: the defaults, under every policy (only kept returns fill them).
 fn kept_settings(policy: Policy) -> KeptReturnsSettings {
     match policy {
         Policy::KeptReturns(..) => KeptReturnsSettings::default(),
