@@ -4,9 +4,10 @@ Clients arrive at ``--rate`` per second (Poisson, seeded: retrying_clients.open_
 ``--seconds``; each makes one ``chat.completions.create`` call through one shared
 ``openai.OpenAI`` client (``base_url`` ``--url``, ``max_retries`` ``--max-retries``: the SDK's
 default is 2), on a thread of its own; with ``--keyed``, each client has an API key of its own
-(``client-<seed>-<n>``, sent as ``Authorization: Bearer …``), as the users of an API do. On a 429 the SDK waits what the rejection says
-(``retry-after-ms`` first, then ``Retry-After``, up to 120 s; its own backoff without either)
-and retries; after its last retry it raises ``RateLimitError``.
+(``client-<seed>-<n>``, sent as ``Authorization: Bearer …``), as the users of an API do. On
+a 429 the SDK waits what the rejection says (``retry-after-ms`` first, then ``Retry-After``, up
+to 120 s; its own backoff without either) and retries; after its last retry it raises
+``RateLimitError``. Any other failure is recorded as an error and said on stderr.
 
 What each client saw comes from the SDK's own record: the waits it chose are those it logs
 ("Retrying request in %f seconds"), attributed to the client by its thread; the outcome is
@@ -44,18 +45,22 @@ class Waits(logging.Handler):
             self.by_thread.setdefault(threading.current_thread().name, []).append(float(record.args[0]))
 
 
-def call(sdk, waits, index, results, lock):
-    """One client: one completion, the SDK retrying by itself."""
+def call(sdk, waits, index, results, lock, key=None):
+    """One client: one completion, the SDK retrying by itself; with ``key``, its own API key
+    (the Authorization header the SDK sends for it). A failure of any other kind is recorded
+    as an error, and said on stderr, so that no client goes missing from the record."""
     threading.current_thread().name = f"client-{index}"
-    if callable(sdk):
-        sdk = sdk(index)
+    headers = {"Authorization": f"Bearer {key}"} if key else None
     started = time.monotonic()
     try:
-        sdk.chat.completions.create(model="test-model", messages=[{"role": "user", "content": "hello"}])
+        sdk.chat.completions.create(
+            model="test-model", messages=[{"role": "user", "content": "hello"}], extra_headers=headers
+        )
         outcome = "ok"
     except openai.RateLimitError:
         outcome = "gave_up"
-    except openai.OpenAIError:
+    except Exception as error:  # noqa: BLE001 (recorded and said, never lost)
+        print(f"client {index}: {type(error).__name__}: {error}", file=sys.stderr)
         outcome = "error"
     elapsed = time.monotonic() - started
     with waits.guard:
@@ -80,11 +85,9 @@ def main():
     sdk_log.addHandler(waits)
     sdk_log.propagate = False
     sdk = openai.OpenAI(base_url=args.url, api_key="test", max_retries=args.max_retries, timeout=120)
-    if args.keyed:
-        shared = sdk
-        sdk = lambda index: shared.with_options(api_key=f"client-{args.seed}-{index}")  # noqa: E731
     results, lock = [], threading.Lock()
-    arrivals = open_loop(args.rate, args.seconds, args.seed, lambda i: call(sdk, waits, i, results, lock))
+    key = (lambda i: f"client-{args.seed}-{i}") if args.keyed else (lambda i: None)
+    arrivals = open_loop(args.rate, args.seconds, args.seed, lambda i: call(sdk, waits, i, results, lock, key(i)))
 
     ok = [r for r in results if r[0] == "ok"]
     retries = sum(len(r[1]) for r in results if r[0] != "error")
