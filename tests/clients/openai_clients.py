@@ -30,6 +30,18 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from retrying_clients import open_loop  # noqa: E402
 
 
+#: A chat completion, parsed once before the clients start (see main).
+WARM_UP_COMPLETION = {
+    "id": "warm-up",
+    "object": "chat.completion",
+    "created": 0,
+    "model": "test-model",
+    "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
+    ],
+}
+
+
 class Waits(logging.Handler):
     """The SDK's retry log, by client thread: the seconds it waited before each retry."""
 
@@ -86,6 +98,10 @@ def main():
     sdk_log.propagate = False
     sdk = openai.OpenAI(base_url=args.url, api_key="test", max_retries=args.max_retries, timeout=120)
     results, lock = [], threading.Lock()
+    # The SDK's response model is built lazily by pydantic at its first use, and two threads
+    # building it at once can fail ("BaseModel cannot be instantiated directly", seen in a
+    # CI run): build it once here, before the clients start.
+    openai.types.chat.ChatCompletion.model_validate(WARM_UP_COMPLETION)
     key = (lambda i: f"client-{args.seed}-{i}") if args.keyed else (lambda i: None)
     arrivals = open_loop(args.rate, args.seconds, args.seed, lambda i: call(sdk, waits, i, results, lock, key(i)))
 
