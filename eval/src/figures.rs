@@ -40,7 +40,8 @@ pub struct Figures {
     pub retries_admitted: usize,
     /// Clients served.
     pub succeeded: usize,
-    /// Clients rejected on every one of their attempts.
+    /// Clients rejected on every one of their attempts, or that gave up before their last
+    /// (their deadline, or told not to retry).
     pub gave_up: usize,
     /// Clients still waiting when the run ended.
     pub unfinished: usize,
@@ -160,6 +161,10 @@ fn figures_of(run: &RunResult, keep: impl Fn(usize) -> bool) -> Figures {
             Outcome::Rejected { .. } => {
                 f.rejected += 1;
                 rejected_last[a.client] = rejected_last[a.client].max(a.number);
+                if a.gave_up_after {
+                    // Gave up before its last attempt: counted as if it had made them all.
+                    rejected_last[a.client] = run.max_attempts;
+                }
             }
             Outcome::Failed => f.failed += 1,
         }

@@ -10,6 +10,10 @@
 //!   whose SDK limits the wait);
 //! * [`Behaviour::HonourUpTo`]: the same up to its limit; a longer value is ignored and it
 //!   backs off as without a header (the SDKs that fall back to their own backoff);
+//! * [`Behaviour::HonourWithin`]: a client with a deadline: it waits the `Retry-After` while
+//!   the retry falls within its deadline (from its first attempt) and gives up at once when it
+//!   would not; every attempt says the seconds it has left ([`DEADLINE_HEADER`]), and it stops
+//!   when told not to retry (`x-should-retry: false`, as the OpenAI and Anthropic SDKs do);
 //! * [`Behaviour::Backoff`]: it ignores the header and backs off exponentially with full
 //!   jitter (a uniform draw up to `base × 2^(attempt−1)`, capped): the status quo.
 //!
@@ -60,6 +64,10 @@ pub enum Behaviour {
     /// and the client backs off as without a header (the Anthropic Python and OpenAI Node SDKs
     /// at 60 s, the OpenAI Python SDK before 2.52: docs/integrations/clients.md).
     HonourUpTo(u64),
+    /// Wait the `Retry-After` while the retry falls within this many seconds of the first
+    /// attempt; give up at once when it would not, or when told not to retry. Back off when
+    /// there is no header.
+    HonourWithin(u64),
     /// Ignore any header; back off exponentially with full jitter.
     Backoff,
 }
@@ -67,7 +75,30 @@ pub enum Behaviour {
 impl Behaviour {
     /// Whether a client of this behaviour may not wait the `Retry-After` it is told.
     pub fn ignores_header(self) -> bool {
-        self != Behaviour::HonourRetryAfter
+        !matches!(
+            self,
+            Behaviour::HonourRetryAfter | Behaviour::HonourWithin(_)
+        )
+    }
+
+    /// The seconds a client of this behaviour has left `since_first` its first attempt, as
+    /// its requests say them ([`DEADLINE_HEADER`]): `None` for a client without a deadline.
+    pub fn deadline_left(self, since_first: Duration) -> Option<u64> {
+        match self {
+            Behaviour::HonourWithin(d) => Some(d.saturating_sub(since_first.as_secs())),
+            _ => None,
+        }
+    }
+
+    /// Whether a client rejected `since_first` its first attempt gives up rather than wait
+    /// `wait`: its retry would fall past its deadline, or it was told not to retry.
+    pub fn gives_up(self, since_first: Duration, wait: Duration, told_not_to_retry: bool) -> bool {
+        match self {
+            Behaviour::HonourWithin(d) => {
+                told_not_to_retry || since_first + wait > Duration::from_secs(d)
+            }
+            _ => false,
+        }
     }
 
     /// How long to wait after the rejection of attempt `number` that suggested
@@ -83,6 +114,7 @@ impl Behaviour {
             (Behaviour::HonourUpTo(limit), Some(s)) if s <= limit => {
                 (Duration::from_secs(s), Some(s))
             }
+            (Behaviour::HonourWithin(_), Some(s)) => (Duration::from_secs(s), Some(s)),
             _ => {
                 let bound = BACKOFF_BASE
                     .saturating_mul(1 << (number - 1).min(10))
@@ -107,6 +139,8 @@ pub enum Outcome {
     Rejected {
         /// `Retry-After` in seconds, if sent.
         suggested_s: Option<u64>,
+        /// The rejection said not to retry (`x-should-retry: false`).
+        told_not_to_retry: bool,
     },
     /// Anything else: a failed replica (502), a broken connection, a timeout.
     Failed,
@@ -128,6 +162,9 @@ pub struct Attempt {
     /// The delay the previous attempt's rejection suggested, if it carried one (this attempt
     /// was then sent that long after it).
     pub after_suggested_s: Option<u64>,
+    /// The client gave up after this rejection, before its last attempt: its retry would have
+    /// fallen past its deadline, or it was told not to retry.
+    pub gave_up_after: bool,
 }
 
 /// A load run in progress.
@@ -183,19 +220,26 @@ pub fn arrivals(phases: &[Phase], seed: u64) -> Vec<Duration> {
 /// proxy keeping returns by key recognises it by (an API key, in real traffic).
 pub const CLIENT_KEY_HEADER: &str = "x-client-key";
 
+/// The header a client with a deadline says the seconds it has left in: what a proxy that
+/// honours deadlines reads (its `deadline_header`).
+pub const DEADLINE_HEADER: &str = "x-request-timeout";
+
 /// One attempt of client `client` (its `number`, in the `x-retry-attempt` header; its key;
-/// the return cookie it holds, as a cookie jar would send it): served, rejected with the
-/// `Retry-After` it carried, or failed (another status, an error, 120 s without an answer).
-/// A cookie the answer sets replaces `cookie`.
+/// the seconds it has left, if it has a deadline; the return cookie it holds, as a cookie jar
+/// would send it): served, rejected with the `Retry-After` it carried, or failed (another
+/// status, an error, 120 s without an answer). A cookie the answer sets replaces `cookie`.
 async fn attempt(
     http: &Client<HttpConnector, Empty<Bytes>>,
     url: &str,
-    (client, number): (usize, u32),
+    (client, number, deadline_left): (usize, u32, Option<u64>),
     cookie: &mut Option<String>,
 ) -> Outcome {
     let mut request = Request::get(url)
         .header("x-retry-attempt", number.to_string())
         .header(CLIENT_KEY_HEADER, format!("client-{client}"));
+    if let Some(left) = deadline_left {
+        request = request.header(DEADLINE_HEADER, left.to_string());
+    }
     if let Some(cookie) = cookie.as_deref() {
         request = request.header(hyper::header::COOKIE, cookie);
     }
@@ -208,6 +252,8 @@ async fn attempt(
     let status = response.status().as_u16();
     let header = |name| response.headers().get(name).and_then(|v| v.to_str().ok());
     let suggested_s = header(hyper::header::RETRY_AFTER).and_then(|v| v.parse().ok());
+    let told_not_to_retry =
+        header(hyper::header::HeaderName::from_static("x-should-retry")) == Some("false");
     if let Some(set) = header(hyper::header::SET_COOKIE) {
         // The name=value pair, as a cookie jar sends it back (attributes dropped).
         *cookie = set.split(';').next().map(str::to_owned);
@@ -215,7 +261,10 @@ async fn attempt(
     let body = response.into_body().collect().await;
     match (status, body) {
         (200, Ok(_)) => Outcome::Served,
-        (429 | 503, _) => Outcome::Rejected { suggested_s },
+        (429 | 503, _) => Outcome::Rejected {
+            suggested_s,
+            told_not_to_retry,
+        },
         _ => Outcome::Failed,
     }
 }
@@ -256,9 +305,26 @@ impl Load {
                 let mut rng = StdRng::seed_from_u64(seed);
                 let mut after_suggested_s = None;
                 let mut cookie = None;
+                let first = started.elapsed();
                 for number in 1..=max_attempts {
                     let sent = started.elapsed();
-                    let outcome = attempt(&http, &url, (client, number), &mut cookie).await;
+                    let left = behaviour.deadline_left(sent - first);
+                    let outcome = attempt(&http, &url, (client, number, left), &mut cookie).await;
+                    let answered = started.elapsed();
+                    // After a rejection, and not the last attempt: how long to wait, or give up.
+                    let next = match outcome {
+                        Outcome::Rejected {
+                            suggested_s,
+                            told_not_to_retry,
+                        } if number < max_attempts => {
+                            let (delay, honoured) =
+                                behaviour.wait(suggested_s, number, rng.random());
+                            let gives_up =
+                                behaviour.gives_up(answered - first, delay, told_not_to_retry);
+                            Some((delay, honoured, gives_up))
+                        }
+                        _ => None,
+                    };
                     attempts
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
@@ -266,17 +332,14 @@ impl Load {
                             client,
                             number,
                             sent,
-                            answered: started.elapsed(),
+                            answered,
                             outcome,
                             after_suggested_s,
+                            gave_up_after: next.is_some_and(|(_, _, gives_up)| gives_up),
                         });
-                    let Outcome::Rejected { suggested_s } = outcome else {
+                    let Some((delay, honoured, false)) = next else {
                         return;
                     };
-                    if number == max_attempts {
-                        return;
-                    }
-                    let (delay, honoured) = behaviour.wait(suggested_s, number, rng.random());
                     after_suggested_s = honoured;
                     waiting.fetch_add(1, Ordering::Relaxed);
                     tokio::time::sleep(delay).await;

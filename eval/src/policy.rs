@@ -26,8 +26,18 @@ pub enum Policy {
     ScheduledReturns(OverloadRule, Option<u32>),
     /// The agent's `kept_returns`: each proxy keeps the place it promised, by the client's key
     /// or by a return cookie (docs/estimator.md, "Kept returns"), telling places up to this
-    /// `max_retry_after_s` away as they are (61 to 300; `None`: the default 60).
-    KeptReturns(KeptBy, Option<u64>),
+    /// `max_retry_after_s` away as they are (61 to 300; `None`: the default 60), and reading
+    /// the wait each request allows or not.
+    KeptReturns(KeptBy, Option<u64>, Deadlines),
+}
+
+/// Whether a proxy keeping returns reads the wait a request allows (its `deadline_header`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Deadlines {
+    /// Not read: a place beyond a client's deadline is given all the same.
+    Ignored,
+    /// Read: a place beyond it is not given; the client is told its seconds and not to retry.
+    Honoured,
 }
 
 /// How a proxy recognises a returning client under kept returns.
@@ -53,8 +63,8 @@ impl Policy {
         Policy::ComputedDefaults,
         Policy::ComputedRetryBacklog,
         Policy::ScheduledReturns(OverloadRule::LatestWithRoom, None),
-        Policy::KeptReturns(KeptBy::Key, None),
-        Policy::KeptReturns(KeptBy::Cookie, None),
+        Policy::KeptReturns(KeptBy::Key, None, Deadlines::Ignored),
+        Policy::KeptReturns(KeptBy::Cookie, None, Deadlines::Ignored),
     ];
 
     /// The static values an operator could pick, for the suite's summary.
@@ -68,15 +78,19 @@ impl Policy {
             Policy::ComputedSimple => "computed, w1=w2=0".to_owned(),
             Policy::ComputedDefaults => "computed, defaults".to_owned(),
             Policy::ComputedRetryBacklog => "computed + retry backlog".to_owned(),
-            Policy::KeptReturns(by, max) => {
+            Policy::KeptReturns(by, max, deadlines) => {
                 let by = match by {
                     KeptBy::Key => "key",
                     KeptBy::Cookie => "cookie",
                 };
-                match max {
-                    Some(max) => format!("kept returns ({by}), told up to {max} s"),
-                    None => format!("kept returns ({by})"),
+                let mut label = format!("kept returns ({by})");
+                if let Some(max) = max {
+                    label.push_str(&format!(", told up to {max} s"));
                 }
+                if *deadlines == Deadlines::Honoured {
+                    label.push_str(", deadlines read");
+                }
+                label
             }
             Policy::ScheduledReturns(rule, factor) => {
                 let mut label = "scheduled returns".to_owned();
@@ -94,7 +108,7 @@ impl Policy {
     /// How a proxy recognises returning clients, if it keeps their places.
     pub fn kept(&self) -> Option<KeptBy> {
         match self {
-            Policy::KeptReturns(by, _) => Some(*by),
+            Policy::KeptReturns(by, ..) => Some(*by),
             _ => None,
         }
     }
@@ -138,7 +152,7 @@ impl Policy {
                     "overload_horizon_factor = {k}.0\n"
                 ))
             ),
-            Policy::KeptReturns(_, max) => format!(
+            Policy::KeptReturns(_, max, _) => format!(
                 "{common}retry_after_policy = \"kept_returns\"\nretry_after_s = 5\n{}",
                 max.map_or(String::new(), |s| format!("max_retry_after_s = {s}\n"))
             ),
@@ -166,7 +180,7 @@ impl Policy {
 pub const SERVICE: &str = "eval";
 
 /// Every `--policy` name, for messages.
-const NAMES: &str = "none, static-N (N from 1 to 60), router_queue_drain_rate[-simple|-retry_backlog], scheduled_returns[-latest|-fill_capacity][-hN] (N from 1 to 100), kept_returns[-cookie][-maxN] (N from 61 to 300)";
+const NAMES: &str = "none, static-N (N from 1 to 60), router_queue_drain_rate[-simple|-retry_backlog], scheduled_returns[-latest|-fill_capacity][-hN] (N from 1 to 100), kept_returns[-cookie][-maxN][-deadlines] (N from 61 to 300)";
 
 /// The `--policy` names, one rule: the configuration's `retry_after_policy` value (`none` for
 /// no header), then each variant after a `-`. A variant is the value of the setting it
@@ -174,7 +188,8 @@ const NAMES: &str = "none, static-N (N from 1 to 60), router_queue_drain_rate[-s
 /// `-fill_capacity`: the `overload_rule`; `-hN`: `overload_horizon_factor = N`) or names the
 /// change (`router_queue_drain_rate-simple`: both weights 0; `-retry_backlog`: the proxy's
 /// retry backlog in its depth; `kept_returns-cookie`: places kept by return cookie, not by
-/// key; `-maxN`: `max_retry_after_s = N`). Words join with `_`, as in the configuration, so `-` only
+/// key; `-maxN`: `max_retry_after_s = N`; `-deadlines`: the proxy reads the wait each request
+/// allows). Words join with `_`, as in the configuration, so `-` only
 /// ever separates variants.
 impl fmt::Display for Policy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -194,15 +209,18 @@ impl fmt::Display for Policy {
                     None => Ok(()),
                 }
             }
-            Policy::KeptReturns(by, max) => {
+            Policy::KeptReturns(by, max, deadlines) => {
                 f.write_str("kept_returns")?;
                 if *by == KeptBy::Cookie {
                     f.write_str("-cookie")?;
                 }
-                match max {
-                    Some(s) => write!(f, "-max{s}"),
-                    None => Ok(()),
+                if let Some(s) = max {
+                    write!(f, "-max{s}")?;
                 }
+                if *deadlines == Deadlines::Honoured {
+                    f.write_str("-deadlines")?;
+                }
+                Ok(())
             }
         }
     }
@@ -257,11 +275,15 @@ fn scheduled(variants: &[&str]) -> Option<Policy> {
     Some(Policy::ScheduledReturns(rule, factor))
 }
 
-/// `kept_returns`' variants: `[-cookie][-maxN]`.
+/// `kept_returns`' variants: `[-cookie][-maxN][-deadlines]`.
 fn kept(variants: &[&str]) -> Option<Policy> {
     let (by, rest) = match variants.first() {
         Some(&"cookie") => (KeptBy::Cookie, &variants[1..]),
         _ => (KeptBy::Key, variants),
+    };
+    let (deadlines, rest) = match rest.split_last() {
+        Some((&"deadlines", rest)) => (Deadlines::Honoured, rest),
+        _ => (Deadlines::Ignored, rest),
     };
     let max = match rest {
         [] => None,
@@ -273,7 +295,7 @@ fn kept(variants: &[&str]) -> Option<Policy> {
         ),
         _ => return None,
     };
-    Some(Policy::KeptReturns(by, max))
+    Some(Policy::KeptReturns(by, max, deadlines))
 }
 
 #[cfg(test)]
@@ -287,8 +309,10 @@ mod tests {
             Policy::ScheduledReturns(OverloadRule::Latest, None),
             Policy::ScheduledReturns(OverloadRule::FillCapacity, Some(3)),
             Policy::ScheduledReturns(OverloadRule::LatestWithRoom, Some(2)),
-            Policy::KeptReturns(KeptBy::Key, Some(120)),
-            Policy::KeptReturns(KeptBy::Cookie, Some(300)),
+            Policy::KeptReturns(KeptBy::Key, Some(120), Deadlines::Ignored),
+            Policy::KeptReturns(KeptBy::Cookie, Some(300), Deadlines::Ignored),
+            Policy::KeptReturns(KeptBy::Key, None, Deadlines::Honoured),
+            Policy::KeptReturns(KeptBy::Cookie, Some(120), Deadlines::Honoured),
         ]) {
             assert_eq!(p.to_string().parse::<Policy>(), Ok(p));
         }

@@ -19,8 +19,8 @@ use retry_after_reference_proxy::{
 use retry_after_testkit::{AGENT_TICK_MS, AgentProcess, replica::Replica};
 
 use crate::{
-    load::{CLIENT_KEY_HEADER, Load, arrivals},
-    policy::{KeptBy, Policy, SERVICE},
+    load::{CLIENT_KEY_HEADER, DEADLINE_HEADER, Load, arrivals},
+    policy::{Deadlines, KeptBy, Policy, SERVICE},
     record::{JudgeFigures, RunResult},
     scenario::{EventKind, Scenario},
     seeds,
@@ -156,6 +156,9 @@ fn proxy_config(
             settings: KeptReturnsSettings::default(),
             hasher: KeyHasher::new(&seed.to_be_bytes()),
             source_header: None,
+            deadline_header: matches!(policy, Policy::KeptReturns(_, _, Deadlines::Honoured))
+                .then(|| DEADLINE_HEADER.to_owned()),
+            max_wait_s: None,
         }),
     }
 }

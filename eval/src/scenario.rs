@@ -306,6 +306,7 @@ struct ClientsFile {
     share: f64,
     behaviour: String,
     cap_s: Option<u64>,
+    deadline_s: Option<u64>,
 }
 
 fn check(
@@ -630,6 +631,29 @@ impl ScenarioFile {
                 c.share,
                 "a positive number",
             )?;
+            if c.behaviour == "honour-within" {
+                let deadline = c.deadline_s.filter(|&d| d >= 1).ok_or_else(|| {
+                    format!(
+                        "{}: expected a deadline of 1 s or more for \"honour-within\", not {:?}",
+                        at("deadline_s"),
+                        c.deadline_s
+                    )
+                })?;
+                check(
+                    c.cap_s.is_none(),
+                    &at("cap_s"),
+                    "set",
+                    "not set for \"honour-within\"",
+                )?;
+                clients.push((c.share, Behaviour::HonourWithin(deadline)));
+                continue;
+            }
+            check(
+                c.deadline_s.is_none(),
+                &at("deadline_s"),
+                "set",
+                "only for \"honour-within\"",
+            )?;
             let behaviour = match (c.behaviour.as_str(), c.cap_s) {
                 ("honour", None) => Behaviour::HonourRetryAfter,
                 ("backoff", None) => Behaviour::Backoff,
@@ -655,7 +679,7 @@ impl ScenarioFile {
                 }
                 (other, _) => {
                     return Err(format!(
-                        "{} = {other:?}: expected \"honour\", \"backoff\", \"honour-capped\" or \"honour-up-to\"",
+                        "{} = {other:?}: expected \"honour\", \"backoff\", \"honour-capped\", \"honour-up-to\" or \"honour-within\"",
                         at("behaviour")
                     ));
                 }

@@ -38,13 +38,13 @@ use retry_after_policy::{
 };
 use retry_after_protocol::{EstimatePush, HandedOut, Report};
 use retry_after_reference_proxy::{
-    Arrival, Fleet, HeaderPolicy, KeptArrival, RetryBacklog, Returning, Router, Wake, give_place,
-    proxy::jitter_seed, told,
+    Arrival, Fleet, HeaderPolicy, KeptArrival, Placement, RetryBacklog, Returning, Router, Wake,
+    give_place, proxy::jitter_seed, told,
 };
 
 use crate::{
     load::{Attempt, Behaviour, Outcome},
-    policy::{KeptBy, Policy, SERVICE},
+    policy::{Deadlines, KeptBy, Policy, SERVICE},
     record::{JudgeFigures, RunResult},
     run::{DRAIN_LIMIT, clients},
     scenario::{EventKind, Front, Scenario},
@@ -359,6 +359,7 @@ impl<'a> Sim<'a> {
             answered: self.now,
             outcome: Outcome::Failed,
             after_suggested_s: client.after_suggested_s,
+            gave_up_after: false,
         });
         self.attempt_proxy.push(p);
         self.answered.push(false);
@@ -387,9 +388,10 @@ impl<'a> Sim<'a> {
                     index,
                     Outcome::Rejected {
                         suggested_s: seconds,
+                        told_not_to_retry: false,
                     },
                 );
-                self.rejected(c, seconds);
+                self.rejected(c, index, seconds, false);
             }
         }
     }
@@ -438,7 +440,7 @@ impl<'a> Sim<'a> {
             }
             KeptArrival::Early { due } => {
                 let seconds = told(due, now_s, clamp).seconds;
-                self.reject_with(c, index, p, retry, Some(seconds));
+                self.reject_with(c, index, p, retry, Some(seconds), false);
                 return;
             }
             KeptArrival::Rejected {
@@ -458,6 +460,14 @@ impl<'a> Sim<'a> {
             None => self.retry_after(p, queue_depth, backoff_streak),
             Some(_) => None,
         };
+        // The wait the request allows, where the proxy reads it.
+        let deadline = match self.policy {
+            Policy::KeptReturns(_, _, Deadlines::Honoured) => {
+                let client = &self.clients[c];
+                client.behaviour.deadline_left(self.now - client.arrival)
+            }
+            _ => None,
+        };
         let place = give_place(
             &mut self.proxies[p].book,
             key,
@@ -467,15 +477,17 @@ impl<'a> Sim<'a> {
             queue_depth as u64,
             drain_rate,
             clamp,
+            deadline,
             || asked,
         );
         let hint = match (place, drain_rate) {
-            (None, Some(_)) => self.retry_after(p, queue_depth, backoff_streak),
+            (Placement::HintAlone, Some(_)) => self.retry_after(p, queue_depth, backoff_streak),
             _ => asked,
         }
         .map(|h| h.seconds);
         let seconds = match place {
-            Some(place) => {
+            Placement::BeyondDeadline(place) => Some(place.seconds),
+            Placement::Kept(place) => {
                 if by == KeptBy::Cookie {
                     let cookie = ReturnCookie {
                         due: place.due,
@@ -485,9 +497,10 @@ impl<'a> Sim<'a> {
                 }
                 Some(place.seconds)
             }
-            None => hint,
+            Placement::HintAlone => hint,
         };
-        self.reject_with(c, index, p, retry, seconds);
+        let beyond = matches!(place, Placement::BeyondDeadline(_));
+        self.reject_with(c, index, p, retry, seconds, beyond);
     }
 
     /// Client `c`'s key: what its requests carry (a header's value), as the book keeps it.
@@ -513,8 +526,17 @@ impl<'a> Sim<'a> {
         }
     }
 
-    /// Proxy `p` rejects attempt `index` of client `c` with `seconds`.
-    fn reject_with(&mut self, c: usize, index: usize, p: usize, retry: bool, seconds: Option<u64>) {
+    /// Proxy `p` rejects attempt `index` of client `c` with `seconds`, and, if
+    /// `told_not_to_retry`, `x-should-retry: false`.
+    fn reject_with(
+        &mut self,
+        c: usize,
+        index: usize,
+        p: usize,
+        retry: bool,
+        seconds: Option<u64>,
+        told_not_to_retry: bool,
+    ) {
         let counts = &mut self.proxies[p].counts;
         counts.rejected += 1;
         counts.retry_rejected += u64::from(retry);
@@ -525,9 +547,10 @@ impl<'a> Sim<'a> {
             index,
             Outcome::Rejected {
                 suggested_s: seconds,
+                told_not_to_retry,
             },
         );
-        self.rejected(c, seconds);
+        self.rejected(c, index, seconds, told_not_to_retry);
     }
 
     /// The `Retry-After` proxy `p` hands out, as the reference proxy computes it, and whether
@@ -569,8 +592,15 @@ impl<'a> Sim<'a> {
         Some(hint)
     }
 
-    /// Client `c` was rejected with `suggested_s`: it comes back, or gives up.
-    fn rejected(&mut self, c: usize, suggested_s: Option<u64>) {
+    /// Client `c` was rejected (its attempt `index`) with `suggested_s`, and told not to retry
+    /// or not: it comes back, or gives up.
+    fn rejected(
+        &mut self,
+        c: usize,
+        index: usize,
+        suggested_s: Option<u64>,
+        told_not_to_retry: bool,
+    ) {
         let client = &mut self.clients[c];
         if client.attempts >= self.scenario.attempts {
             self.done += 1;
@@ -580,6 +610,15 @@ impl<'a> Sim<'a> {
             client
                 .behaviour
                 .wait(suggested_s, client.attempts, client.rng.random());
+        let since_first = self.now - client.arrival;
+        if client
+            .behaviour
+            .gives_up(since_first, wait, told_not_to_retry)
+        {
+            self.attempts[index].gave_up_after = true;
+            self.done += 1;
+            return;
+        }
         client.after_suggested_s = honoured;
         self.waiting += 1;
         self.at(self.now + wait, Event::Retry(c));
@@ -894,8 +933,8 @@ mod tests {
             Policy::ComputedDefaults,
             Policy::ComputedRetryBacklog,
             Policy::ScheduledReturns(retry_after_policy::OverloadRule::LatestWithRoom, None),
-            Policy::KeptReturns(KeptBy::Key, None),
-            Policy::KeptReturns(KeptBy::Cookie, None),
+            Policy::KeptReturns(KeptBy::Key, None, Deadlines::Ignored),
+            Policy::KeptReturns(KeptBy::Cookie, None, Deadlines::Ignored),
         ] {
             let scenario = scenario("");
             let result = simulate(&scenario, policy, 1);
@@ -933,8 +972,16 @@ mod tests {
     #[test]
     fn kept_places_admit_every_retry_at_its_place_through_any_proxy_by_cookie() {
         let s = scenario("proxies = 4");
-        let by_cookie = figures(&simulate(&s, Policy::KeptReturns(KeptBy::Cookie, None), 1));
-        let by_key = figures(&simulate(&s, Policy::KeptReturns(KeptBy::Key, None), 1));
+        let by_cookie = figures(&simulate(
+            &s,
+            Policy::KeptReturns(KeptBy::Cookie, None, Deadlines::Ignored),
+            1,
+        ));
+        let by_key = figures(&simulate(
+            &s,
+            Policy::KeptReturns(KeptBy::Key, None, Deadlines::Ignored),
+            1,
+        ));
         // A cookie is honoured by whichever proxy the client comes back through; a key only
         // by the proxy that gave the place (one in four here).
         assert!(
@@ -947,7 +994,11 @@ mod tests {
     #[test]
     fn behind_a_front_hashing_keys_a_key_finds_its_place_and_a_proxy_leaving_moves_only_its_own() {
         let s = scenario("proxies = 4\nfront = \"key-hash\"");
-        let by_key = figures(&simulate(&s, Policy::KeptReturns(KeptBy::Key, None), 1));
+        let by_key = figures(&simulate(
+            &s,
+            Policy::KeptReturns(KeptBy::Key, None, Deadlines::Ignored),
+            1,
+        ));
         assert!(
             by_key.admitted_at_suggested().unwrap() >= 0.99,
             "{by_key:?}"
@@ -955,7 +1006,11 @@ mod tests {
         // Proxy 3 leaves 4 s in: its keys move to the others, every other key stays.
         let leaves =
             scenario("proxies = 4\nfront = \"key-hash\"\n[[events]]\nat_s = 4\nproxy_leaves = 3\n");
-        let mut sim = Sim::new(&leaves, Policy::KeptReturns(KeptBy::Key, None), 1);
+        let mut sim = Sim::new(
+            &leaves,
+            Policy::KeptReturns(KeptBy::Key, None, Deadlines::Ignored),
+            1,
+        );
         let clients = sim.clients.len();
         let before: Vec<usize> = (0..clients).map(|c| sim.front_pick(c)).collect();
         sim.proxy_up[3] = false;
@@ -970,7 +1025,11 @@ mod tests {
         }
         // Every retry of a client whose key stayed where it was is admitted at its place; the
         // retries not admitted are of clients whose key moved (and lost the place it held).
-        let run = simulate(&leaves, Policy::KeptReturns(KeptBy::Key, None), 1);
+        let run = simulate(
+            &leaves,
+            Policy::KeptReturns(KeptBy::Key, None, Deadlines::Ignored),
+            1,
+        );
         let stayed = |c: usize| before[c] != 3;
         let retries = |moved: bool| {
             run.attempts

@@ -74,6 +74,8 @@ local services = {}   -- service name -> { backend, push, received_ms, admitted,
 local secret_b64
 local cookie_name = "retry_after_return"
 local source_header
+local deadline_header  -- RETRY_AFTER_DEADLINE_HEADER: the seconds a request may wait, lowercase
+local max_wait_s       -- RETRY_AFTER_MAX_WAIT_S: the wait allowed to every request (nil: none)
 local read_kept_settings
 
 local function now_ms()
@@ -243,6 +245,15 @@ read_kept_settings = function()
   })
   source_header = os.getenv("RETRY_AFTER_SOURCE_HEADER")
   source_header = source_header and source_header ~= "" and string.lower(source_header) or nil
+  deadline_header = os.getenv("RETRY_AFTER_DEADLINE_HEADER")
+  deadline_header = deadline_header and deadline_header ~= "" and string.lower(deadline_header) or nil
+  local budget = os.getenv("RETRY_AFTER_MAX_WAIT_S")
+  if budget ~= nil and budget ~= "" then
+    max_wait_s = T.deadline_s(budget, nil)
+    if max_wait_s == nil then
+      core.Alert("retry_after.lua: RETRY_AFTER_MAX_WAIT_S is " .. budget .. ", not a number of seconds; no budget is applied")
+    end
+  end
   local secret = read_secret()
   if settings == nil or secret == nil then
     core.Alert("retry_after.lua: kept returns are off: " .. (wrong or "RETRY_AFTER_SECRET_FILE gives no secret"))
@@ -427,7 +438,9 @@ local function new_key(txn, kept, found)
 end
 
 -- A rejection in kept mode (T.reject: a place, or the hint); sets txn.retry_after and, in
--- cookie mode with a place, txn.retry_after_cookie. Seconds (nil: no header) and rung.
+-- cookie mode with a place, txn.retry_after_cookie; txn.retry_after_no_retry when the place lay
+-- beyond the request's deadline (RETRY_AFTER_DEADLINE_HEADER, RETRY_AFTER_MAX_WAIT_S), for the
+-- configuration to stamp x-should-retry: false. Seconds (nil: no header) and rung.
 local function reject_kept(txn, name, state, hasher, found, depth, drain, now)
   local kept = state.kept
   local push, age_s = fresh_push(state, now)
@@ -439,10 +452,14 @@ local function reject_kept(txn, name, state, hasher, found, depth, drain, now)
     local peer = txn.f:src()
     source = T.source(kept.book, hasher, values and values[#values] or nil, peer and tostring(peer))
   end
-  local seconds, rung, place = T.reject(kept.book, key, source, now / 1000, depth, drain, clamp, function()
-    if push == nil then return retry_after_s, "static" end
-    return T.push_hint(M, push, age_s, depth, math.random())
-  end)
+  local wait = deadline_header and txn.http:req_get_headers()[deadline_header]
+  local deadline = T.deadline_s(wait and wait[0], max_wait_s)
+  local seconds, rung, place, beyond = T.reject(kept.book, key, source, now / 1000, depth, drain, clamp,
+    deadline, function()
+      if push == nil then return retry_after_s, "static" end
+      return T.push_hint(M, push, age_s, depth, math.random())
+    end)
+  if beyond then txn:set_var("txn.retry_after_no_retry", true) end
   if place and kept.source == "cookie" then
     txn:set_var("txn.retry_after_cookie",
       T.set_cookie(hasher, name, cookie_name, place.due, key, now // 1000, kept.book.settings.grace_s))

@@ -95,13 +95,17 @@ local function run(f)
   elseif op == "give" then
     local hint_s, fresh = opt(f[10]), f[11] == "1"
     local source = f[3] ~= "-" and f[3] or nil
-    local place = T.give_place(book, f[2], source, tonumber(f[4]), tonumber(f[5]), tonumber(f[6]),
-      opt(f[7]), { tonumber(f[8]), tonumber(f[9]) }, function() return hint_s, fresh end)
+    local place, beyond = T.give_place(book, f[2], source, tonumber(f[4]), tonumber(f[5]), tonumber(f[6]),
+      opt(f[7]), { tonumber(f[8]), tonumber(f[9]) }, opt(f[12]), function() return hint_s, fresh end)
+    if beyond then return string.format("beyond:%d:%d", beyond.due, beyond.seconds) end
     return place and string.format("%d:%d", place.due, place.seconds) or "none"
   elseif op == "expected" then
     return string.format("%.6f", book:expected(tonumber(f[2])))
   elseif op == "source" then
     return T.source_address(f[2] ~= "-" and f[2] or nil, f[3])
+  elseif op == "deadline" then
+    local d = T.deadline_s(f[2] ~= "-" and f[2] or nil, opt(f[3]))
+    return d and string.format("%d", d) or "-"
   elseif op == "counters" then
     local counts = {}
     for i, n in ipairs(book:counters()) do counts[i] = string.format("%d", n) end

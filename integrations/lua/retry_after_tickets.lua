@@ -21,9 +21,9 @@ local T = {}
 T.BUCKET = 8
 -- What became of places, in the order of REPORT's tickets= vocabulary (TicketOutcome).
 T.OUTCOMES = { "issued", "honoured", "early", "expired", "refused", "replayed", "unrecorded",
-  "unplaced", "over_share" }
-local ISSUED, HONOURED, EARLY, EXPIRED, REFUSED, REPLAYED, UNRECORDED, UNPLACED, OVER_SHARE =
-  1, 2, 3, 4, 5, 6, 7, 8, 9
+  "unplaced", "over_share", "beyond_deadline" }
+local ISSUED, HONOURED, EARLY, EXPIRED, REFUSED, REPLAYED, UNRECORDED, UNPLACED, OVER_SHARE,
+  BEYOND_DEADLINE = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
 T.UNRECORDED = UNRECORDED
 -- The settings' defaults (KeptReturnsSettings).
 T.DEFAULTS = { grace_s = 30, horizon_s = 300, max_keys = 100000, max_returns_per_key = 1,
@@ -482,16 +482,37 @@ function T.told(due, now_s, clamp_s)
   return { due = due, seconds = clamp(math.max(due - now_s, 0), clamp_s[1], clamp_s[2]) }
 end
 
+-- The wait a request allows, in whole seconds: the lesser of its deadline header's value
+-- (header: seconds, up to 9 digits, a fraction allowed and cut off; anything else is no
+-- deadline) and the proxy's budget for every request (budget_s); nil: no deadline. Rust's
+-- deadline_s.
+function T.deadline_s(header, budget_s)
+  local from_header
+  if header ~= nil then
+    local value = string.match(header, "^%s*(.-)%s*$")
+    local whole, fraction = string.match(value, "^(%d+)%.(%d+)$")
+    whole = whole or string.match(value, "^(%d+)$")
+    if whole and #whole <= 9 and (fraction == nil or #fraction <= 9) then
+      from_header = tonumber(whole)
+    end
+  end
+  if from_header and budget_s then return math.min(from_header, budget_s) end
+  return from_header or budget_s
+end
+
 -- The place a rejected client with key, from source (nil: not bounded by source), is given at
--- second now_s (elapsed seconds into it):
+-- second now_s (elapsed seconds into it), its request allowing a wait of deadline_s seconds
+-- at most (nil: no deadline known):
 -- with a drain rate, the earliest second with room behind queue_depth queued and every place
 -- given, no sooner than clamp_s[1]; before the drain rate is known, the second of hint()
 -- (which gives seconds and whether they come from a fresh estimate), if fresh: the proxy's own
 -- static value knows no room, and a place at it would pass the queue's bound when it falls due
--- (the agent away). A source past its share of the drain gets no place either (spend_source;
--- before the drain rate is known its allowance does not fill: one place until it is). { due, seconds }, or nil (the rejection carries the
--- hint alone, counted as unplaced, over_share, or refused by the book). Rust's give_place.
-function T.give_place(book, key, source, now_s, elapsed, queue_depth, drain_rate, clamp_s, hint)
+-- (the agent away). A place further than deadline_s is not given: nil and { due, seconds }
+-- (told it, and not to retry; counted as beyond_deadline). A source past its share of the
+-- drain gets no place either (spend_source; before the drain rate is known its allowance does
+-- not fill: one place until it is). { due, seconds }, or nil (the rejection carries the hint
+-- alone, counted as unplaced, over_share, or refused by the book). Rust's give_place.
+function T.give_place(book, key, source, now_s, elapsed, queue_depth, drain_rate, clamp_s, deadline_s, hint)
   local due
   if drain_rate ~= nil then
     due = book:place(now_s, elapsed, queue_depth, drain_rate, clamp_s[1])
@@ -502,6 +523,10 @@ function T.give_place(book, key, source, now_s, elapsed, queue_depth, drain_rate
   if due == nil then
     book:count(UNPLACED, 1)
     return nil
+  end
+  if deadline_s ~= nil and due - now_s > deadline_s then
+    book:count(BEYOND_DEADLINE, 1)
+    return nil, T.told(due, now_s, clamp_s)
   end
   if source ~= nil and not book:spend_source(source, now_s + elapsed, drain_rate or 0.0) then
     return nil
@@ -543,29 +568,34 @@ function T.push_hint(policy, push, age_s, queue_depth, jitter)
   return seconds, rung, true
 end
 
--- A rejection with kept returns at now (Unix seconds, with their fraction): the place given to
--- key (nil: none can be), from source (nil: not bounded by source), by T.give_place, and the
--- seconds that tell it, rung "computed"; else the hint's seconds and rung. hint() gives
--- seconds (nil: no header), rung, and whether they come from a fresh push (T.push_hint; false
--- for the proxy's own static value), and is asked at most once. Seconds, rung, place.
-function T.reject(book, key, source, now, queue_depth, drain_rate, clamp_s, hint)
+-- A rejection with kept returns at now (Unix seconds, with their fraction), its request
+-- allowing a wait of deadline_s seconds at most (nil: no deadline): the place given to key
+-- (nil: none can be), from source (nil: not bounded by source), by T.give_place, and the
+-- seconds that tell it, rung "computed"; a place beyond the deadline is not given, and its
+-- seconds are told with beyond true (say not to retry); else the hint's seconds and rung.
+-- hint() gives seconds (nil: no header), rung, and whether they come from a fresh push
+-- (T.push_hint; false for the proxy's own static value), and is asked at most once. Seconds,
+-- rung, place, beyond.
+function T.reject(book, key, source, now, queue_depth, drain_rate, clamp_s, deadline_s, hint)
   local asked
   local function ask()
     if asked == nil then asked = { hint() } end
     return asked[1], asked[2], asked[3]
   end
-  local place
+  local place, beyond
   if key ~= nil then
     local now_s = math.floor(now)
     local elapsed = math.floor((now - now_s) * 1000) / 1000
-    place = T.give_place(book, key, source, now_s, elapsed, queue_depth, drain_rate, clamp_s, function()
-      local seconds, _rung, fresh = ask()
-      return seconds, fresh == true
-    end)
+    place, beyond = T.give_place(book, key, source, now_s, elapsed, queue_depth, drain_rate, clamp_s,
+      deadline_s, function()
+        local seconds, _rung, fresh = ask()
+        return seconds, fresh == true
+      end)
   end
-  if place then return place.seconds, "computed", place end
+  if place then return place.seconds, "computed", place, false end
+  if beyond then return beyond.seconds, "computed", nil, true end
   local seconds, rung = ask()
-  return seconds, rung, nil
+  return seconds, rung, nil, false
 end
 
 -- The fresh arrivals admitted in the current second, kept in store (FreshRoom).

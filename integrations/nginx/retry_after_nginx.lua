@@ -28,7 +28,10 @@
 -- max_queued = 64 } }, with secret_file, cookie ("retry_after_return"), grace_s (30),
 -- horizon_s (300), max_keys (100000), max_returns_per_key (1), source_share_percent (0; 1 to
 -- 100: one client address's share of the drain), source_header (nil; e.g. "x-forwarded-for":
--- its last entry is the address, else $remote_addr), max_sources (4096) and tickets_dict
+-- its last entry is the address, else $remote_addr), max_sources (4096), deadline_header (nil;
+-- e.g. "x-request-timeout": the seconds a request may wait) and max_wait_s (nil: the wait every
+-- request is allowed): a place beyond either is not given, the client is told its seconds and
+-- x-should-retry: false; and tickets_dict
 -- ("retry_after_tickets", a lua_shared_dict of its own: the book every worker shares). In the
 -- location, before limit_req (whose key, $retry_after_limit, admit empties for a return so that
 -- it is not held in limit_req's queue):
@@ -106,14 +109,16 @@ local function set_headers(seconds, millis)
 end
 
 -- Tell a rejected request its kept place: seconds (nil: no header) and their rung, counted as
--- handed out, and in cookie mode the return cookie. A place is a whole second: the seconds
+-- handed out, and in cookie mode the return cookie; beyond: the place lay beyond the request's
+-- deadline and was not given (x-should-retry: false). A place is a whole second: the seconds
 -- told bring the client back within it, so its milliseconds are the same time.
-local function tell_place(service, seconds, rung, cookie)
+local function tell_place(service, seconds, rung, cookie, beyond)
   if seconds then
     set_headers(seconds, seconds * 1000)
     dict():incr(handed_out_key(service, policy.handed_out_value(rung, seconds)), 1, 0)
   end
   if cookie then ngx.header["Set-Cookie"] = cookie end
+  if beyond then ngx.header["x-should-retry"] = "false" end
 end
 
 -- The Retry-After for one rejection of service, from its fresh push (nil: none is held) of
@@ -160,8 +165,8 @@ function M.stamp(service, stamp_options)
   count(service, "rejected")
   -- limit_req's rejections carry no Retry-After; an upstream's own is left to the rules below.
   if ngx.ctx.retry_after_queued and ngx.header["Retry-After"] == nil then
-    local seconds, rung, cookie = place_after_limit(service)
-    if seconds then return tell_place(service, seconds, rung, cookie) end
+    local seconds, rung, cookie, beyond = place_after_limit(service)
+    if seconds then return tell_place(service, seconds, rung, cookie, beyond) end
   end
   local push, age = fresh_push(service)
   if ngx.header["Retry-After"] ~= nil then
@@ -306,6 +311,9 @@ local function start_kept()
   local shared = ngx.shared[options.tickets_dict]
   assert(shared, "retry_after_nginx.start: keep needs a lua_shared_dict " .. options.tickets_dict)
   local settings = assert(tickets.settings(options))
+  local budget = options.max_wait_s
+  assert(budget == nil or (type(budget) == "number" and budget >= 0 and budget == math.floor(budget)),
+    "retry_after_nginx.start: max_wait_s=" .. tostring(budget) .. " is not a whole number of seconds")
   secret = read_secret(options.secret_file)
   local random = assert(io.open("/dev/urandom", "rb"), "retry_after_nginx.start: /dev/urandom")
   nonce_key = random:read(32)
@@ -355,10 +363,13 @@ local function with_book(service, f, may_sleep)
     local taken, err = shared:safe_add(lock, true, BOOK_LOCK_S)
     if err == "no memory" then return false end
     if taken then
-      local result = { pcall(f) }
+      -- Every value f gives, nil among them (a table's length stops at a nil).
+      local result = { n = 0 }
+      local function keep(...) result.n = select("#", ...); for i = 1, result.n do result[i] = select(i, ...) end end
+      keep(pcall(f))
       shared:delete(lock)
       if not result[1] then error(result[2]) end
-      return unpack(result)
+      return unpack(result, 1, result.n)
     end
     if may_sleep then ngx.sleep(0.001) end
   end
@@ -369,8 +380,9 @@ end
 local function push_clamp(push) return tickets.push_clamp(push, policy.MAX_KEPT_RETRY_AFTER_S) end
 
 -- A place for a rejected request (its key, or a fresh nonce in cookie mode), or the hint
--- (tickets.reject): seconds to tell (nil: no header), their rung and, in cookie mode with a
--- place, the Set-Cookie value. push: the fresh push (nil: none), age seconds old.
+-- (tickets.reject): seconds to tell (nil: no header), their rung, in cookie mode with a place
+-- the Set-Cookie value, and whether the place lay beyond the request's deadline (none given).
+-- push: the fresh push (nil: none), age seconds old.
 local function give_place(service, k, found, push, age, depth, drain, now)
   local clamp = push_clamp(tickets.book_inputs(push))
   local key = found and found.key
@@ -381,16 +393,20 @@ local function give_place(service, k, found, push, age, depth, drain, now)
     if type(value) == "table" then value = value[#value] end
     source = tickets.source(k.book, hasher, value, ngx.var.remote_addr)
   end
-  local seconds, rung, place = tickets.reject(k.book, key, source, now, depth, drain, clamp, function()
-    if push == nil then return options.retry_after_s or nil, "static" end
-    return tickets.push_hint(policy, push, age, depth, math.random())
-  end)
+  local wait = options.deadline_header and ngx.req.get_headers()[options.deadline_header]
+  if type(wait) == "table" then wait = wait[1] end
+  local deadline = tickets.deadline_s(wait, options.max_wait_s)
+  local seconds, rung, place, beyond = tickets.reject(k.book, key, source, now, depth, drain, clamp,
+    deadline, function()
+      if push == nil then return options.retry_after_s or nil, "static" end
+      return tickets.push_hint(policy, push, age, depth, math.random())
+    end)
   local cookie
   if place and k.source == "cookie" then
     cookie = tickets.set_cookie(hasher, service, options.cookie, place.due, key, math.floor(now),
       k.book.settings.grace_s)
   end
-  return seconds, rung, cookie
+  return seconds, rung, cookie, beyond
 end
 
 -- What the book is given from a push: tickets.book_inputs, and its queue_depth (0 without one).
@@ -400,7 +416,7 @@ local function book_inputs(push)
 end
 
 -- The decision for one request under the book's lock: outcome and, for a rejection, seconds,
--- rung and cookie. If the book failed a write on the way (a full dictionary), "unrecorded": the
+-- rung, cookie and beyond (give_place's). If the book failed a write on the way (a full dictionary), "unrecorded": the
 -- decision is dropped, and the request is treated as if kept returns were off.
 local function decide(service, k, push, age)
   local now = ngx.now()
@@ -412,30 +428,30 @@ local function decide(service, k, push, age)
   -- the requests nginx is answering 429 too, so under a flood of rejections it reads the
   -- flood's concurrency and would shut fresh arrivals out with the replicas idle.
   local outcome, due, held = tickets.arrive(k.book, k.room, found, now_s, depth, false, drain)
-  local seconds, rung, cookie
+  local seconds, rung, cookie, beyond
   if outcome == "early" then
     seconds, rung = tickets.told(due, now_s, push_clamp(usable)).seconds, "computed"
   elseif outcome == "rejected" then
-    seconds, rung, cookie = give_place(service, k, found, push, age, depth, drain, now)
+    seconds, rung, cookie, beyond = give_place(service, k, found, push, age, depth, drain, now)
   end
   if k.book.store.failed ~= failed then return "unrecorded" end
   ngx.ctx.retry_after_return = tickets.is_return(held)
-  return outcome, seconds, rung, cookie
+  return outcome, seconds, rung, cookie, beyond
 end
 
 -- A place for a request the book let on as fresh (or early, taking its place) that limit_req
 -- then rejected, its burst full where the push's queue_depth was not: behind a full queue.
--- Seconds, rung and cookie; nil when the book's lock is busy (header_filter may not sleep) or
+-- Seconds, rung, cookie and beyond; nil when the book's lock is busy (header_filter may not sleep) or
 -- the place could not be recorded: the hint, and counted as unrecorded either way.
 function place_after_limit(service)
   local k = kept[service]
   local push, age = fresh_push(service)
   local _, drain, depth = book_inputs(push)
-  local ok, recorded, seconds, rung, cookie = with_book(service, function()
+  local ok, recorded, seconds, rung, cookie, beyond = with_book(service, function()
     local failed = k.book.store.failed
-    local seconds, rung, cookie =
+    local seconds, rung, cookie, beyond =
       give_place(service, k, returning(service, k), push, age, math.max(depth, k.max_queued), drain, ngx.now())
-    return k.book.store.failed == failed, seconds, rung, cookie
+    return k.book.store.failed == failed, seconds, rung, cookie, beyond
   end, false)
   -- A place the book could not record, or could not decide for (its lock held by another
   -- worker all the while), is not told: the hint, below, and counted.
@@ -443,7 +459,7 @@ function place_after_limit(service)
     dict():incr("unrecorded:" .. service, 1, 0)
     return nil
   end
-  return seconds, rung, cookie
+  return seconds, rung, cookie, beyond
 end
 
 -- rewrite_by_lua, before limit_req: kept returns for service. A place due is let past limit_req
@@ -454,7 +470,7 @@ function M.admit(service)
   local k = kept[service]
   if k == nil then return end
   local push, age = fresh_push(service)
-  local ok, outcome, seconds, rung, cookie = with_book(service, function() return decide(service, k, push, age) end, true)
+  local ok, outcome, seconds, rung, cookie, beyond = with_book(service, function() return decide(service, k, push, age) end, true)
   if not ok or outcome == "unrecorded" then
     -- No book to decide by (its lock busy for 50 ms, no memory for the lock, or a write of the
     -- decision refused): the request goes on to limit_req as without kept returns, never past
@@ -468,7 +484,7 @@ function M.admit(service)
   if outcome == "returned" or outcome == "queued" then return end
   count(service, "rejected")
   ngx.ctx.retry_after_answered = true
-  tell_place(service, seconds, rung, cookie)
+  tell_place(service, seconds, rung, cookie, beyond)
   ngx.header["Content-Type"] = "text/plain"
   ngx.status = push and push.status_code or 429
   ngx.say("overloaded, retry later")

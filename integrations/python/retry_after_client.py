@@ -72,6 +72,7 @@ TICKET_OUTCOMES = (
     "unrecorded",
     "unplaced",
     "over_share",
+    "beyond_deadline",
 )
 #: The largest count a ``REPORT`` carries.
 MAX_REPORT_COUNT = 10_000_000

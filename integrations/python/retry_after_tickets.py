@@ -24,7 +24,7 @@ Example (a proxy that keys clients by a header)::
     elif arrival.kind == "early":
         seconds = kept.told(arrival.due, time.time(), (1, 60))
     else:
-        place = kept.reject(kept.new_key(returning), time.time(), queue_depth, drain_rate, (1, 60), hint)
+        placement = kept.reject(kept.new_key(returning), time.time(), queue_depth, drain_rate, (1, 60), hint)
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ __all__ = [
     "KeptReturns",
     "KeptReturnsSettings",
     "KeyHasher",
+    "Placement",
     "Promise",
     "ReturnCookie",
     "Returning",
@@ -57,6 +58,7 @@ __all__ = [
     "TicketCounters",
     "RETURN_COOKIE",
     "cookie_value",
+    "deadline_s",
     "give_place",
     "parse_keep",
     "told",
@@ -272,6 +274,10 @@ class TicketBook:
     def unplaced(self) -> None:
         """A rejected client given no place (:func:`give_place`): counted."""
         self._counters.add("unplaced", 1)
+
+    def beyond_deadline(self) -> None:
+        """A rejected client whose place lay beyond its deadline, given none: counted."""
+        self._counters.add("beyond_deadline", 1)
 
     def spend_source(self, source: int, t: float, drain_rate: float) -> bool:
         """Whether a place may go to a request of ``source`` at time ``t`` (seconds, with their
@@ -523,6 +529,31 @@ class Promise(NamedTuple):
     seconds: int
 
 
+class Placement(NamedTuple):
+    """What a rejection with kept returns carries (Rust's ``Placement``): ``kept``, the place
+    kept for the client; or ``beyond``, the earliest place, not given because it lies beyond
+    the wait the request allows (tell its seconds and not to retry: ``x-should-retry:
+    false``); neither: the hint alone."""
+
+    kept: Optional[Promise] = None
+    beyond: Optional[Promise] = None
+
+
+_DEADLINE = re.compile(r"([0-9]{1,9})(?:\.[0-9]{1,9})?")
+
+
+def deadline_s(header: Optional[str], budget_s: Optional[int]) -> Optional[int]:
+    """The wait a request allows, in whole seconds (Rust's ``deadline_s``): the lesser of its
+    deadline header's value (``header``: seconds, up to 9 digits, a fraction allowed and cut
+    off; anything else is no deadline) and the proxy's budget for every request
+    (``budget_s``). ``None``: no deadline."""
+    match = None if header is None else _DEADLINE.fullmatch(header.strip())
+    from_header = None if match is None else int(match.group(1))
+    if from_header is not None and budget_s is not None:
+        return min(from_header, budget_s)
+    return from_header if from_header is not None else budget_s
+
+
 def give_place(
     book: TicketBook,
     key: int,
@@ -532,19 +563,21 @@ def give_place(
     queue_depth: int,
     drain_rate: Optional[float],
     clamp,
+    deadline: Optional[int],
     hint: Callable[[], Tuple[Optional[int], bool]],
-) -> Optional[Promise]:
+) -> Placement:
     """The place a rejected client with ``key`` is given at second ``now_s`` (``elapsed``
-    seconds into it), as Rust's ``give_place``: with a drain rate, the earliest second with
+    seconds into it), its request allowing a wait of ``deadline`` seconds at most (``None``:
+    no deadline known), as Rust's ``give_place``: with a drain rate, the earliest second with
     room behind the queue and every place given, no sooner than ``clamp[0]``; before the drain
     rate is known, the second of ``hint()`` (seconds, and whether they come from a fresh
     estimate), if fresh: the proxy's own static value knows no room, and a place at it would
-    pass the queue's bound when it falls due (the agent away). A ``source`` (the client's
-    address as a key; ``None``: not bounded) past its share of the drain gets no place either
-    (:meth:`TicketBook.spend_source`; before the drain rate is known its allowance does not
-    fill: one place until it is). ``None``: the
-    rejection carries the hint alone, counted as ``unplaced``, ``over_share`` (or ``refused``
-    by the book)."""
+    pass the queue's bound when it falls due (the agent away). A place further than
+    ``deadline`` is not given (``beyond``, counted ``beyond_deadline``). A ``source`` (the
+    client's address as a key; ``None``: not bounded) past its share of the drain gets no place
+    either (:meth:`TicketBook.spend_source`; before the drain rate is known its allowance does
+    not fill: one place until it is). No place: the rejection carries the hint alone, counted
+    as ``unplaced``, ``over_share`` (or ``refused`` by the book)."""
     if drain_rate is not None:
         due = book.place(now_s, elapsed, queue_depth, drain_rate, clamp[0])
     else:
@@ -552,11 +585,14 @@ def give_place(
         due = now_s + seconds if seconds is not None and fresh else None
     if due is None:
         book.unplaced()
-        return None
+        return Placement()
+    if deadline is not None and due - now_s > deadline:
+        book.beyond_deadline()
+        return Placement(beyond=told(due, now_s, clamp))
     if source is not None and not book.spend_source(source, now_s + elapsed, drain_rate or 0.0):
-        return None
+        return Placement()
     due = book.issue(key, due, now_s)
-    return None if due is None else told(due, now_s, clamp)
+    return Placement() if due is None else Placement(kept=told(due, now_s, clamp))
 
 
 def told(due: int, now_s: int, clamp) -> Promise:
@@ -711,19 +747,23 @@ class KeptReturns:
         clamp: Tuple[int, int],
         hint: Callable[[], Tuple[Optional[int], bool]],
         source: Optional[int] = None,
-    ) -> Optional[Promise]:
+        deadline: Optional[int] = None,
+    ) -> Placement:
         """A place for a rejected client with ``key``, from ``source`` (:meth:`source`;
-        ``None``: not bounded by source) (:func:`give_place`); ``hint()`` gives
-        the hint's seconds and whether they come from a fresh estimate, and is called outside
-        the lock, only when the drain rate is unknown. ``None`` without a key, a second, a
-        slot or the source's share."""
+        ``None``: not bounded by source), its request allowing a wait of ``deadline`` seconds
+        (:func:`deadline_s`; ``None``: no deadline) (:func:`give_place`); ``hint()`` gives the
+        hint's seconds and whether they come from a fresh estimate, and is called outside the
+        lock, only when the drain rate is unknown. No place without a key, a second, a slot or
+        the source's share; ``beyond`` when the place lies past the deadline."""
         if key is None:
-            return None
+            return Placement()
         now_s = int(now)
         elapsed = math.floor((now - now_s) * 1000.0) / 1000.0
         hinted = hint() if drain_rate is None else (None, False)
         with self._lock:
-            return give_place(self._book, key, source, now_s, elapsed, queue_depth, drain_rate, clamp, lambda: hinted)
+            return give_place(
+                self._book, key, source, now_s, elapsed, queue_depth, drain_rate, clamp, deadline, lambda: hinted
+            )
 
     def source(self, header_value: Optional[str], peer: Optional[str]) -> Optional[int]:
         """The key a request's source is followed under while sources are bounded

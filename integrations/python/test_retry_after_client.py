@@ -75,8 +75,9 @@ def held_text(held):
     return f"early:{held.second}" if held.kind == "early" else held.kind
 
 
-def cookie_due(text):
-    """A vector's cookie due second (``-``: none)."""
+def optional_int(text):
+    """A vector's whole number that may be absent (``-``: none): a cookie's due second, a
+    deadline, a budget."""
     return None if text == "-" else int(text)
 
 
@@ -88,9 +89,9 @@ def ticket_line(book, fields):
         settings = tickets.KeptReturnsSettings(grace, horizon, keys, per_key, share, sources)
         return tickets.TicketBook(settings), None
     if op == "held":
-        return book, held_text(book.held(int(args[0], 16), cookie_due(args[1]), int(args[2])))
+        return book, held_text(book.held(int(args[0], 16), optional_int(args[1]), int(args[2])))
     if op == "take":
-        book.take(int(args[0], 16), cookie_due(args[1]), int(args[2]))
+        book.take(int(args[0], 16), optional_int(args[1]), int(args[2]))
         return book, "ok"
     if op == "issue":
         due = book.issue(int(args[0], 16), int(args[1]), int(args[2]))
@@ -102,15 +103,21 @@ def ticket_line(book, fields):
         source = None if args[1] == "-" else int(args[1], 16)
         hint = (None if args[8] == "-" else int(args[8]), args[9] == "1")
         drain = None if args[5] == "-" else float(args[5])
-        place = tickets.give_place(
+        placement = tickets.give_place(
             book, int(args[0], 16), source, int(args[2]), float(args[3]), int(args[4]), drain,
-            (int(args[6]), int(args[7])), lambda: hint,
+            (int(args[6]), int(args[7])), optional_int(args[10]), lambda: hint,
         )
+        if placement.beyond is not None:
+            return book, f"beyond:{placement.beyond.due}:{placement.beyond.seconds}"
+        place = placement.kept
         return book, "none" if place is None else f"{place.due}:{place.seconds}"
     if op == "expected":
         return book, f"{book.expected(int(args[0])):.6f}"
     if op == "source":
         return book, tickets.source_address(None if args[0] == "-" else args[0], args[1])
+    if op == "deadline":
+        wait = tickets.deadline_s(None if args[0] == "-" else args[0], optional_int(args[1]))
+        return book, "-" if wait is None else str(wait)
     if op == "counters":
         return book, ",".join(str(n) for _, n in book.counters().items())
     return book, cookie_line(op, args)
@@ -188,7 +195,7 @@ class ReturnCookieInARealJar(unittest.TestCase):
         t0 = 1_700_000_000.25
         # 300 queued at 2 a second: the place is 150 s away, told the clamp's 60.
         key = kept.new_key(None)
-        place = kept.reject(key, t0, 300, 2.0, (1, 60), lambda: None)
+        place = kept.reject(key, t0, 300, 2.0, (1, 60), lambda: None).kept
         self.assertEqual(place.seconds, 60)
         self.assertGreaterEqual(place.due - int(t0), 150)
         url = "http://api.example/v1"
@@ -310,6 +317,25 @@ class KeptReturnsInServe(unittest.TestCase):
             # Five seconds on, the client is a fresh arrival: it does not pass a full queue.
             self.at(ingress, 1005)
             self.assertEqual(ingress.admission({"x-api-key": "client-a"})[0], 429, keep)
+
+    def test_a_place_beyond_the_requests_deadline_is_not_given_and_it_is_told_not_to_retry(self):
+        ingress = self.ingress(keep="header:x-api-key", deadline_header="X-Request-Timeout", max_wait_s=10)
+        # 8 queued at 2 a second: the place would be 4 s away.
+        short = {"x-api-key": "client-a", "x-request-timeout": "3.5"}
+        status, headers = ingress.rejection(BackPressure(8, 8, 429), short)
+        self.assertEqual(
+            (status, headers),
+            (429, {"Retry-After": "4", "retry-after-ms": "4000", "x-should-retry": "false"}),
+        )
+        counts = ingress.kept.counters()
+        self.assertEqual((counts.get("issued"), counts.get("beyond_deadline")), (0, 1))
+        # One that may wait 4 s gets the place; the budget alone (10 s) allows it too.
+        for allowed in ({"x-api-key": "client-b", "x-request-timeout": "4"}, {"x-api-key": "client-c"}):
+            status, headers = ingress.rejection(BackPressure(8, 8, 429), allowed)
+            self.assertNotIn("x-should-retry", headers)
+        self.assertEqual(ingress.kept.counters().get("issued"), 2)
+        with self.assertRaises(ValueError):
+            self.ingress(keep="header:x-api-key", max_wait_s=-1)
 
     def test_a_due_return_is_admitted_while_the_queue_is_full(self):
         ingress = self.ingress(keep="header:x-api-key")

@@ -47,7 +47,7 @@ import time
 from typing import Dict, List, Optional, Tuple
 
 from retry_after_client import Decision, Estimate, Reporter, Subscription, _clamp, rejection_headers
-from retry_after_tickets import KeptReturns, KeptReturnsSettings, Returning
+from retry_after_tickets import KeptReturns, KeptReturnsSettings, Returning, deadline_s
 
 __all__ = ["DEFAULT_SOCKET", "RetryAfter", "install"]
 
@@ -117,7 +117,8 @@ def _drain_rate(push: Optional[Estimate]) -> Optional[float]:
 class RetryAfter:
     """One service's answers and reports, for the ingress replica it lives in; with ``keep``,
     its kept returns (``header:NAME`` or ``cookie[:NAME]``; ``secret``, shared by the ingress
-    replicas, hashes keys and signs cookies; ``kept_returns``, the book's settings)."""
+    replicas, hashes keys and signs cookies; ``kept_returns``, the book's settings;
+    ``deadline_header`` and ``max_wait_s``, the wait a request allows)."""
 
     def __init__(
         self,
@@ -132,8 +133,17 @@ class RetryAfter:
         kept_returns: KeptReturnsSettings = KeptReturnsSettings(),
         retry_after_ms: bool = True,
         source_header: Optional[str] = None,
+        deadline_header: Optional[str] = None,
+        max_wait_s: Optional[int] = None,
     ):
         self.service = service
+        #: The header whose value is the seconds a request may wait (``x-request-timeout``),
+        #: and the wait every request is allowed: a place beyond either is not given, and the
+        #: client is told its seconds and ``x-should-retry: false``.
+        self.deadline_header = deadline_header.lower() if deadline_header else None
+        if max_wait_s is not None and (not isinstance(max_wait_s, int) or max_wait_s < 0):
+            raise ValueError(f"max_wait_s={max_wait_s!r} is not a whole number of seconds")
+        self.max_wait_s = max_wait_s
         #: With ``kept_returns.source_share_percent``: the header whose last entry is the
         #: client's address (a load balancer's ``x-forwarded-for``); else the peer's.
         self.source_header = source_header.lower() if source_header else None
@@ -166,7 +176,8 @@ class RetryAfter:
             return self._headers(*self._decide(depth, error))
         push = self._subscription.push()
         source = self._source(headers, client)
-        return self._place(self.kept.returning(headers), source, self.clock(), depth or 0, push, error)
+        deadline = self._deadline(headers)
+        return self._place(self.kept.returning(headers), source, self.clock(), depth or 0, push, error, deadline)
 
     def admission(self, headers, state=None, client: Optional[str] = None) -> Optional[Tuple[int, Dict[str, str]]]:
         """Kept returns, before the request goes on to the deployment: ``None`` to let it
@@ -191,7 +202,8 @@ class RetryAfter:
             seconds = self.kept.told(arrival.due, now, _clamp(push) if push else (1, 60))
             self._subscription.handed("computed", seconds)
             return self._status(push, None), rejection_headers(seconds, None, self.retry_after_ms)
-        return self._place(returning, self._source(headers, client), now, depth, push, None)
+        source, deadline = self._source(headers, client), self._deadline(headers)
+        return self._place(returning, source, now, depth, push, None, deadline)
 
     def _source(self, headers, client: Optional[str]) -> Optional[int]:
         """The request's source as the book follows it (``None`` while sources are not
@@ -204,6 +216,11 @@ class RetryAfter:
         if self.kept is not None and not rejected:
             self.queue.left()
 
+    def _deadline(self, headers) -> Optional[int]:
+        """The wait the request allows (:func:`deadline_s`; ``None``: no deadline)."""
+        value = headers.get(self.deadline_header) if self.deadline_header and headers is not None else None
+        return deadline_s(value, self.max_wait_s)
+
     def _place(
         self,
         returning: Optional[Returning],
@@ -212,9 +229,11 @@ class RetryAfter:
         depth: int,
         push: Optional[Estimate],
         error,
+        deadline: Optional[int],
     ) -> Tuple[int, Dict[str, str]]:
-        """A rejected request's answer with kept returns: its place's second (and cookie), or
-        the hint when it gets no place."""
+        """A rejected request's answer with kept returns: its place's second (and cookie); the
+        seconds to a place beyond its ``deadline`` and ``x-should-retry: false``; or the hint
+        when it gets no place."""
         hinted: List[Tuple[int, Optional[int], Optional[int]]] = []
 
         def hint() -> Tuple[Optional[int], bool]:
@@ -226,7 +245,8 @@ class RetryAfter:
 
         key = self.kept.new_key(returning)
         clamp = _clamp(push) if push else (1, 60)
-        place = self.kept.reject(key, now, depth, _drain_rate(push), clamp, hint, source)
+        placement = self.kept.reject(key, now, depth, _drain_rate(push), clamp, hint, source, deadline)
+        place = placement.kept or placement.beyond
         if place is None:
             return self._headers(*(hinted[0] if hinted else self._decide(depth, error)))
         if not hinted:
@@ -234,6 +254,9 @@ class RetryAfter:
         # A place is a whole second: the seconds told bring the client back within it, so its
         # milliseconds are the same time.
         headers = rejection_headers(place.seconds, None, self.retry_after_ms)
+        if placement.beyond is not None:
+            headers["x-should-retry"] = "false"
+            return self._status(push, error), headers
         cookie = self.kept.set_cookie(place, key, now)
         if cookie is not None:
             headers["Set-Cookie"] = cookie

@@ -30,7 +30,7 @@ mod tickets;
 pub use ladder::{Answer, answer, header_value, jitter_factor};
 pub use names::{FallbackReason, OverloadRule, QueueDepthSource, Rung, TicketOutcome, UnknownName};
 pub use policy::{Computed, PolicyConstants, QueueDepth, RetryAfterPolicy, Signals, Spread};
-pub use promise::{Hint, Promise, give_place, told};
+pub use promise::{Hint, Placement, Promise, deadline_s, give_place, told};
 #[doc(hidden)]
 pub use retry_after_common::vocabulary;
 pub use returns::{PromisedReturns, RETURN_BINS, ReturnBook, ReturnDropped};

@@ -142,6 +142,10 @@ names! {
         /// share of the drain lately (`source_share_percent`), or could not be followed (the
         /// table of sources full): told the hint alone.
         OverShare = "over_share",
+        /// A rejected client whose earliest place lay beyond the wait its request allows (a
+        /// deadline header, or the proxy's budget): given no place, told the seconds to it
+        /// and not to retry (`x-should-retry: false`).
+        BeyondDeadline = "beyond_deadline",
     }
 }
 

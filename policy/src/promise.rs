@@ -34,8 +34,50 @@ pub fn told(due: u64, now_s: u64, clamp: (u64, u64)) -> Promise {
     }
 }
 
+/// The wait a request allows, in whole seconds: the lesser of its deadline header's value
+/// (`header`: seconds, up to 9 digits, a fraction allowed and cut off; anything else is no
+/// deadline) and the proxy's budget for every request (`budget_s`). `None`: no deadline.
+pub fn deadline_s(header: Option<&str>, budget_s: Option<u64>) -> Option<u64> {
+    let from_header = header.and_then(|value| {
+        let value = value.trim();
+        let (whole, fraction) = value.split_once('.').unwrap_or((value, "0"));
+        let digits = |s: &str, max: usize| {
+            !s.is_empty() && s.len() <= max && s.bytes().all(|b| b.is_ascii_digit())
+        };
+        (digits(whole, 9) && digits(fraction, 9)).then(|| whole.parse::<u64>().ok())?
+    });
+    match (from_header, budget_s) {
+        (Some(h), Some(b)) => Some(h.min(b)),
+        (h, b) => h.or(b),
+    }
+}
+
+/// What a rejection with kept returns carries ([`give_place`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// A place kept for the client: its second and the seconds that tell it.
+    Kept(Promise),
+    /// No place: the rejection carries the hint alone.
+    HintAlone,
+    /// The earliest place lies beyond the wait the request allows: none is given (no room is
+    /// reserved for a client that will not come), and the rejection tells the seconds to it
+    /// and says not to retry (`x-should-retry: false`), counted as beyond its deadline.
+    BeyondDeadline(Promise),
+}
+
+impl Placement {
+    /// The place kept, if one is.
+    pub fn kept(self) -> Option<Promise> {
+        match self {
+            Self::Kept(promise) => Some(promise),
+            Self::HintAlone | Self::BeyondDeadline(_) => None,
+        }
+    }
+}
+
 /// The place a rejected client with `key`, from `source` (its address as a key, where the book
-/// bounds each source's share), is given at `now_s` (`elapsed` seconds into it).
+/// bounds each source's share), is given at `now_s` (`elapsed` seconds into it), the request
+/// allowing a wait of `deadline_s` seconds at most (`None`: no deadline known).
 ///
 /// With a drain rate, the earliest second with room behind the `queue_depth` queued and
 /// every place given, no sooner than `clamp.0` ([`TicketBook::place`]); no room up to the
@@ -43,9 +85,10 @@ pub fn told(due: u64, now_s: u64, clamp: (u64, u64)) -> Promise {
 /// `hint`'s second is kept as the place, without looking for room, but only a hint from a
 /// fresh estimate (the agent up, its drain rate warming): without one the agent may be away
 /// for long, and places at the static value would pass the queue's bound when they fall due,
-/// for as long as it is away. `None`: the rejection carries the hint alone, counted as
-/// unplaced (or as refused by the book). A place with room found, a source past its share of
-/// the drain gets none either ([`TicketBook::spend_source`], counted as over its share); before
+/// for as long as it is away. No place: the rejection carries the hint alone, counted as
+/// unplaced (or as refused by the book). A place further than `deadline_s` is not given
+/// ([`Placement::BeyondDeadline`]). A place with room found, a source past its share of the
+/// drain gets none either ([`TicketBook::spend_source`], counted as over its share); before
 /// the drain rate is known its allowance does not fill, so a source gets one place until it is
 /// (a flood from one address in the first seconds takes one place, not one per request). `hint`
 /// is asked only when it is needed.
@@ -59,23 +102,30 @@ pub fn give_place(
     queue_depth: u64,
     drain_rate: Option<f64>,
     clamp: (u64, u64),
+    deadline_s: Option<u64>,
     hint: impl FnOnce() -> Option<Hint>,
-) -> Option<Promise> {
+) -> Placement {
     let due = match drain_rate {
         Some(drain_rate) => book.place(now_s, elapsed, queue_depth, drain_rate, clamp.0),
         None => hint().filter(|h| h.fresh).map(|h| now_s + h.seconds),
     };
     let Some(due) = due else {
         book.unplaced();
-        return None;
+        return Placement::HintAlone;
     };
+    if deadline_s.is_some_and(|d| due - now_s > d) {
+        book.beyond_deadline();
+        return Placement::BeyondDeadline(told(due, now_s, clamp));
+    }
     if let Some(source) = source
         && !book.spend_source(source, now_s as f64 + elapsed, drain_rate.unwrap_or(0.0))
     {
-        return None;
+        return Placement::HintAlone;
     }
-    let due = book.issue(key, due, now_s)?;
-    Some(told(due, now_s, clamp))
+    match book.issue(key, due, now_s) {
+        Some(due) => Placement::Kept(told(due, now_s, clamp)),
+        None => Placement::HintAlone,
+    }
 }
 
 #[cfg(test)]
@@ -106,11 +156,12 @@ mod tests {
             8,
             Some(2.0),
             (1, 60),
+            None,
             || panic!("no hint is asked for while the drain rate is known"),
         );
         assert_eq!(
             place,
-            Some(Promise {
+            Placement::Kept(Promise {
                 due: 1004,
                 seconds: 4
             })
@@ -141,11 +192,12 @@ mod tests {
             8,
             None,
             (1, 60),
+            None,
             fresh,
         );
         assert_eq!(
             kept,
-            Some(Promise {
+            Placement::Kept(Promise {
                 due: 1007,
                 seconds: 7
             })
@@ -160,9 +212,10 @@ mod tests {
                 8,
                 None,
                 (1, 60),
+                None,
                 fallback
             ),
-            None
+            Placement::HintAlone
         );
         assert_eq!(
             give_place(
@@ -174,9 +227,10 @@ mod tests {
                 8,
                 None,
                 (1, 60),
+                None,
                 || None
             ),
-            None
+            Placement::HintAlone
         );
         assert_eq!(b.counters().get(crate::TicketOutcome::Unplaced), 2);
     }
@@ -199,8 +253,10 @@ mod tests {
                 0,
                 Some(8.0),
                 (1, 60),
+                None,
                 || None,
             )
+            .kept()
         };
         assert!(give(&mut b, 1, 1000).is_some());
         assert!(give(&mut b, 2, 1000).is_some());
@@ -216,9 +272,90 @@ mod tests {
             0,
             Some(8.0),
             (1, 60),
+            None,
             || None,
         );
-        assert!(other.is_some());
+        assert!(other.kept().is_some());
         assert!(give(&mut b, 5, 1001).is_some());
+    }
+
+    #[test]
+    fn a_deadline_is_the_header_or_the_budget_whichever_is_less() {
+        assert_eq!(deadline_s(Some(" 30 "), None), Some(30));
+        assert_eq!(deadline_s(Some("2.9"), Some(10)), Some(2));
+        assert_eq!(deadline_s(Some("30"), Some(10)), Some(10));
+        for bad in [
+            "",
+            "-1",
+            "+3",
+            "1e3",
+            ".5",
+            "5.",
+            "abc",
+            "1234567890",
+            "1.2.3",
+        ] {
+            assert_eq!(deadline_s(Some(bad), None), None, "{bad:?}");
+            assert_eq!(deadline_s(Some(bad), Some(7)), Some(7), "{bad:?}");
+        }
+        assert_eq!(deadline_s(None, None), None);
+    }
+
+    #[test]
+    fn a_place_beyond_the_deadline_is_not_given_and_is_told() {
+        // 8 queued at 2 a second, the second just begun: the place is 4 s away. A client that may wait 4 s gets it;
+        // one that may wait 3 s gets none, is told the 4 s, and no room is reserved for it.
+        let mut b = book();
+        let give = |b: &mut TicketBook, key: u64, deadline: Option<u64>| {
+            give_place(
+                b,
+                TicketKey(key),
+                None,
+                1000,
+                0.0,
+                8,
+                Some(2.0),
+                (1, 60),
+                deadline,
+                || None,
+            )
+        };
+        let beyond = give(&mut b, 1, Some(3));
+        assert_eq!(
+            beyond,
+            Placement::BeyondDeadline(Promise {
+                due: 1004,
+                seconds: 4
+            })
+        );
+        assert_eq!(b.reserved(1004), 0, "nothing reserved");
+        assert_eq!(b.counters().get(crate::TicketOutcome::BeyondDeadline), 1);
+        assert_eq!(
+            give(&mut b, 2, Some(4)),
+            Placement::Kept(Promise {
+                due: 1004,
+                seconds: 4
+            })
+        );
+        assert_eq!(give(&mut b, 3, None).kept().map(|p| p.due), Some(1004));
+        // Before the drain rate is known, a fresh hint's second is measured the same way.
+        let hinted = give_place(
+            &mut b,
+            TicketKey(4),
+            None,
+            1000,
+            0.0,
+            8,
+            None,
+            (1, 60),
+            Some(6),
+            || {
+                Some(Hint {
+                    seconds: 7,
+                    fresh: true,
+                })
+            },
+        );
+        assert!(matches!(hinted, Placement::BeyondDeadline(p) if p.seconds == 7));
     }
 }

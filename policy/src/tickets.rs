@@ -389,6 +389,11 @@ impl TicketBook {
         self.counters.add(TicketOutcome::Unplaced, 1);
     }
 
+    /// A rejected client whose place lay beyond its deadline, given none: counted.
+    pub fn beyond_deadline(&mut self) {
+        self.counters.add(TicketOutcome::BeyondDeadline, 1);
+    }
+
     /// Whether a place may go to a request of `source` at time `t` (seconds, with their
     /// fraction), the fleet draining `drain_rate`: always where sources are not bounded;
     /// otherwise one of its allowance is spent ([`SourceAllowances::spend`]), and a source

@@ -14,7 +14,8 @@
 //! take    key cookie_due|- now          -> ok
 //! issue   key due now                   -> <second> | refused
 //! place   now elapsed depth drain min_s -> <second> | none
-//! give    key source|- now elapsed depth drain|- low high hint|- fresh -> <due>:<seconds> | none
+//! give    key source|- now elapsed depth drain|- low high hint|- fresh deadline|-
+//!                                       -> <due>:<seconds> | none | beyond:<due>:<seconds>
 //!                                       (give_place: the place a rejection is given)
 //! expected second                       -> <returns, 6 decimals>
 //! counters                              -> every TicketOutcome's count, in its order
@@ -23,6 +24,7 @@
 //! read    secret service value          -> <due>.<nonce> | malformed | forged
 //! setcookie secret service name due nonce now grace -> the whole Set-Cookie value
 //! source  header|- peer                 -> the address a source is followed under
+//! deadline header|- budget|-            -> the wait a request allows, whole seconds | -
 //! ```
 //!
 //! Keys are 16 hex digits; `elapsed` and `drain` are written with `{:?}` (shortest exact).
@@ -31,8 +33,8 @@ use std::fmt::Write as _;
 
 use rand::{Rng, RngExt, SeedableRng, rngs::SmallRng};
 use retry_after_policy::{
-    CookieError, Held, Hint, KeptReturnsSettings, KeyHasher, ReturnCookie, TicketBook, TicketKey,
-    give_place, source_address,
+    CookieError, Held, Hint, KeptReturnsSettings, KeyHasher, Placement, ReturnCookie, TicketBook,
+    TicketKey, deadline_s, give_place, source_address,
 };
 
 #[path = "common/vectors_file.rs"]
@@ -162,12 +164,23 @@ fn give(rng: &mut impl Rng, book: &mut TicketBook, key: TicketKey, now: u64, out
         let high: u64 = rng.random_range(0..2);
         TicketKey((high << 32) | rng.random_range(0..6u64))
     });
-    let got = give_place(book, key, source, now, elapsed, depth, drain, clamp, || {
-        hint
-    });
+    // Deadlines near the places given, so that some fall short of them.
+    let deadline = rng.random_bool(0.4).then(|| rng.random_range(0..20u64));
+    let got = give_place(
+        book,
+        key,
+        source,
+        now,
+        elapsed,
+        depth,
+        drain,
+        clamp,
+        deadline,
+        || hint,
+    );
     let _ = writeln!(
         out,
-        "give\t{:016x}\t{}\t{now}\t{elapsed:?}\t{depth}\t{}\t{}\t{}\t{}\t{}\t{}",
+        "give\t{:016x}\t{}\t{now}\t{elapsed:?}\t{depth}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
         key.0,
         source.map_or_else(|| "-".to_owned(), |s| format!("{:016x}", s.0)),
         drain.map_or_else(|| "-".to_owned(), |d| format!("{d:?}")),
@@ -175,8 +188,17 @@ fn give(rng: &mut impl Rng, book: &mut TicketBook, key: TicketKey, now: u64, out
         clamp.1,
         hint.map_or_else(|| "-".to_owned(), |h| h.seconds.to_string()),
         u8::from(hint.is_some_and(|h| h.fresh)),
-        got.map_or_else(|| "none".to_owned(), |p| format!("{}:{}", p.due, p.seconds))
+        deadline.map_or_else(|| "-".to_owned(), |d| d.to_string()),
+        placement_text(got)
     );
+}
+
+fn placement_text(placement: Placement) -> String {
+    match placement {
+        Placement::Kept(p) => format!("{}:{}", p.due, p.seconds),
+        Placement::HintAlone => "none".to_owned(),
+        Placement::BeyondDeadline(p) => format!("beyond:{}:{}", p.due, p.seconds),
+    }
 }
 
 fn macs(rng: &mut impl Rng, out: &mut String) {
@@ -251,7 +273,43 @@ fn vectors() -> String {
     }
     macs(&mut rng, &mut out);
     sources(&mut out);
+    deadlines(&mut out);
     out
+}
+
+/// `deadline` lines: the wait a request allows, from its deadline header's value (`-`: none)
+/// and the proxy's budget (`-`: none).
+fn deadlines(out: &mut String) {
+    let headers = [
+        None,
+        Some("30"),
+        Some(" 7 "),
+        Some("2.9"),
+        Some("0.25"),
+        Some("0"),
+        Some("999999999"),
+        Some("1234567890"),
+        Some(" "),
+        Some("-1"),
+        Some("+3"),
+        Some("1e3"),
+        Some(".5"),
+        Some("5."),
+        Some("1.2.3"),
+        Some("ten"),
+    ];
+    for header in headers {
+        for budget in [None, Some(5), Some(60)] {
+            let text = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |v| v.to_string());
+            let _ = writeln!(
+                out,
+                "deadline\t{}\t{}\t{}",
+                header.unwrap_or("-"),
+                text(budget),
+                text(deadline_s(header, budget))
+            );
+        }
+    }
 }
 
 /// `source` lines: the address a request's source is followed under, from the source

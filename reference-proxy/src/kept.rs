@@ -11,8 +11,8 @@
 use std::{net::IpAddr, time::Duration};
 
 use retry_after_policy::{
-    KeptReturnsSettings, KeyHasher, Promise, ReturnCookie, TicketBook, TicketKey, give_place,
-    source_address,
+    KeptReturnsSettings, KeyHasher, Promise, ReturnCookie, TicketBook, TicketKey, deadline_s,
+    give_place, source_address,
 };
 
 /// The return cookie's name unless configured otherwise.
@@ -43,6 +43,12 @@ pub struct Keeping {
     /// front saw, in its `X-Forwarded-For`), or the connection's peer (also for a request
     /// without the header: a client cannot leave its share by leaving the header out).
     pub source_header: Option<String>,
+    /// The header whose value is the seconds a request may wait (`x-request-timeout`), and
+    /// the wait every request is allowed: a place beyond either is not given, and the client
+    /// is told its seconds and `x-should-retry: false` ([`deadline_s`]).
+    pub deadline_header: Option<String>,
+    /// The wait every request is allowed, in seconds (`None`: no budget).
+    pub max_wait_s: Option<u64>,
 }
 
 impl Keeping {
@@ -55,6 +61,17 @@ impl Keeping {
         let peer = peer.to_string();
         let header = self.source_header.as_ref().and(header);
         Some(self.hasher.key(source_address(header, peer.as_bytes())))
+    }
+
+    /// The wait a request allows, from its deadline header's value and the budget: `None`
+    /// for no deadline.
+    pub fn deadline(&self, header: Option<&[u8]>) -> Option<u64> {
+        let header = self
+            .deadline_header
+            .as_ref()
+            .and(header)
+            .and_then(|v| std::str::from_utf8(v).ok());
+        deadline_s(header, self.max_wait_s)
     }
 
     /// What a request says of itself as a possible return: its key (hashed), from the header
@@ -145,8 +162,10 @@ pub fn promise(
         depth,
         drain_rate,
         clamp,
+        None,
         || None,
     )
+    .kept()
 }
 
 /// The fresh arrivals a router admitted in the current second, against the room the
@@ -249,12 +268,44 @@ mod tests {
     }
 
     #[test]
+    fn a_deadline_comes_from_the_header_named_and_the_budget() {
+        let keeping = |header: Option<&str>, budget| Keeping {
+            key_from: KeyFrom::Header("x-api-key".to_owned()),
+            settings: KeptReturnsSettings::default(),
+            hasher: KeyHasher::new(b"s"),
+            source_header: None,
+            deadline_header: header.map(str::to_owned),
+            max_wait_s: budget,
+        };
+        assert_eq!(
+            keeping(Some("x-request-timeout"), None).deadline(Some(b"12.5")),
+            Some(12)
+        );
+        assert_eq!(
+            keeping(Some("x-request-timeout"), Some(5)).deadline(Some(b"12")),
+            Some(5)
+        );
+        assert_eq!(
+            keeping(None, None).deadline(Some(b"12")),
+            None,
+            "no header named"
+        );
+        assert_eq!(keeping(None, Some(7)).deadline(None), Some(7));
+        assert_eq!(
+            keeping(Some("x-request-timeout"), None).deadline(Some(b"soon")),
+            None
+        );
+    }
+
+    #[test]
     fn a_cookie_is_found_among_others_and_verified() {
         let keeping = Keeping {
             key_from: KeyFrom::Cookie(RETURN_COOKIE.to_owned()),
             settings: KeptReturnsSettings::default(),
             hasher: KeyHasher::new(b"s"),
             source_header: None,
+            deadline_header: None,
+            max_wait_s: None,
         };
         let place = Promise {
             due: 1000,
@@ -288,6 +339,8 @@ mod tests {
             settings: KeptReturnsSettings::default(),
             hasher: KeyHasher::new(b"s"),
             source_header: Some("x-forwarded-for".to_owned()),
+            deadline_header: None,
+            max_wait_s: None,
         };
         let peer: IpAddr = [127, 0, 0, 1].into();
         assert_eq!(keeping.source(Some(b"10.0.0.9"), peer), None, "not bounded");

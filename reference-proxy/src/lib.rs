@@ -18,5 +18,5 @@ pub mod router;
 
 pub use kept::{Keeping, KeyFrom, RETURN_COOKIE, Returning, promise};
 pub use proxy::{HeaderPolicy, Proxy, ProxyConfig, REPORT_EVERY, Rejection};
-pub use retry_after_policy::{Hint, Promise, give_place, told};
+pub use retry_after_policy::{Hint, Placement, Promise, give_place, told};
 pub use router::{Arrival, Fleet, KeptArrival, RetryBacklog, Router, Wake};

@@ -67,6 +67,14 @@ struct Cli {
     /// balancer's `X-Forwarded-For`); without it, the connection's peer.
     #[arg(long)]
     source_header: Option<String>,
+    /// With `--keep`: the header whose value is the seconds a request may wait
+    /// (`x-request-timeout`); a place further away is not given, and the client is told its
+    /// seconds and `x-should-retry: false`.
+    #[arg(long)]
+    deadline_header: Option<String>,
+    /// With `--keep`: the wait every request is allowed, in seconds (as `--deadline-header`).
+    #[arg(long)]
+    max_wait_s: Option<u64>,
 }
 
 fn parse_keep(text: &str) -> Result<KeyFrom, String> {
@@ -160,6 +168,8 @@ async fn main() -> Result<()> {
                 },
                 hasher: KeyHasher::new(&secret(cli.secret_file.as_ref())?),
                 source_header: cli.source_header,
+                deadline_header: cli.deadline_header.map(|h| h.to_ascii_lowercase()),
+                max_wait_s: cli.max_wait_s,
             }),
             None => None,
         },

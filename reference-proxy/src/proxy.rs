@@ -36,7 +36,8 @@ use tokio::{
 };
 
 use retry_after_policy::{
-    KeptReturnsSettings, MAX_RETRY_AFTER_S, TicketBook, TicketCounters, TicketKey, give_place, told,
+    KeptReturnsSettings, MAX_RETRY_AFTER_S, Placement, TicketBook, TicketCounters, TicketKey,
+    give_place, told,
 };
 
 use crate::{
@@ -390,6 +391,13 @@ fn arrive_kept(
         .and_then(|name| headers.get(name.as_str()))
         .map(|v| v.as_bytes());
     let source = keeping.source(source_header, peer);
+    let deadline = keeping.deadline(
+        keeping
+            .deadline_header
+            .as_ref()
+            .and_then(|name| headers.get(name.as_str()))
+            .map(|v| v.as_bytes()),
+    );
     let (drain_rate, clamp) = state
         .subscription
         .drain_and_clamp()
@@ -446,12 +454,22 @@ fn arrive_kept(
         depth as u64,
         drain_rate,
         clamp,
+        deadline,
         hint,
     );
     report_tickets(state, &mut routing);
     drop(routing);
-    let Some(place) = place else {
-        return Some(reject(state, depth, streak));
+    let place = match place {
+        Placement::Kept(place) => place,
+        Placement::HintAlone => return Some(reject(state, depth, streak)),
+        Placement::BeyondDeadline(place) => {
+            let mut response = rejection(state, depth, streak, kept_answer(place.seconds), None);
+            response.headers_mut().insert(
+                "x-should-retry",
+                hyper::header::HeaderValue::from_static("false"),
+            );
+            return Some(response);
+        }
     };
     let cookie = keeping.set_cookie(service, &place, key.0, now.as_secs());
     Some(rejection(

@@ -40,6 +40,9 @@ pub const QUEUE_LIMIT: u32 = 8;
 pub enum Keep {
     /// Each client sends `X-Api-Key: client-<seed>-<n>`.
     Header,
+    /// Each client sends its key as its `Authorization` (the OpenAI SDK's keyed clients:
+    /// `tests/clients/openai_clients.py --keyed`).
+    Authorization,
     /// Each client keeps the return cookie it is given.
     Cookie,
 }
@@ -257,6 +260,7 @@ pub fn haproxy_frontend_with(
          \x20   http-request return status 429 content-type text/plain string \"busy\" if reject\n\
          \x20   http-request lua.retry_after_admitted {name}\n\
          \x20   http-after-response set-header retry-after-ms %[var(txn.retry_after_ms_header)] if {{ var(txn.retry_after_ms_header) -m found }}\n\
+         \x20   http-after-response set-header x-should-retry false if {{ var(txn.retry_after_no_retry) -m bool }}\n\
          \x20   default_backend be_{name}\n\
          backend be_{name}\n    balance roundrobin\n{servers}"
     )
@@ -286,8 +290,14 @@ pub fn kept_clients_with(
         .args(["--rate", &format!("{rate}")])
         .args(["--seconds", &seconds.to_string()])
         .args(["--retries", "3", "--seed", &seed.to_string()]);
-    if keep == Keep::Cookie {
-        command.arg("--cookies");
+    match keep {
+        Keep::Header => {}
+        Keep::Authorization => {
+            command.args(["--key-header", "Authorization"]);
+        }
+        Keep::Cookie => {
+            command.arg("--cookies");
+        }
     }
     command.args(options);
     Record::parse(&run_stdout(&mut command))
@@ -419,6 +429,7 @@ pub fn capped_replica(capped: bool) -> HttpServer {
 pub fn key_kind(spec: &Spec) -> &'static str {
     match spec.keep {
         Keep::Header => "header:x-api-key",
+        Keep::Authorization => "header:authorization",
         Keep::Cookie => "cookie",
     }
 }

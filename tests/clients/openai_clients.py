@@ -4,7 +4,9 @@ Clients arrive at ``--rate`` per second (Poisson, seeded: retrying_clients.open_
 ``--seconds``; each makes one ``chat.completions.create`` call through one shared
 ``openai.OpenAI`` client (``base_url`` ``--url``, ``max_retries`` ``--max-retries``: the SDK's
 default is 2), on a thread of its own; with ``--keyed``, each client has an API key of its own
-(``client-<seed>-<n>``, sent as ``Authorization: Bearer …``), as the users of an API do. On
+(``client-<seed>-<n>``, sent as ``Authorization: Bearer …``), as the users of an API do; with
+``--deadline S --deadline-every N``, every Nth client says it may wait S seconds
+(``x-request-timeout: S`` on each of its attempts). On
 a 429 the SDK waits what the rejection says (``retry-after-ms`` first, then ``Retry-After``, up
 to 120 s; its own backoff without either) and retries; after its last retry it raises
 ``RateLimitError``. Any other failure is recorded as an error and said on stderr.
@@ -13,7 +15,10 @@ What each client saw comes from the SDK's own record: the waits it chose are tho
 ("Retrying request in %f seconds"), attributed to the client by its thread; the outcome is
 the call's return or the error it raised. Prints one JSON object: clients, succeeded, gave_up,
 errors, retries, retries_admitted, answered (statuses of every attempt), the time to success
-of each client that succeeded, the arrival times, and the waits the SDK chose.
+of each client that succeeded, the arrival times, and the waits the SDK chose; with deadlines,
+``deadline_clients``: those clients' count, successes, times to success and waits, and how many
+stopped on a rejection that said ``x-should-retry: false`` (read from the error's response), with
+how many retries they had left then.
 """
 
 import argparse
@@ -57,20 +62,25 @@ class Waits(logging.Handler):
             self.by_thread.setdefault(threading.current_thread().name, []).append(float(record.args[0]))
 
 
-def call(sdk, waits, index, results, lock, key=None):
+def call(sdk, waits, index, results, lock, key=None, deadline=None):
     """One client: one completion, the SDK retrying by itself; with ``key``, its own API key
-    (the Authorization header the SDK sends for it). A failure of any other kind is recorded
-    as an error, and said on stderr, so that no client goes missing from the record."""
+    (the Authorization header the SDK sends for it); with ``deadline``, the seconds it may wait
+    (``x-request-timeout``). A failure of any other kind is recorded as an error, and said on
+    stderr, so that no client goes missing from the record."""
     threading.current_thread().name = f"client-{index}"
-    headers = {"Authorization": f"Bearer {key}"} if key else None
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    if deadline is not None:
+        headers["x-request-timeout"] = str(deadline)
     started = time.monotonic()
+    no_retry = False
     try:
         sdk.chat.completions.create(
-            model="test-model", messages=[{"role": "user", "content": "hello"}], extra_headers=headers
+            model="test-model", messages=[{"role": "user", "content": "hello"}], extra_headers=headers or None
         )
         outcome = "ok"
-    except openai.RateLimitError:
+    except openai.RateLimitError as error:
         outcome = "gave_up"
+        no_retry = error.response.headers.get("x-should-retry") == "false"
     except Exception as error:  # noqa: BLE001 (recorded and said, never lost)
         print(f"client {index}: {type(error).__name__}: {error}", file=sys.stderr)
         outcome = "error"
@@ -78,7 +88,7 @@ def call(sdk, waits, index, results, lock, key=None):
     with waits.guard:
         waited = list(waits.by_thread.get(f"client-{index}", ()))
     with lock:
-        results.append((outcome, waited, elapsed))
+        results.append((outcome, waited, elapsed, deadline is not None, no_retry))
 
 
 def main():
@@ -89,6 +99,8 @@ def main():
     parser.add_argument("--max-retries", type=int, default=2)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--keyed", action="store_true", help="an API key for each client")
+    parser.add_argument("--deadline", type=int, help="seconds the deadline clients may wait")
+    parser.add_argument("--deadline-every", type=int, default=2, help="every Nth client has the deadline")
     args = parser.parse_args()
 
     waits = Waits()
@@ -103,7 +115,13 @@ def main():
     # CI run): build it once here, before the clients start.
     openai.types.chat.ChatCompletion.model_validate(WARM_UP_COMPLETION)
     key = (lambda i: f"client-{args.seed}-{i}") if args.keyed else (lambda i: None)
-    arrivals = open_loop(args.rate, args.seconds, args.seed, lambda i: call(sdk, waits, i, results, lock, key(i)))
+    has_deadline = lambda i: args.deadline is not None and i % args.deadline_every == 0  # noqa: E731
+    arrivals = open_loop(
+        args.rate,
+        args.seconds,
+        args.seed,
+        lambda i: call(sdk, waits, i, results, lock, key(i), args.deadline if has_deadline(i) else None),
+    )
 
     ok = [r for r in results if r[0] == "ok"]
     retries = sum(len(r[1]) for r in results if r[0] != "error")
@@ -121,9 +139,25 @@ def main():
                 "time_to_success_s": sorted(r[2] for r in ok),
                 "arrivals_s": arrivals,
                 "waits_s": [w for r in results for w in r[1]],
+                "deadline_clients": deadline_record(results, args.max_retries),
             }
         )
     )
+
+
+def deadline_record(results, max_retries):
+    """What the clients with a deadline saw (all zero without deadlines)."""
+    mine = [r for r in results if r[3] and r[0] != "error"]
+    stopped = [r for r in mine if r[4]]
+    return {
+        "clients": len(mine),
+        "succeeded": sum(1 for r in mine if r[0] == "ok"),
+        "time_to_success_s": sorted(r[2] for r in mine if r[0] == "ok"),
+        "waits_s": [w for r in mine for w in r[1]],
+        "told_not_to_retry": len(stopped),
+        "stopped_with_retries_left": sum(1 for r in stopped if len(r[1]) < max_retries),
+        "others_told_not_to_retry": sum(1 for r in results if r[4] and not r[3]),
+    }
 
 
 if __name__ == "__main__":

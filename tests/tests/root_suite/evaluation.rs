@@ -9,7 +9,7 @@ use std::path::Path;
 use retry_after_eval::{
     figures::{Figures, figures},
     load::Outcome,
-    policy::{KeptBy, Policy},
+    policy::{Deadlines, KeptBy, Policy},
     run::run,
     scenario::Scenario,
 };
@@ -31,7 +31,11 @@ fn the_judge_agrees_with_the_clients_when_the_proxy_hands_out_its_own_time() {
 /// place is admitted.
 #[test]
 fn the_judge_agrees_with_the_clients_when_the_proxy_keeps_places() {
-    let f = check_a_short_run(Policy::KeptReturns(KeptBy::Cookie, None));
+    let f = check_a_short_run(Policy::KeptReturns(
+        KeptBy::Cookie,
+        None,
+        Deadlines::Ignored,
+    ));
     assert!(
         f.admitted_at_suggested().unwrap() >= 0.95,
         "retries at their place: {f:?}"

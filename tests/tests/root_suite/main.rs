@@ -11,6 +11,7 @@ mod agent_service;
 mod behind_haproxy;
 mod behind_nginx;
 mod cli;
+mod deadlines;
 mod deploy;
 mod detach;
 mod evaluation;

@@ -12,16 +12,17 @@
 //! through HAProxy and nginx with the clamp at 60 and at 120 s (`kept_past_a_minute`), the
 //! shipped rules and dashboard on a real Prometheus scraping this loaded agent
 //! (`prometheus`), and keyed OpenAI SDK clients through HAProxy proxies behind a front hashing
-//! their key (`hashing_front`).
+//! their key (`hashing_front`), and SDK clients with a deadline through HAProxy and nginx
+//! (`deadlines`).
 
 use std::{any::Any, thread};
 
 use retry_after_testkit::{AgentProcess, proxies::nginx_workers_may_connect};
 
 use crate::{
-    haproxy_lua::Urllib3ThroughHaproxy, hashing_front::KeyedClientsBehindAHashingFront,
-    kept_returns::KeptReturnsThroughProxies, openai_sdk::OpenAiSdkBehindProxies,
-    prometheus::ShippedRulesOnPrometheus,
+    deadlines::ClientsWithADeadline, haproxy_lua::Urllib3ThroughHaproxy,
+    hashing_front::KeyedClientsBehindAHashingFront, kept_returns::KeptReturnsThroughProxies,
+    openai_sdk::OpenAiSdkBehindProxies, prometheus::ShippedRulesOnPrometheus,
 };
 
 /// A load run that shares the agent with others running at the same time.
@@ -53,6 +54,7 @@ fn kept_returns_the_openai_sdk_urllib3_and_prometheus_run_at_once_under_one_agen
         Box::new(ShippedRulesOnPrometheus::new()),
         Box::new(KeyedClientsBehindAHashingFront::new()),
         Box::new(KeptReturnsThroughProxies::past_a_minute()),
+        Box::new(ClientsWithADeadline::new()),
     ];
     let services: String = scenarios.iter().map(|s| s.services()).collect();
     let agent = AgentProcess::start(&nginx_workers_may_connect(), &services);
