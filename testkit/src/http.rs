@@ -115,6 +115,21 @@ impl HttpServer {
         )
     }
 
+    /// A replica answering chat completions ([`CHAT_COMPLETION`], for the OpenAI SDK) on an
+    /// ephemeral loopback port, `service_time` per request, taking the request places of
+    /// `workers` (shared by every listener of one replica; the rest wait their turn).
+    pub fn chat_replica(service_time: Duration, workers: &Arc<Workers>) -> Self {
+        Self::start(
+            "127.0.0.1:0",
+            ServerOptions {
+                json: Some(CHAT_COMPLETION),
+                service_time,
+                workers: Some(workers.clone()),
+                ..Default::default()
+            },
+        )
+    }
+
     /// Start on `bind` (use port 0 for an ephemeral port).
     pub fn start(bind: &str, options: ServerOptions) -> Self {
         let listener = TcpListener::bind(bind).unwrap_or_else(|e| panic!("bind {bind}: {e}"));

@@ -16,7 +16,7 @@ use std::{net::SocketAddr, path::PathBuf, process::Command, sync::Arc, time::Dur
 
 use retry_after_testkit::{
     AgentProcess, free_port,
-    http::{CHAT_COMPLETION, HttpServer, ServerOptions, Workers},
+    http::{HttpServer, Workers},
     kept_returns::{
         KEPT_RETURNS, Keep, Record, Spec, agent_service_with, clairvoyant_p99,
         haproxy_frontend_with, nginx_http, nginx_logged, proxies_secret, tickets,
@@ -119,17 +119,7 @@ impl Run {
         let workers: Vec<Arc<Workers>> = (0..REPLICAS).map(|_| Workers::new(PLACES)).collect();
         let replicas = workers
             .iter()
-            .map(|w| {
-                HttpServer::start(
-                    "127.0.0.1:0",
-                    ServerOptions {
-                        json: Some(CHAT_COMPLETION),
-                        service_time: SERVICE_TIME,
-                        workers: Some(w.clone()),
-                        ..Default::default()
-                    },
-                )
-            })
+            .map(|w| HttpServer::chat_replica(SERVICE_TIME, w))
             .collect();
         Self {
             proxy,

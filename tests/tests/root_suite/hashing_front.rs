@@ -20,7 +20,7 @@ use std::{net::SocketAddr, path::PathBuf, process::Command, sync::Arc, time::Dur
 
 use retry_after_testkit::{
     AgentProcess, free_port,
-    http::{CHAT_COMPLETION, HttpServer, ServerOptions, Workers},
+    http::{HttpServer, Workers},
     kept_returns::{
         Book, KEPT_RETURNS, Record, agent_service_with, clairvoyant_p99, haproxy_frontend_with,
         proxies_secret, quantile,
@@ -69,17 +69,7 @@ impl Fleet {
             .map(|_| {
                 workers
                     .iter()
-                    .map(|w| {
-                        HttpServer::start(
-                            "127.0.0.1:0",
-                            ServerOptions {
-                                json: Some(CHAT_COMPLETION),
-                                service_time: SERVICE_TIME,
-                                workers: Some(w.clone()),
-                                ..Default::default()
-                            },
-                        )
-                    })
+                    .map(|w| HttpServer::chat_replica(SERVICE_TIME, w))
                     .collect()
             })
             .collect();

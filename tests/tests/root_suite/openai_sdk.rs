@@ -22,7 +22,7 @@ use retry_after_testkit::kept_returns::{
 };
 use retry_after_testkit::{
     AgentProcess, free_port,
-    http::{CHAT_COMPLETION, HttpServer, ServerOptions, Workers},
+    http::{HttpServer, Workers},
     proxies::{Haproxy, NGINX_LUA_MODULES, Nginx, NginxStatus, nginx_lua_package_path},
     run_stdout,
 };
@@ -78,15 +78,7 @@ const RUNS: [Run; 4] = [
 /// A replica answering chat completions, with `PLACES` requests at a time (nginx does not cap
 /// a server's concurrency; HAProxy's `maxconn` does the same in front of it).
 fn chat_replica() -> HttpServer {
-    HttpServer::start(
-        "127.0.0.1:0",
-        ServerOptions {
-            json: Some(CHAT_COMPLETION),
-            service_time: SERVICE_TIME,
-            workers: Some(Workers::new(PLACES)),
-            ..Default::default()
-        },
-    )
+    HttpServer::chat_replica(SERVICE_TIME, &Workers::new(PLACES))
 }
 
 /// The `[service.backpressure]` lines of every run's service.
