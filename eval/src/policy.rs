@@ -50,6 +50,11 @@ pub enum KeptBy {
     /// A signed return cookie the rejecting proxy sets and any proxy verifies: the place is
     /// honoured wherever the client comes back (each proxy remembers the cookies it took).
     Cookie,
+    /// A key as [`KeptBy::Key`], its place shared between the proxies (HAProxy's peers
+    /// replicating a stick table of the places' seconds): a client coming back through any
+    /// proxy finds it there (each proxy remembers the places it took). On real sockets, with
+    /// one proxy, the same as `Key`.
+    SharedKey,
 }
 
 impl Policy {
@@ -82,6 +87,7 @@ impl Policy {
                 let by = match by {
                     KeptBy::Key => "key",
                     KeptBy::Cookie => "cookie",
+                    KeptBy::SharedKey => "key, shared",
                 };
                 let mut label = format!("kept returns ({by})");
                 if let Some(max) = max {
@@ -180,7 +186,7 @@ impl Policy {
 pub const SERVICE: &str = "eval";
 
 /// Every `--policy` name, for messages.
-const NAMES: &str = "none, static-N (N from 1 to 60), router_queue_drain_rate[-simple|-retry_backlog], scheduled_returns[-latest|-fill_capacity][-hN] (N from 1 to 100), kept_returns[-cookie][-maxN][-deadlines] (N from 61 to 300)";
+const NAMES: &str = "none, static-N (N from 1 to 60), router_queue_drain_rate[-simple|-retry_backlog], scheduled_returns[-latest|-fill_capacity][-hN] (N from 1 to 100), kept_returns[-cookie|-shared][-maxN][-deadlines] (N from 61 to 300)";
 
 /// The `--policy` names, one rule: the configuration's `retry_after_policy` value (`none` for
 /// no header), then each variant after a `-`. A variant is the value of the setting it
@@ -188,7 +194,7 @@ const NAMES: &str = "none, static-N (N from 1 to 60), router_queue_drain_rate[-s
 /// `-fill_capacity`: the `overload_rule`; `-hN`: `overload_horizon_factor = N`) or names the
 /// change (`router_queue_drain_rate-simple`: both weights 0; `-retry_backlog`: the proxy's
 /// retry backlog in its depth; `kept_returns-cookie`: places kept by return cookie, not by
-/// key; `-maxN`: `max_retry_after_s = N`; `-deadlines`: the proxy reads the wait each request
+/// key; `-shared`: by key, the places shared between the proxies; `-maxN`: `max_retry_after_s = N`; `-deadlines`: the proxy reads the wait each request
 /// allows). Words join with `_`, as in the configuration, so `-` only
 /// ever separates variants.
 impl fmt::Display for Policy {
@@ -211,8 +217,10 @@ impl fmt::Display for Policy {
             }
             Policy::KeptReturns(by, max, deadlines) => {
                 f.write_str("kept_returns")?;
-                if *by == KeptBy::Cookie {
-                    f.write_str("-cookie")?;
+                match by {
+                    KeptBy::Key => {}
+                    KeptBy::Cookie => f.write_str("-cookie")?,
+                    KeptBy::SharedKey => f.write_str("-shared")?,
                 }
                 if let Some(s) = max {
                     write!(f, "-max{s}")?;
@@ -279,6 +287,7 @@ fn scheduled(variants: &[&str]) -> Option<Policy> {
 fn kept(variants: &[&str]) -> Option<Policy> {
     let (by, rest) = match variants.first() {
         Some(&"cookie") => (KeptBy::Cookie, &variants[1..]),
+        Some(&"shared") => (KeptBy::SharedKey, &variants[1..]),
         _ => (KeptBy::Key, variants),
     };
     let (deadlines, rest) = match rest.split_last() {
@@ -312,6 +321,7 @@ mod tests {
             Policy::KeptReturns(KeptBy::Key, Some(120), Deadlines::Ignored),
             Policy::KeptReturns(KeptBy::Cookie, Some(300), Deadlines::Ignored),
             Policy::KeptReturns(KeptBy::Key, None, Deadlines::Honoured),
+            Policy::KeptReturns(KeptBy::SharedKey, Some(300), Deadlines::Ignored),
             Policy::KeptReturns(KeptBy::Cookie, Some(120), Deadlines::Honoured),
         ]) {
             assert_eq!(p.to_string().parse::<Policy>(), Ok(p));

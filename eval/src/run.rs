@@ -150,7 +150,8 @@ fn proxy_config(
         record_rejections: true,
         keeping: policy.kept().map(|by| Keeping {
             key_from: match by {
-                KeptBy::Key => KeyFrom::Header(CLIENT_KEY_HEADER.to_owned()),
+                // One proxy: a key's places have no other proxy to be shared with.
+                KeptBy::Key | KeptBy::SharedKey => KeyFrom::Header(CLIENT_KEY_HEADER.to_owned()),
                 KeptBy::Cookie => KeyFrom::Cookie(RETURN_COOKIE.to_owned()),
             },
             settings: KeptReturnsSettings::default(),

@@ -102,6 +102,8 @@ struct Client {
     after_suggested_s: Option<u64>,
     /// The return cookie it was last given, kept as a browser or an SDK's cookie jar would.
     cookie: Option<String>,
+    /// The second of the place its key was last given, as the proxies' shared table holds it.
+    shared_due: Option<u64>,
 }
 
 /// Admissions and rejections since a proxy's last report.
@@ -233,6 +235,7 @@ impl<'a> Sim<'a> {
                 attempts: 0,
                 after_suggested_s: None,
                 cookie: None,
+                shared_due: None,
             })
             .collect();
         let warm_up = scenario.warm_up();
@@ -449,7 +452,7 @@ impl<'a> Sim<'a> {
             } => (queue_depth, backoff_streak),
         };
         let key = match by {
-            KeptBy::Key => self.client_key(c),
+            KeptBy::Key | KeptBy::SharedKey => self.client_key(c),
             KeptBy::Cookie => TicketKey(self.proxies[p].jitter.random()),
         };
         // The place every proxy gives (give_place): without a drain rate yet, a fresh hint's
@@ -488,12 +491,17 @@ impl<'a> Sim<'a> {
         let seconds = match place {
             Placement::BeyondDeadline(place) => Some(place.seconds),
             Placement::Kept(place) => {
-                if by == KeptBy::Cookie {
-                    let cookie = ReturnCookie {
-                        due: place.due,
-                        nonce: key.0,
-                    };
-                    self.clients[c].cookie = Some(cookie.write(&self.hasher, SERVICE));
+                match by {
+                    KeptBy::Key => {}
+                    KeptBy::Cookie => {
+                        let cookie = ReturnCookie {
+                            due: place.due,
+                            nonce: key.0,
+                        };
+                        self.clients[c].cookie = Some(cookie.write(&self.hasher, SERVICE));
+                    }
+                    // Replicated to every proxy (a peers' stick table): the latest place wins.
+                    KeptBy::SharedKey => self.clients[c].shared_due = Some(place.due),
                 }
                 Some(place.seconds)
             }
@@ -514,6 +522,10 @@ impl<'a> Sim<'a> {
             KeptBy::Key => Some(Returning {
                 key: self.client_key(c),
                 cookie_due: None,
+            }),
+            KeptBy::SharedKey => Some(Returning {
+                key: self.client_key(c),
+                cookie_due: self.clients[c].shared_due,
             }),
             KeptBy::Cookie => {
                 let value = self.clients[c].cookie.as_deref()?;

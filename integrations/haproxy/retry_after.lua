@@ -27,6 +27,11 @@
 --   setenv RETRY_AFTER_SOURCE_SHARE_PERCENT 0  # 1-100: one client address's share of the drain
 --   setenv RETRY_AFTER_SOURCE_HEADER x-forwarded-for  # its last entry is the address (else src)
 --   setenv RETRY_AFTER_MAX_SOURCES 4096        # addresses followed at once
+--   setenv RETRY_AFTER_DEADLINE_HEADER x-request-timeout  # a request's wait, in seconds
+--   setenv RETRY_AFTER_MAX_WAIT_S 120          # the wait every request is allowed
+--   setenv RETRY_AFTER_SHARED_PLACES api=places_api  # service=<backend with the stick table>:
+--                                                    places of header and source keys shared
+--                                                    with the other proxies (peers)
 -- Actions:
 --   http-request lua.retry_after <service>           sets txn.retry_after, txn.retry_after_ms,
 --                                                    txn.retry_after_status and, unless
@@ -40,7 +45,11 @@
 --                                                    txn.retry_after, txn.retry_after_status
 --                                                    and txn.retry_after_cookie (Set-Cookie),
 --                                                    with txn.retry_after_ms and
---                                                    txn.retry_after_ms_header as above
+--                                                    txn.retry_after_ms_header as above;
+--                                                    txn.retry_after_no_retry past a deadline;
+--                                                    with shared places, txn.retry_after_place_key
+--                                                    and txn.retry_after_place_due (the place's
+--                                                    second, 0 once taken) for the stick table
 --   http-request lua.retry_after_admitted <service>  counts an admitted request
 --   http-response lua.retry_after_response <service> the agent's value on a server's 429/503
 --                                                    (Retry-After, and retry-after-ms)
@@ -77,6 +86,7 @@ local source_header
 local deadline_header  -- RETRY_AFTER_DEADLINE_HEADER: the seconds a request may wait, lowercase
 local max_wait_s       -- RETRY_AFTER_MAX_WAIT_S: the wait allowed to every request (nil: none)
 local read_kept_settings
+local read_shared_places
 
 local function now_ms()
   local t = core.now()
@@ -273,6 +283,23 @@ read_kept_settings = function()
   end
 end
 
+-- RETRY_AFTER_SHARED_PLACES (service=backend, comma-separated): each service keeping returns
+-- by header or source shares its places through the stick table of that backend (type string
+-- len 16, store gpt0, replicated by HAProxy's peers), so that a client coming back through
+-- another proxy finds its place there.
+read_shared_places = function()
+  for item in string.gmatch(os.getenv("RETRY_AFTER_SHARED_PLACES") or "", "[^,]+") do
+    local name, backend = string.match(item, "^%s*([^=%s]+)=([^%s]+)%s*$")
+    local state = name and services[name]
+    local table_of = backend and core.backends[backend]
+    if state and state.kept and state.kept.source ~= "cookie" and table_of and table_of.stktable then
+      state.kept.shared = backend
+    else
+      core.Alert("retry_after.lua: RETRY_AFTER_SHARED_PLACES: " .. item .. " is not <service>=<backend with a stick-table> for a service keeping returns by header or source (cookies are shared already)")
+    end
+  end
+end
+
 core.register_init(function()
   socket_path = os.getenv("RETRY_AFTER_SOCKET") or socket_path
   retry_after_s = tonumber(os.getenv("RETRY_AFTER_STATIC") or "") or retry_after_s
@@ -291,6 +318,7 @@ core.register_init(function()
     end
   end
   read_kept_settings()
+  read_shared_places()
   if next(services) == nil then
     core.Alert("retry_after.lua: RETRY_AFTER_SERVICES names no service:backend; only the static value will be used")
   end
@@ -404,16 +432,29 @@ local function fresh_push(state, now)
   return nil
 end
 
+-- The second of the place another proxy gave key, from the shared stick table (its gpt0),
+-- if the service shares places and one is there; nil otherwise (none, or taken: 0).
+local function shared_due(kept, key)
+  if kept.shared == nil then return nil end
+  local entry = core.backends[kept.shared].stktable:lookup(key)
+  local due = entry and tonumber(entry.gpt0)
+  if due and due > 0 then return due end
+  return nil
+end
+
 -- The request's place in the book if it may hold one: { key, cookie_due } (cookie_due for a
--- verified return cookie, whose nonce is the key), or nil; hasher for the transaction.
+-- verified return cookie, whose nonce is the key, or for a place another proxy gave a shared
+-- key, read from the stick table), or nil; hasher for the transaction.
 local function returning(txn, kept, hasher, name)
   if kept.source == "source" then
     local addr = txn.f:src()
-    return addr and { key = hasher.key(tostring(addr)) }
+    local key = addr and hasher.key(tostring(addr))
+    return key and { key = key, cookie_due = shared_due(kept, key), shared = kept.shared ~= nil }
   elseif kept.header then
     local values = txn.http:req_get_headers()[kept.header]
     local value = values and values[0]
-    return value and { key = hasher.key(value) }
+    local key = value and hasher.key(value)
+    return key and { key = key, cookie_due = shared_due(kept, key), shared = kept.shared ~= nil }
   end
   local cookies = txn.http:req_get_headers()["cookie"] or {}
   for _, line in pairs(cookies) do
@@ -460,6 +501,10 @@ local function reject_kept(txn, name, state, hasher, found, depth, drain, now)
       return T.push_hint(M, push, age_s, depth, math.random())
     end)
   if beyond then txn:set_var("txn.retry_after_no_retry", true) end
+  if place and kept.shared then
+    txn:set_var("txn.retry_after_place_key", key)
+    txn:set_var("txn.retry_after_place_due", place.due)
+  end
   if place and kept.source == "cookie" then
     txn:set_var("txn.retry_after_cookie",
       T.set_cookie(hasher, name, cookie_name, place.due, key, now // 1000, kept.book.settings.grace_s))
@@ -488,6 +533,11 @@ core.register_action("retry_after_admit", { "http-req" }, function(txn, name)
     outcome, due, held = T.arrive(state.kept.book, state.kept.room, found, now // 1000, depth, full, drain)
   end
   txn:set_var("txn.retry_after_kept", outcome)
+  -- A shared place taken here is taken for every proxy: its second goes to 0 in the table.
+  if found and found.shared and (held == "due" or (held == "early" and outcome == "queued")) then
+    txn:set_var("txn.retry_after_place_key", found.key)
+    txn:set_var("txn.retry_after_place_due", 0)
+  end
   local retry = T.is_return(held)
   if retry then txn:set_var("txn.retry_after_return", true) end
   if outcome == "returned" or outcome == "queued" then return end

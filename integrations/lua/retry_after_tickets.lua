@@ -295,8 +295,10 @@ function Book:free_slot(key, now)
 end
 
 -- What key holds at second now: "nothing", "due", "early" (and its second) or "spent".
--- cookie_due is the due second of a verified return cookie whose nonce key is (a place another
--- proxy may have given). An expired place is counted and forgotten here.
+-- cookie_due is the due second of a place another proxy may have given key (a verified return
+-- cookie whose nonce key is, or a place shared by peers). An expired place is counted and
+-- forgotten here, and cookie_due's looked at instead; a place taken here is a replay when shown
+-- again, and forgotten for another one of the same key. Rust's TicketBook::held.
 function Book:held(key, cookie_due_s, now)
   self:settle(now)
   local grace = self.settings.grace_s
@@ -309,15 +311,23 @@ function Book:held(key, cookie_due_s, now)
   if i then
     if slot.spent then
       if cookie_due_s == nil then return "nothing" end
-      self:count(REPLAYED, 1)
-      return "spent"
-    end
-    held, due = window(slot.due)
-    if held == "nothing" then
+      if cookie_due_s == slot.due then
+        self:count(REPLAYED, 1)
+        return "spent"
+      end
+      -- Another place of the key, given since: its slot is free for it.
+      self.store:set("s" .. i, nil)
+    else
+      held, due = window(slot.due)
+      if held ~= "nothing" then
+        if held == "early" then self:count(EARLY, 1) end
+        return held, due
+      end
       self:count(EXPIRED, slot.count)
       self.store:set("s" .. i, nil)
     end
-  elseif cookie_due_s ~= nil then
+  end
+  if cookie_due_s ~= nil then
     held, due = window(cookie_due_s)
     if held ~= "nothing" and not self:has_free_slot(key, now) then
       -- Its taking could not be remembered (the bucket full of live places): a fresh arrival,

@@ -314,21 +314,28 @@ class TicketBook:
         return float(self._taken[b]) + float(outstanding) * self.show_rate()
 
     def held(self, key: int, cookie_due: Optional[int], now: int) -> Held:
-        """What ``key`` holds at ``now``; ``cookie_due``: the due second of a verified cookie
-        whose nonce ``key`` is. An expired ticket is counted and forgotten here."""
+        """What ``key`` holds at ``now``; ``cookie_due``: the due second of a place another
+        proxy may have given ``key`` (a verified cookie whose nonce ``key`` is, or a place shared
+        by peers). An expired ticket is counted and forgotten here, and ``cookie_due``'s looked
+        at instead; a place taken here is a replay when shown again, and forgotten for another
+        one of the same key. Rust's ``TicketBook::held``."""
         self._settle(now)
         i = self._find(key)
         if i is not None:
             if self._spent[i]:
                 if cookie_due is None:
                     return NOTHING
-                self._counters.add("replayed", 1)
-                return SPENT
-            held = self._window(self._due[i], now)
-            if held is NOTHING:
+                if cookie_due == self._due[i]:
+                    self._counters.add("replayed", 1)
+                    return SPENT
+                # Another place of the key, given since: its slot is free for it.
+                self._clear(i)
+            else:
+                held = self._window(self._due[i], now)
+                if held is not NOTHING:
+                    return self._count_early(held)
                 self._counters.add("expired", self._count[i])
                 self._clear(i)
-            return self._count_early(held)
         held = NOTHING if cookie_due is None else self._window(cookie_due, now)
         if held is not NOTHING and not self._has_free_slot(key, now):
             # Its taking could not be remembered (the bucket full of live places): a fresh

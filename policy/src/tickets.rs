@@ -420,11 +420,14 @@ impl TicketBook {
                 .map_or(0, SourceAllowances::memory_bytes)
     }
 
-    /// What `key` holds at second `now`. `cookie_due` is the due second of a verified return
-    /// cookie whose nonce `key` is: it stands for a place another proxy gave. An expired
-    /// ticket is counted and forgotten here. A cookie the book could not remember as taken
-    /// (its bucket full of live places) holds nothing, counted as unrecorded: never a place
-    /// that every replay would find.
+    /// What `key` holds at second `now`. `cookie_due` is the due second of a place another
+    /// proxy may have given `key`: a verified return cookie whose nonce `key` is, or a place
+    /// shared between proxies (a stick table replicated by HAProxy's peers). An expired
+    /// ticket is counted and forgotten here, and the place shown, if any, looked at instead;
+    /// a place taken here is a replay when shown again, and forgotten for another one of the
+    /// same key (shared places: a key holds a new place after one is taken). A place the book
+    /// could not remember as taken (its bucket full of live places) holds nothing, counted as
+    /// unrecorded: never a place that every replay would find.
     pub fn held(&mut self, key: TicketKey, cookie_due: Option<u64>, now: u64) -> Held {
         self.settle(now);
         let grace = u64::from(self.settings.grace_s);
@@ -440,20 +443,24 @@ impl TicketBook {
         if let Some(i) = self.find(key) {
             let slot = self.slots[i];
             if slot.spent {
-                return if cookie_due.is_some() {
-                    self.counters.add(TicketOutcome::Replayed, 1);
-                    Held::Spent
-                } else {
-                    Held::Nothing
-                };
-            }
-            let held = window(slot.due);
-            if held == Held::Nothing {
+                match cookie_due {
+                    None => return Held::Nothing,
+                    Some(due) if due == slot.due => {
+                        self.counters.add(TicketOutcome::Replayed, 1);
+                        return Held::Spent;
+                    }
+                    // Another place of the key, given since: its slot is free for it.
+                    Some(_) => self.slots[i] = Slot::default(),
+                }
+            } else {
+                let held = window(slot.due);
+                if held != Held::Nothing {
+                    return self.count_early(held);
+                }
                 self.counters
                     .add(TicketOutcome::Expired, u64::from(slot.count));
                 self.slots[i] = Slot::default();
             }
-            return self.count_early(held);
         }
         let held = cookie_due.map_or(Held::Nothing, window);
         if held != Held::Nothing && !self.has_free_slot(key, now) {
@@ -742,6 +749,25 @@ mod tests {
         own.issue(K, 110, 100);
         own.take(K, Some(110), 110);
         assert_eq!(own.held(K, Some(110), 110), Held::Spent);
+    }
+
+    #[test]
+    fn a_key_whose_places_are_shared_finds_each_new_place_and_each_is_taken_once() {
+        // Places shared between proxies under a header key: the proxy sees each place's
+        // second beside the key, its own or another proxy's.
+        let mut b = book();
+        b.issue(K, 110, 100);
+        assert_eq!(b.held(K, Some(110), 110), Held::Due);
+        b.take(K, Some(110), 110);
+        assert_eq!(b.held(K, Some(110), 111), Held::Spent, "taken: a replay");
+        // Later another proxy gives the key a new place: it is found here, once.
+        assert_eq!(b.held(K, Some(150), 150), Held::Due);
+        b.take(K, Some(150), 150);
+        assert_eq!(b.held(K, Some(150), 151), Held::Spent);
+        // A place of its own that expired gives way to one shown beside the key.
+        b.issue(TicketKey(9), 200, 190);
+        assert_eq!(b.held(TicketKey(9), Some(260), 260), Held::Due);
+        assert_eq!(b.counters().get(TicketOutcome::Expired), 1);
     }
 
     #[test]

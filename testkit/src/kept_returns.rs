@@ -244,6 +244,25 @@ pub fn haproxy_frontend_with(
     servers: &[SocketAddr],
     maxconn: usize,
 ) -> String {
+    haproxy_frontend_sharing(name, bind, servers, maxconn, None)
+}
+
+/// [`haproxy_frontend_with`] whose places are shared through the stick table of backend
+/// `table` (`RETRY_AFTER_SHARED_PLACES`), as docs/integrations/haproxy.md writes it: each place
+/// given, and each taken (0), tracked into the table, which HAProxy's peers replicate.
+pub fn haproxy_frontend_sharing(
+    name: &str,
+    bind: SocketAddr,
+    servers: &[SocketAddr],
+    maxconn: usize,
+    table: Option<&str>,
+) -> String {
+    let sharing = table.map_or(String::new(), |table| {
+        format!(
+            "    http-request track-sc2 var(txn.retry_after_place_key) table {table} if {{ var(txn.retry_after_place_key) -m found }}\n\
+             \x20   http-request sc-set-gpt0(2) var(txn.retry_after_place_due) if {{ var(txn.retry_after_place_key) -m found }}\n"
+        )
+    });
     let servers: String = servers
         .iter()
         .enumerate()
@@ -252,7 +271,7 @@ pub fn haproxy_frontend_with(
     format!(
         "frontend fe_{name}\n    bind {bind}\n\
          \x20   http-request set-var(txn.reject) bool(true) if {{ queue(be_{name}) ge {QUEUE_LIMIT} }}\n\
-         \x20   http-request lua.retry_after_admit {name}\n\
+         \x20   http-request lua.retry_after_admit {name}\n{sharing}\
          \x20   acl reject var(txn.retry_after_kept) -m str early rejected\n\
          \x20   http-request set-priority-class int(-10) if {{ var(txn.retry_after_kept) -m str returned }}\n\
          \x20   http-request return status 429 content-type text/plain string \"busy\" hdr Retry-After %[var(txn.retry_after)] hdr Set-Cookie %[var(txn.retry_after_cookie)] if reject {{ var(txn.retry_after_cookie) -m found }}\n\

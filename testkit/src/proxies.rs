@@ -36,8 +36,18 @@ impl Haproxy {
     /// the agent at `agent_socket`, and each of `settings` (a `RETRY_AFTER_*` name, its value)
     /// set in its environment.
     pub fn start_with_lua(agent_socket: &Path, settings: &[(&str, &str)], sections: &str) -> Self {
+        Self::start_with_lua_and(agent_socket, settings, "", sections)
+    }
+
+    /// [`Haproxy::start_with_lua`] with more lines for the `global` section (`localpeer`).
+    pub fn start_with_lua_and(
+        agent_socket: &Path,
+        settings: &[(&str, &str)],
+        global_lines: &str,
+        sections: &str,
+    ) -> Self {
         let mut global = format!(
-            "    lua-load {}\n    setenv RETRY_AFTER_SOCKET {}\n",
+            "    lua-load {}\n    setenv RETRY_AFTER_SOCKET {}\n{global_lines}",
             haproxy_lua_script().display(),
             agent_socket.display()
         );

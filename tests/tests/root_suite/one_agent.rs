@@ -11,17 +11,17 @@
 //! HAProxy told static 5 s or `scheduled_returns` (`haproxy_lua`), three minutes at 1.5×
 //! through HAProxy and nginx with the clamp at 60 and at 120 s (`kept_past_a_minute`), the
 //! shipped rules and dashboard on a real Prometheus scraping this loaded agent
-//! (`prometheus`), and keyed OpenAI SDK clients through HAProxy proxies behind a front hashing
-//! their key (`hashing_front`), and SDK clients with a deadline through HAProxy and nginx
-//! (`deadlines`).
+//! (`prometheus`), keyed OpenAI SDK clients through HAProxy proxies behind a front hashing
+//! their key or sharing their places through peers (`fleet_of_proxies`), and SDK clients with
+//! a deadline through HAProxy and nginx (`deadlines`).
 
 use std::{any::Any, thread};
 
 use retry_after_testkit::{AgentProcess, proxies::nginx_workers_may_connect};
 
 use crate::{
-    deadlines::ClientsWithADeadline, haproxy_lua::Urllib3ThroughHaproxy,
-    hashing_front::KeyedClientsBehindAHashingFront, kept_returns::KeptReturnsThroughProxies,
+    deadlines::ClientsWithADeadline, fleet_of_proxies::KeyedClientsThroughAFleetOfProxies,
+    haproxy_lua::Urllib3ThroughHaproxy, kept_returns::KeptReturnsThroughProxies,
     openai_sdk::OpenAiSdkBehindProxies, prometheus::ShippedRulesOnPrometheus,
 };
 
@@ -52,7 +52,7 @@ fn kept_returns_the_openai_sdk_urllib3_and_prometheus_run_at_once_under_one_agen
         Box::new(OpenAiSdkBehindProxies::new()),
         Box::new(Urllib3ThroughHaproxy::new()),
         Box::new(ShippedRulesOnPrometheus::new()),
-        Box::new(KeyedClientsBehindAHashingFront::new()),
+        Box::new(KeyedClientsThroughAFleetOfProxies::new()),
         Box::new(KeptReturnsThroughProxies::past_a_minute()),
         Box::new(ClientsWithADeadline::new()),
     ];
