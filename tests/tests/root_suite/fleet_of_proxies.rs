@@ -52,8 +52,8 @@ const CAPACITY: f64 = (REPLICAS * PLACES) as f64 / 1.0;
 /// are shared (1.07 to 1.13 in two runs).
 const P99_TARGET: f64 = 1.5;
 
-/// A guard on it behind the hashing front, not the target, which those runs miss (1.52 to
-/// 1.61 with two proxies, 1.63 to 1.71 with four, three runs): each proxy holds a fixed share
+/// A guard on it behind the hashing front, not the target, which those runs miss (1.51 to
+/// 1.61 with two proxies, 1.63 to 1.71 with four, five runs): each proxy holds a fixed share
 /// of the places, and the hash spreads the keys unevenly (one proxy of four saw a quarter of
 /// another's rejections), so a share waits while another idles.
 const P99_GUARD_HASHING: f64 = 2.0;
