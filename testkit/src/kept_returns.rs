@@ -130,6 +130,13 @@ impl Record {
         )
     }
 
+    /// Every client the load started is in the record: the clients script lists each arrival
+    /// as it starts it, and each client's outcome as it ends (a client lost on the way, its
+    /// thread dead, is missing from the outcomes).
+    pub fn has_every_client(&self, line: &str) {
+        assert_eq!(self.clients, self.arrivals.len() as u64, "{line}");
+    }
+
     /// The proxy's own counters (`proxy_2xx`, `proxy_4xx`) agree with the clients' record:
     /// the successes as 2xx, every rejection as 4xx, and every other attempt one the clients
     /// itemize (`other_answers`).
