@@ -55,17 +55,16 @@ const SERVE_STATIC_S: u64 = 29;
 
 /// How long a probe waits for its answer. Serve answers in Python, and a rejection from inside
 /// the ingress (the handle's error, turned into a response by FastAPI) waits for the ingress's
-/// event loop, which wrk keeps busy. Waiting the 150 ms that suits nginx and HAProxy, a slow
-/// rejection was taken for an admitted request: on a loaded 2-core machine one cycle probed
-/// only 13 rejections there; waiting 1 s, a fresh-clone run beside other suites probed 2 in
-/// the 4 s the agent computed and none in the 3 s of its outage. A rejection is placed in its
-/// window by when its request was sent, so waiting longer costs a probe nothing but time when
-/// Serve is slow: an admitted request takes the model's 0.2 s and its queue (at most 8 behind
-/// 4 at a time: 0.6 s), a rejection far less, when the machine is quiet.
+/// event loop, which wrk keeps busy: a short wait takes a slow rejection for an admitted
+/// request, and leaves windows without a rejection probed (docs/integrations/ray-serve.md
+/// has the runs). A rejection is placed in its window by when its request was sent, so
+/// waiting longer costs a probe nothing but time when Serve is slow: an admitted request takes
+/// the model's 0.2 s and its queue (at most 8 behind 4 at a time: 0.6 s), a rejection far
+/// less, when the machine is quiet.
 const SERVE_PROBE_WAIT: Duration = Duration::from_secs(5);
 
 /// Probes at once in each layout. A probe is held by each admitted request, which from inside
-/// the ingress is about every other one: one probe saw 43 to 48 rejections there in a cycle.
+/// the ingress is about every other one.
 const PROBERS: usize = 3;
 
 fn repo() -> PathBuf {
@@ -238,8 +237,8 @@ impl Cycle {
             self.again,
             self.agent_after
         );
-        // Each probe waits up to a second on each admitted request: tens of rejections a
-        // layout, more on an idle machine.
+        // Each probe waits up to `SERVE_PROBE_WAIT` on each admitted request: tens of
+        // rejections a layout, more on an idle machine.
         assert!(self.seen.len() > 40, "{layout}: {}", self.seen.len());
         assert!(
             !self.computed.is_empty() && !self.again.is_empty(),
