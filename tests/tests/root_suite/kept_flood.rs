@@ -143,7 +143,7 @@ fn check(service: &str, agent: &AgentProcess, flooded: &Flood, honest: &Record, 
     // Every rejection of the flood without a place was counted: as over its share (the
     // honest clients, one address each, are never over theirs), or for another reason the
     // book counts (nginx's `stamp`, which may not wait, gives the hint when another worker
-    // holds the book: `unrecorded`; one in a fresh-clone run).
+    // holds the book: `unrecorded`).
     let others = book.not_placed();
     assert!(
         over_share <= flooded.hints as f64 && flooded.hints as f64 <= over_share + others,

@@ -118,8 +118,8 @@ impl Figures {
         assert!(self.p99() <= 1.5 * self.bound_p99, "{line}");
         assert_eq!(self.proxy_2xx, r.succeeded, "{line}");
         r.agrees_with_the_proxy(self.proxy_2xx, self.proxy_4xx, &line);
-        // In the runs so far all but a few rejections are places, and all but a few retries
-        // admitted at them.
+        // The book accounts for every rejection and every admitted retry, and nearly every
+        // rejection is a place kept (the few that are not are counted by their reason).
         self.book.accounts_for(r, &line);
         assert!(
             self.book.not_kept_share(r) <= 0.01,

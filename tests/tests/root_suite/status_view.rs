@@ -237,9 +237,8 @@ fn the_status_view_shows_a_loaded_agent_live_in_80_columns_and_says_when_it_stop
     // shows an average that follows a change within a few seconds (the proxies' reports are
     // read a report interval late, then averaged with a 2 s time constant): each refresh must
     // lie within what HAProxy's frontend `req_tot` counted a second at a time over the 8 s
-    // before it, give or take 10%. Taking the returns told to come back instead read 0.0
-    // here (every rejection was counted as a return due), and reading each tick's reports
-    // read 0.6 to 1.3 times HAProxy's rate as the Lua's reports drifted against the ticks.
+    // before it, give or take 10%. (The returns told to come back, or each tick's reports
+    // alone, are not the fresh arrivals: docs/evaluation.md's history says what they read.)
     let mut shown = Vec::new();
     let mut pane = later;
     while shown.len() < 8 {
