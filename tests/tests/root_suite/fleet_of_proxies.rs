@@ -342,6 +342,41 @@ fn haproxy(
     Haproxy::start_with_lua_and(&agent.socket, &settings, global_lines, sections)
 }
 
+/// Wait until every proxy of `fleet` (its HAProxy `processes`) holds a live session with every
+/// other (`show peers`: each remote peer active, its last status ESTA) at two looks a second
+/// apart. Peers started one after another connect and settle within a second or two; a place
+/// given before would reach the other proxies only when they do (a return there in that
+/// window is a fresh arrival).
+fn peers_settled(fleet: &Fleet, processes: &[Haproxy]) {
+    let settled = |haproxy: &Haproxy| {
+        let peers = haproxy.command("show peers").unwrap_or_default();
+        let remote: Vec<&str> = peers.lines().filter(|l| l.contains("(remote,")).collect();
+        remote.len() == fleet.proxies - 1
+            && remote
+                .iter()
+                .all(|l| l.contains("(remote,active)") && l.contains("last_status=ESTA"))
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut in_a_row = 0;
+    while in_a_row < 2 {
+        in_a_row = if processes.iter().all(settled) {
+            in_a_row + 1
+        } else {
+            0
+        };
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{}: the peers did not settle: {:?}",
+            fleet.run_name(),
+            processes
+                .iter()
+                .map(|h| h.command("show peers").unwrap_or_default())
+                .collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
 /// The clients of every fleet of `fleets` at once, to their end; then what the agent holds.
 fn run_clients(fleets: &[&Fleet], agent: &AgentProcess) -> (Vec<Record>, String) {
     let records = std::thread::scope(|s| {
@@ -453,6 +488,9 @@ impl Scenario for KeyedClientsThroughAFleetOfProxies {
                         .collect()
                 })
                 .collect();
+            for (fleet, processes) in sharing.iter().zip(&proxies) {
+                peers_settled(fleet, processes);
+            }
             let front = Haproxy::start(
                 &sharing
                     .iter()
