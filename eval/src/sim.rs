@@ -387,13 +387,6 @@ impl<'a> Sim<'a> {
                 let seconds = self
                     .retry_after(p, queue_depth, backoff_streak)
                     .map(|h| h.seconds);
-                self.answer(
-                    index,
-                    Outcome::Rejected {
-                        suggested_s: seconds,
-                        told_not_to_retry: false,
-                    },
-                );
                 self.rejected(c, index, seconds, false);
             }
         }
@@ -555,13 +548,6 @@ impl<'a> Sim<'a> {
         if let Some(s) = seconds {
             *counts.handed_out.entry((Rung::Computed, s)).or_default() += 1;
         }
-        self.answer(
-            index,
-            Outcome::Rejected {
-                suggested_s: seconds,
-                told_not_to_retry,
-            },
-        );
         self.rejected(c, index, seconds, told_not_to_retry);
     }
 
@@ -604,8 +590,8 @@ impl<'a> Sim<'a> {
         Some(hint)
     }
 
-    /// Client `c` was rejected (its attempt `index`) with `suggested_s`, and told not to retry
-    /// or not: it comes back, or gives up.
+    /// Client `c`'s attempt `index` is rejected with `suggested_s`, and told not to retry or
+    /// not: recorded, and the client comes back, or gives up.
     fn rejected(
         &mut self,
         c: usize,
@@ -613,6 +599,13 @@ impl<'a> Sim<'a> {
         suggested_s: Option<u64>,
         told_not_to_retry: bool,
     ) {
+        self.answer(
+            index,
+            Outcome::Rejected {
+                suggested_s,
+                told_not_to_retry,
+            },
+        );
         let client = &mut self.clients[c];
         if client.attempts >= self.scenario.attempts {
             self.done += 1;

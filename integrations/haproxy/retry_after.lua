@@ -442,19 +442,23 @@ local function shared_due(kept, key)
   return nil
 end
 
+-- The place in the book of a request keyed by raw (an address, a header's value; nil: none):
+-- { key, cookie_due }, cookie_due the second of a place another proxy gave it (shared_due).
+local function keyed(kept, hasher, raw)
+  local key = raw and hasher.key(raw)
+  return key and { key = key, cookie_due = shared_due(kept, key) }
+end
+
 -- The request's place in the book if it may hold one: { key, cookie_due } (cookie_due for a
 -- verified return cookie, whose nonce is the key, or for a place another proxy gave a shared
 -- key, read from the stick table), or nil; hasher for the transaction.
 local function returning(txn, kept, hasher, name)
   if kept.source == "source" then
     local addr = txn.f:src()
-    local key = addr and hasher.key(tostring(addr))
-    return key and { key = key, cookie_due = shared_due(kept, key), shared = kept.shared ~= nil }
+    return keyed(kept, hasher, addr and tostring(addr))
   elseif kept.header then
     local values = txn.http:req_get_headers()[kept.header]
-    local value = values and values[0]
-    local key = value and hasher.key(value)
-    return key and { key = key, cookie_due = shared_due(kept, key), shared = kept.shared ~= nil }
+    return keyed(kept, hasher, values and values[0])
   end
   local cookies = txn.http:req_get_headers()["cookie"] or {}
   for _, line in pairs(cookies) do
@@ -534,7 +538,7 @@ core.register_action("retry_after_admit", { "http-req" }, function(txn, name)
   end
   txn:set_var("txn.retry_after_kept", outcome)
   -- A shared place taken here is taken for every proxy: its second goes to 0 in the table.
-  if found and found.shared and (held == "due" or (held == "early" and outcome == "queued")) then
+  if found and state.kept.shared and (held == "due" or (held == "early" and outcome == "queued")) then
     txn:set_var("txn.retry_after_place_key", found.key)
     txn:set_var("txn.retry_after_place_due", 0)
   end

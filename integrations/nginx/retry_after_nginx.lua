@@ -353,6 +353,9 @@ local function returning(service, k)
   return due and { key = nonce, cookie_due = due }
 end
 
+-- The values given, and how many (n): a nil among them is kept.
+local function pack(...) return { n = select("#", ...), ... } end
+
 -- Run f with the service's book held by this worker alone (a lock in the dictionary, taken
 -- with safe_add: a full dictionary never evicts a place to make room for it): waited for up to
 -- 50 ms where the phase may sleep (may_sleep), else tried 50 times at once; false when it could
@@ -364,9 +367,7 @@ local function with_book(service, f, may_sleep)
     if err == "no memory" then return false end
     if taken then
       -- Every value f gives, nil among them (a table's length stops at a nil).
-      local result = { n = 0 }
-      local function keep(...) result.n = select("#", ...); for i = 1, result.n do result[i] = select(i, ...) end end
-      keep(pcall(f))
+      local result = pack(pcall(f))
       shared:delete(lock)
       if not result[1] then error(result[2]) end
       return unpack(result, 1, result.n)
@@ -416,8 +417,9 @@ local function book_inputs(push)
 end
 
 -- The decision for one request under the book's lock: outcome and, for a rejection, seconds,
--- rung, cookie and beyond (give_place's). If the book failed a write on the way (a full dictionary), "unrecorded": the
--- decision is dropped, and the request is treated as if kept returns were off.
+-- rung, cookie and beyond (give_place's). If the book failed a write on the way (a full
+-- dictionary), "unrecorded": the decision is dropped, and the request is treated as if kept
+-- returns were off.
 local function decide(service, k, push, age)
   local now = ngx.now()
   local now_s = math.floor(now)

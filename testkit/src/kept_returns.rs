@@ -329,6 +329,30 @@ pub fn kept_clients_with(
     Record::parse(&run_stdout(&mut command))
 }
 
+/// Clients of the official OpenAI Python SDK arriving at `rate` a second for `seconds` against
+/// `base_url` (`http://…/v1`), each one completion with the SDK's default two retries, and the
+/// script's further `options` (`--keyed`, `--deadline`): their record, one JSON line
+/// (tests/clients/openai_clients.py; [`Record::parse`] reads it).
+pub fn openai_clients(
+    base_url: &str,
+    rate: f64,
+    seconds: u32,
+    seed: u64,
+    options: &[&str],
+) -> String {
+    let script =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/clients/openai_clients.py");
+    run_stdout(
+        Command::new("python3")
+            .arg(script)
+            .args(["--url", base_url])
+            .args(["--rate", &format!("{rate}")])
+            .args(["--seconds", &seconds.to_string()])
+            .args(["--max-retries", "2", "--seed", &seed.to_string()])
+            .args(options),
+    )
+}
+
 /// A counter of `retry_after_tickets_total` for `service` in the agent's metrics (0 if absent).
 pub fn tickets(metrics: &str, service: &str, outcome: &str) -> f64 {
     metrics

@@ -12,17 +12,16 @@
 //! book's count of places beyond a deadline as the Lua reports it to the agent. A scenario of
 //! `one_agent`.
 
-use std::{net::SocketAddr, path::PathBuf, process::Command, sync::Arc, time::Duration};
+use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use retry_after_testkit::{
     AgentProcess, free_port,
     http::{HttpServer, Workers},
     kept_returns::{
         KEPT_RETURNS, Keep, Record, Spec, agent_service_with, clairvoyant_p99,
-        haproxy_frontend_with, nginx_http, nginx_logged, proxies_secret, tickets,
+        haproxy_frontend_with, nginx_http, nginx_logged, openai_clients, proxies_secret, tickets,
     },
     proxies::{Haproxy, NGINX_LUA_MODULES, Nginx},
-    run_stdout,
 };
 
 use crate::one_agent::Scenario;
@@ -42,9 +41,6 @@ const CAPACITY: f64 = (REPLICAS * PLACES) as f64 / 1.0;
 /// The seconds the clients with a deadline may wait, and which of them have one.
 const DEADLINE_S: u64 = 4;
 const DEADLINE_EVERY: u32 = 2;
-
-/// The SDK's retries.
-const MAX_RETRIES: u32 = 2;
 
 /// What the clients with a deadline saw, from the same record.
 struct DeadlineRecord {
@@ -136,18 +132,19 @@ impl Run {
 
     /// The SDK's clients, every [`DEADLINE_EVERY`]th with its deadline, to their end.
     fn clients(&self) -> String {
-        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients/openai_clients.py");
-        run_stdout(
-            Command::new("python3")
-                .arg(script)
-                .args(["--url", &format!("http://{}/v1", self.bind)])
-                .args(["--rate", &format!("{}", LOAD * CAPACITY)])
-                .args(["--seconds", &SECONDS.to_string()])
-                .args(["--max-retries", &MAX_RETRIES.to_string()])
-                .args(["--seed", &self.seed.to_string()])
-                .arg("--keyed")
-                .args(["--deadline", &DEADLINE_S.to_string()])
-                .args(["--deadline-every", &DEADLINE_EVERY.to_string()]),
+        let (deadline, every) = (DEADLINE_S.to_string(), DEADLINE_EVERY.to_string());
+        openai_clients(
+            &format!("http://{}/v1", self.bind),
+            LOAD * CAPACITY,
+            SECONDS,
+            self.seed,
+            &[
+                "--keyed",
+                "--deadline",
+                &deadline,
+                "--deadline-every",
+                &every,
+            ],
         )
     }
 

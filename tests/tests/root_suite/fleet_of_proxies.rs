@@ -21,17 +21,16 @@
 //! (HAProxy's stats per frontend) summed against the SDK's record, and the front's own. A
 //! scenario of `one_agent`.
 
-use std::{net::SocketAddr, path::PathBuf, process::Command, sync::Arc, time::Duration};
+use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use retry_after_testkit::{
     AgentProcess, free_port,
     http::{HttpServer, Workers},
     kept_returns::{
         Book, KEPT_RETURNS, Record, agent_service_with, clairvoyant_p99, haproxy_frontend_sharing,
-        proxies_secret, quantile,
+        openai_clients, proxies_secret, quantile,
     },
     proxies::Haproxy,
-    run_stdout,
 };
 
 use crate::one_agent::Scenario;
@@ -189,17 +188,14 @@ impl Fleet {
 
 /// The SDK's keyed clients against `front`, to their end.
 fn clients(front: SocketAddr, seed: u64) -> Record {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients/openai_clients.py");
-    let out = run_stdout(
-        Command::new("python3")
-            .arg(script)
-            .args(["--url", &format!("http://{front}/v1")])
-            .args(["--rate", &format!("{}", LOAD * CAPACITY)])
-            .args(["--seconds", &SECONDS.to_string()])
-            .args(["--max-retries", "2", "--seed", &seed.to_string()])
-            .arg("--keyed"),
-    );
-    Record::parse(&out)
+    let url = format!("http://{front}/v1");
+    Record::parse(&openai_clients(
+        &url,
+        LOAD * CAPACITY,
+        SECONDS,
+        seed,
+        &["--keyed"],
+    ))
 }
 
 /// What one run showed.

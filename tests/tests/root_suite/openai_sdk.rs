@@ -14,17 +14,16 @@
 //! and stub_status) must agree with the SDK's record. A scenario of `one_agent`, beside the
 //! suite's other long load runs under the same agent.
 
-use std::{net::SocketAddr, path::PathBuf, process::Command};
+use std::net::SocketAddr;
 
 use retry_after_testkit::kept_returns::{
     CAPACITY, PLACES, QUEUE_LIMIT, REPLICAS, Record, SERVICE_TIME, agent_service, clairvoyant_p99,
-    nginx_logged,
+    nginx_logged, openai_clients,
 };
 use retry_after_testkit::{
     AgentProcess, free_port,
     http::{HttpServer, Workers},
     proxies::{Haproxy, NGINX_LUA_MODULES, Nginx, NginxStatus, nginx_lua_package_path},
-    run_stdout,
 };
 
 use crate::{haproxy_lua::frontend, one_agent::Scenario};
@@ -140,15 +139,8 @@ fn nginx(
 
 /// The SDK's clients of `run` against `front`, to their end, and the waits the SDK chose.
 fn clients(run: &Run, front: SocketAddr) -> (Record, Vec<f64>) {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients/openai_clients.py");
-    let out = run_stdout(
-        Command::new("python3")
-            .arg(script)
-            .args(["--url", &format!("http://{front}/v1")])
-            .args(["--rate", &format!("{}", LOAD * CAPACITY)])
-            .args(["--seconds", &SECONDS.to_string()])
-            .args(["--max-retries", "2", "--seed", &run.seed.to_string()]),
-    );
+    let url = format!("http://{front}/v1");
+    let out = openai_clients(&url, LOAD * CAPACITY, SECONDS, run.seed, &[]);
     let waits: serde_json::Value = serde_json::from_str(out.trim()).expect("the clients' record");
     let waits = waits["waits_s"]
         .as_array()
