@@ -18,10 +18,10 @@ use crate::{
     counters,
     lifecycle::count_opened,
     maps::{
-        EARLY_NOT_A_REQUEST, EARLY_OTHER, EARLY_PAYLOADS, HandshakePeer, MADE_AT_SEGMENT,
-        PROBE_STATS, Stored, matching_watch, setting, store,
+        EARLY_FIRST_FLIGHT, EARLY_NOT_A_REQUEST, EARLY_OTHER, EARLY_PAYLOADS, HandshakePeer,
+        MADE_AT_SEGMENT, PROBE_STATS, Stored, matching_watch, setting, store,
     },
-    packet,
+    packet, parking,
 };
 
 /// Start tracking a connection that was established before it was watched (a proxy's
@@ -189,24 +189,30 @@ fn adopt_as(full: *mut bpf_sock, found: &Adoption) -> Option<*mut ConnState> {
 
 /// A segment with payload reached a watched listener: it completes a handshake (or is a SYN
 /// with data) and carries the client's first bytes. Note the client, and whether the bytes
-/// begin a TLS ClientHello or the HTTP/2 preface (`EARLY_PAYLOADS`). The frames after a
-/// preface are not walked (there is no connection yet to walk them for): counted.
+/// begin a TLS ClientHello or the HTTP/2 preface (`EARLY_PAYLOADS`). A segment that begins
+/// with the preface (the first flight: the preface and the frames sent with it) is parked for
+/// the connection established next to walk; one that cannot be is counted as unwalked.
 #[inline(never)]
 fn note_early_payload(ctx: &SkBuffContext, segment: &packet::Segment, local_port: u16) {
+    let Some((addr, port)) = packet::source(ctx, segment) else {
+        return;
+    };
+    let peer = HandshakePeer {
+        addr,
+        port,
+        local_port,
+    };
     let kind = match ctx.load::<[u8; 5]>(segment.payload_offset as usize) {
         Ok(first) if first == *b"PRI *" => {
-            counters::probe_stat(&PROBE_STATS, ProbeStat::Http2FirstFlightsUnwalked);
-            EARLY_NOT_A_REQUEST
+            if parking::park_first_flight(ctx, segment, peer.first_flight_id()) {
+                EARLY_FIRST_FLIGHT
+            } else {
+                counters::probe_stat(&PROBE_STATS, ProbeStat::Http2FirstFlightsUnwalked);
+                EARLY_NOT_A_REQUEST
+            }
         }
         Ok(first) if retry_after_common::tls::is_handshake_header(first) => EARLY_NOT_A_REQUEST,
         _ => EARLY_OTHER,
     };
-    if let Some((addr, port)) = packet::source(ctx, segment) {
-        let peer = HandshakePeer {
-            addr,
-            port,
-            local_port,
-        };
-        let _ = EARLY_PAYLOADS.insert(&peer, &kind, 0);
-    }
+    let _ = EARLY_PAYLOADS.insert(&peer, &kind, 0);
 }

@@ -11,6 +11,7 @@ use aya_ebpf::{
         BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB,
         BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG, BPF_TCP_CLOSE,
     },
+    helpers::bpf_get_socket_cookie,
     macros::{btf_tracepoint, sock_ops},
     programs::{BtfTracePointContext, SockOpsContext},
 };
@@ -19,24 +20,33 @@ use retry_after_common::{ConnState, ProbeStat, Side, WatchValue, turn::TurnDelta
 
 use crate::{
     addresses::{Addresses, addresses, endpoint_of},
-    counters,
+    counters, first_flight,
     maps::{
-        EARLY_NOT_A_REQUEST, EARLY_PAYLOADS, HandshakePeer, MADE_AT_ESTABLISHED, PROBE_STATS,
-        Stored, forget, live_counters, matching_watch, store, tracked,
+        EARLY_FIRST_FLIGHT, EARLY_NOT_A_REQUEST, EARLY_PAYLOADS, HandshakePeer,
+        MADE_AT_ESTABLISHED, PROBE_STATS, Stored, forget, live_counters, matching_watch, store,
+        tracked,
     },
-    parking, streams, walk_lock,
+    parking,
+    segments::{H2_LOOP, H2_OFF, H2_STEPS},
+    streams, walk_lock,
 };
 
 /// Connection establishment and close.
 #[sock_ops]
 fn ra_sockops(ctx: SockOpsContext) -> u32 {
-    sockops::<true>(&ctx)
+    sockops::<H2_LOOP>(&ctx)
+}
+
+/// `ra_sockops` walking a first flight in steps, for kernels without `bpf_loop` (`steps.rs`).
+#[sock_ops]
+fn ra_sockops_step(ctx: SockOpsContext) -> u32 {
+    sockops::<H2_STEPS>(&ctx)
 }
 
 /// `ra_sockops` without HTTP/2 streams, for kernels that refuse both builds that count them.
 #[sock_ops]
 fn ra_sockops_noh2(ctx: SockOpsContext) -> u32 {
-    sockops::<false>(&ctx)
+    sockops::<H2_OFF>(&ctx)
 }
 
 /// A full TCP socket is destroyed (once, after TCP_CLOSE, when no process holds it any more).
@@ -57,13 +67,13 @@ fn ra_destroy_noh2(ctx: BtfTracePointContext) -> i32 {
     0
 }
 
-/// The sock_ops callbacks, counting HTTP/2 streams at a close if `HTTP2`.
+/// The sock_ops callbacks, counting HTTP/2 streams as `H2` says (`segments.rs`).
 #[inline(always)]
-fn sockops<const HTTP2: bool>(ctx: &SockOpsContext) -> u32 {
+fn sockops<const H2: u8>(ctx: &SockOpsContext) -> u32 {
     match ctx.op() {
-        BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB => on_established(ctx, Side::Server),
-        BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB => on_established(ctx, Side::Client),
-        BPF_SOCK_OPS_STATE_CB if ctx.arg(1) == BPF_TCP_CLOSE => on_close::<HTTP2>(ctx),
+        BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB => on_established::<H2>(ctx, Side::Server),
+        BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB => on_established::<H2>(ctx, Side::Client),
+        BPF_SOCK_OPS_STATE_CB if ctx.arg(1) == BPF_TCP_CLOSE => on_close::<H2>(ctx),
         _ => {}
     }
     // sock_ops return values are ignored for these callbacks; 1 means "handled".
@@ -75,7 +85,7 @@ fn sockops<const HTTP2: bool>(ctx: &SockOpsContext) -> u32 {
 /// the state built by the second) are never added together: Debian's 6.1 rounds each frame
 /// up to 32 bytes and refuses a call chain over 512 (6.12 does not round a leaf up).
 #[inline(always)]
-fn on_established(ctx: &SockOpsContext, side: Side) {
+fn on_established<const H2: u8>(ctx: &SockOpsContext, side: Side) {
     let mut found = Established {
         watch: WatchValue::default(),
         sk: null_mut(),
@@ -83,9 +93,16 @@ fn on_established(ctx: &SockOpsContext, side: Side) {
         early_end: 0,
         early_bytes: 0,
         early: false,
+        first_flight: 0,
+        first_flight_seq: 0,
     };
-    if established_watch(ctx, side, &mut found) {
-        track_established(ctx, side, &found);
+    if !established_watch(ctx, side, &mut found) {
+        return;
+    }
+    if let Some(conn) = track_established(ctx, side, &found)
+        && found.first_flight != 0
+    {
+        walk_first_flight::<H2>(conn, (found.first_flight, found.first_flight_seq));
     }
 }
 
@@ -102,6 +119,10 @@ struct Established {
     early_end: u32,
     early_bytes: u32,
     early: bool,
+    /// The id its first flight is parked under (`parking::park_first_flight`), 0 if none,
+    /// and the flight's first byte.
+    first_flight: u64,
+    first_flight_seq: u32,
 }
 
 /// Whether the connection of this callback, seen from `side`, is one of a watched endpoint,
@@ -125,17 +146,33 @@ fn established_watch(ctx: &SockOpsContext, side: Side, found: &mut Established) 
     found.watch = watch;
     found.sk = sk.cast();
     found.port = endpoint.port;
-    if let Some((end, bytes)) = early_request(ctx, &a, side) {
+    let note = match side {
+        Side::Server => take_early_payload(&a),
+        Side::Client => None,
+    };
+    if let Some((end, bytes)) = early_request(ctx, note, side) {
         found.early_end = end;
         found.early_bytes = bytes;
         found.early = true;
     }
+    if let Some((EARLY_FIRST_FLIGHT, id)) = note {
+        found.first_flight = id;
+        // Its bytes are not queued yet (see `early_request`): the flight begins where the
+        // socket's next byte is expected.
+        // SAFETY: a plain integer field of the context.
+        found.first_flight_seq = unsafe { read_volatile(&raw const (*ctx.ops).rcv_nxt) };
+    }
     true
 }
 
-/// Start tracking the connection `found` describes, seen from `side`, and count it opened.
+/// Start tracking the connection `found` describes, seen from `side`, and count it opened:
+/// its state, if this callback stored it.
 #[inline(never)]
-fn track_established(ctx: &SockOpsContext, side: Side, found: &Established) {
+fn track_established(
+    ctx: &SockOpsContext,
+    side: Side,
+    found: &Established,
+) -> Option<*mut ConnState> {
     let mut conn = ConnState::new(&found.watch, side);
     // A request that came with the handshake: its bytes passed before this connection was
     // tracked (see `early_request`). The state is complete before it is stored, so a segment
@@ -146,21 +183,46 @@ fn track_established(ctx: &SockOpsContext, side: Side, found: &Established) {
     } else {
         TurnDelta::default()
     };
-    match store(found.sk, &mut conn, MADE_AT_ESTABLISHED) {
-        Some(Stored::Mine(_)) => {}
+    // Likewise a first flight: the connection is HTTP/2 from its preface, framed there.
+    if found.first_flight != 0 {
+        // SAFETY: the helper reads the context's socket.
+        let cookie = unsafe { bpf_get_socket_cookie(ctx.ops.cast()) };
+        first_flight::detect(
+            &mut conn,
+            cookie,
+            (found.first_flight, found.first_flight_seq),
+        );
+    }
+    let state = match store(found.sk, &mut conn, MADE_AT_ESTABLISHED) {
+        Some(Stored::Mine(state)) => state,
         // Its first response arrived before this callback, and started it (see `adopt`).
-        Some(Stored::Theirs(_)) => return,
+        Some(Stored::Theirs(_)) => return None,
         None => {
             counters::probe_stat(&PROBE_STATS, ProbeStat::ConnectionsUntracked);
             warn!(ctx, "cannot track connection on port {}", found.port);
-            return;
+            return None;
         }
-    }
+    };
     count_opened(&conn, &early_delta);
     debug!(
         ctx,
         "tracking {} connection on port {}", side as u32, found.port
     );
+    Some(state)
+}
+
+/// Walk the first flight parked under `id` at `seq` for the connection just stored at
+/// `conn`, holding its walk (a segment that follows the flight may be on another CPU now). A
+/// function of its own, after the one that built the state: their stacks are never added
+/// together.
+#[inline(never)]
+fn walk_first_flight<const H2: u8>(conn: *mut ConnState, flight: (u64, u32)) {
+    // SAFETY: the socket's live state, stored by this callback.
+    let conn = unsafe { &mut *conn };
+    let connection = conn.h2_connection;
+    walk_lock::take(connection);
+    first_flight::walk::<H2>(conn, flight);
+    walk_lock::give_back(connection);
 }
 
 /// Ask for this socket's state changes (its close), counting a refusal.
@@ -187,7 +249,7 @@ fn enable_state_callback(ctx: &SockOpsContext) {
 ///   tracked; the kernel counted it in `data_segs_out`. If it was a ClientHello, the client's
 ///   next segment shows TLS records and the turn is withdrawn
 ///   (`Turn::on_early_bytes_not_a_request`).
-fn early_request(ctx: &SockOpsContext, a: &Addresses, side: Side) -> Option<(u32, u32)> {
+fn early_request(ctx: &SockOpsContext, note: Option<(u8, u64)>, side: Side) -> Option<(u32, u32)> {
     let ops = ctx.ops;
     // SAFETY: `ops` is the sock_ops context the kernel passed in; plain integer fields.
     let (data_in, received, rcv_nxt, data_out, snd_nxt) = unsafe {
@@ -201,8 +263,8 @@ fn early_request(ctx: &SockOpsContext, a: &Addresses, side: Side) -> Option<(u32
     };
     let bytes = |n: u64| n.min(u64::from(u32::MAX)) as u32;
     match side {
-        Side::Server => match take_early_payload(a) {
-            Some(EARLY_NOT_A_REQUEST) => None,
+        Side::Server => match note {
+            Some((EARLY_NOT_A_REQUEST | EARLY_FIRST_FLIGHT, _)) => None,
             Some(_) => Some((rcv_nxt, bytes(received))),
             None => (data_in > 0 || received > 0).then_some((rcv_nxt, bytes(received))),
         },
@@ -211,9 +273,9 @@ fn early_request(ctx: &SockOpsContext, a: &Addresses, side: Side) -> Option<(u32
     }
 }
 
-/// The note `note_early_payload` left for this (server-side) connection's client, if any; the
-/// note is used up.
-fn take_early_payload(a: &Addresses) -> Option<u8> {
+/// The note `note_early_payload` left for this (server-side) connection's client, if any, with
+/// the id its first flight would be parked under; the note is used up.
+fn take_early_payload(a: &Addresses) -> Option<(u8, u64)> {
     let remote = endpoint_of(a, Side::Client)?;
     let peer = HandshakePeer {
         addr: remote.addr,
@@ -223,15 +285,20 @@ fn take_early_payload(a: &Addresses) -> Option<u8> {
     // SAFETY: the value is copied out at once.
     let kind = unsafe { EARLY_PAYLOADS.get(&peer) }.copied()?;
     let _ = EARLY_PAYLOADS.remove(&peer);
-    Some(kind)
+    Some((kind, peer.first_flight_id()))
 }
 
 /// The state callback saw TCP_CLOSE: close the socket's connection, if it is tracked.
-fn on_close<const HTTP2: bool>(ctx: &SockOpsContext) {
+fn on_close<const H2: u8>(ctx: &SockOpsContext) {
     // SAFETY: the context's socket field, a plain load.
     let sk = unsafe { (*ctx.ops).__bindgen_anon_2.sk };
-    if !sk.is_null() {
-        close_tracked::<_, HTTP2>(sk);
+    if sk.is_null() {
+        return;
+    }
+    if H2 == H2_OFF {
+        close_tracked::<_, false>(sk);
+    } else {
+        close_tracked::<_, true>(sk);
     }
 }
 

@@ -41,6 +41,7 @@ mod addresses;
 mod adoption;
 mod counters;
 mod features;
+mod first_flight;
 mod lifecycle;
 mod maps;
 mod packet;

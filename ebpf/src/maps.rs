@@ -125,9 +125,25 @@ pub(crate) struct HandshakePeer {
     pub(crate) local_port: u16,
 }
 
+impl HandshakePeer {
+    /// The id its first flight is parked under until its connection exists (FNV-1a of its
+    /// fields, the top bit set: a socket's cookie, which parks a connection's segments, is a
+    /// count from 1 and never reaches it).
+    #[inline(always)]
+    pub(crate) fn first_flight_id(&self) -> u64 {
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        let [p0, p1] = self.port.to_be_bytes();
+        let [l0, l1] = self.local_port.to_be_bytes();
+        for byte in self.addr.into_iter().chain([p0, p1, l0, l1]) {
+            hash = (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        hash | 1 << 63
+    }
+}
+
 /// Clients of watched listeners whose first bytes reached the listener with the handshake
 /// (TCP_DEFER_ACCEPT, TCP Fast Open, a lost third ACK), with what they were
-/// (`EARLY_NOT_A_REQUEST` or `EARLY_OTHER`). The segment passes while the listener owns it; the
+/// (`EARLY_NOT_A_REQUEST`, `EARLY_FIRST_FLIGHT` or `EARLY_OTHER`). The segment passes while the listener owns it; the
 /// connection established next takes its entry, and starts a turn unless the bytes were a TLS
 /// ClientHello or the HTTP/2 preface. An LRU of handshakes in progress: without its entry, a
 /// connection falls back on the kernel's own data count (see `early_request`).
@@ -140,6 +156,9 @@ pub(crate) static EARLY_PAYLOADS: LruHashMap<HandshakePeer, u8> =
 pub(crate) const EARLY_NOT_A_REQUEST: u8 = 1;
 /// `EARLY_PAYLOADS`: anything else (a request).
 pub(crate) const EARLY_OTHER: u8 = 2;
+/// `EARLY_PAYLOADS`: the HTTP/2 preface, its segment (the first flight) parked for the
+/// connection to walk (`parking::park_first_flight`): not a request turn either.
+pub(crate) const EARLY_FIRST_FLIGHT: u8 = 3;
 
 /// Scoped connections whose scope is entered, by socket cookie. The first segment with a full
 /// socket decides a scoped connection's scope, and two can decide it at once (the ingress

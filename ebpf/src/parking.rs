@@ -133,6 +133,27 @@ fn park_copy(
     let Some(place) = places.places.get_mut(place) else {
         return false;
     };
+    if !copy_in(ctx, &key, segment) {
+        return false;
+    }
+    *place = Parked { seq, len };
+    true
+}
+
+/// Park the first flight `segment` (the HTTP/2 preface and what came with it, which reached
+/// the listener with the handshake) under `id`, the first flight's own (see
+/// `HandshakePeer::first_flight_id`): the connection established next walks it there. False
+/// if it cannot be (over 64 KiB, or the map full).
+#[inline(always)]
+pub(crate) fn park_first_flight(ctx: &SkBuffContext, segment: &Segment, id: u64) -> bool {
+    segment.payload_len <= PARKED_BYTES && copy_in(ctx, &key(id, segment.seq), segment)
+}
+
+/// Copy the payload of `segment` (1 to `PARKED_BYTES` bytes) into the parking map at `key`,
+/// through this CPU's scratch buffer: false if it cannot be read or the map has no room.
+#[inline(always)]
+fn copy_in(ctx: &SkBuffContext, key: &ParkKey, segment: &Segment) -> bool {
+    let len = segment.payload_len;
     // SAFETY: the helper takes no argument.
     let cpu = unsafe { bpf_get_smp_processor_id() };
     let Some(scratch) = H2_PARK_SCRATCH.get_ptr_mut(cpu) else {
@@ -156,11 +177,7 @@ fn park_copy(
         (*scratch).parked_ns = bpf_ktime_get_ns();
     }
     // SAFETY: as above.
-    if copied < 0 || H2_PARKED.insert(&key, unsafe { &*scratch }, 0).is_err() {
-        return false;
-    }
-    *place = Parked { seq, len };
-    true
+    copied >= 0 && H2_PARKED.insert(key, unsafe { &*scratch }, 0).is_ok()
 }
 
 /// The parked segment of connection `connection` (its `places`) that holds byte `at`, as a
@@ -216,6 +233,17 @@ pub(crate) fn parked_payload(connection: u64, seq: u32) -> Option<ParkedPayload>
     })
 }
 
+/// Move the bytes parked under `from` at `seq` to `to` (the first flight's id to its
+/// connection's), as a payload to walk; `None` if there are none or the map has no room. The
+/// entry under `from` stays until [`release`].
+#[inline(always)]
+pub(crate) fn move_parked((from, to): (u64, u64), seq: u32) -> Option<ParkedPayload> {
+    // SAFETY: the value is read at once, by the map itself.
+    let bytes = unsafe { H2_PARKED.get(&key(from, seq)) }?;
+    H2_PARKED.insert(&key(to, seq), bytes, 0).ok()?;
+    parked_payload(to, seq)
+}
+
 /// Put `parked`, taken by [`take`] and walked in part (its walk paused), back in a free place
 /// of `places` (the one it left is free).
 #[inline(always)]
@@ -225,10 +253,10 @@ pub(crate) fn put_back(places: &mut ParkedPlaces, parked: Parked) {
     }
 }
 
-/// Drop the parked bytes of `parked`, of connection `connection`, once walked.
+/// Drop the bytes parked under `connection` at `seq`, once walked.
 #[inline(always)]
-pub(crate) fn release(connection: u64, parked: Parked) {
-    release_key(connection, parked.seq);
+pub(crate) fn release(connection: u64, seq: u32) {
+    release_key(connection, seq);
 }
 
 /// Drop every parked segment of a connection that closes.
@@ -268,6 +296,12 @@ pub(crate) struct ParkedPayload {
 }
 
 impl ParkedPayload {
+    /// The parked segment's payload bytes.
+    #[inline(always)]
+    pub(crate) fn bytes_len(&self) -> u32 {
+        self.len
+    }
+
     /// The `N` bytes at `at`, if the segment holds them.
     #[inline(always)]
     fn array<const N: usize>(&self, at: u32) -> Option<[u8; N]> {

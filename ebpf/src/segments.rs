@@ -27,12 +27,12 @@ use crate::{
 
 /// How a build of the segment programs counts HTTP/2 connections: not at all (left out, and
 /// counted as such).
-const H2_OFF: u8 = 0;
+pub(crate) const H2_OFF: u8 = 0;
 /// ... by streams, each segment's frames walked by one `bpf_loop` (5.17 and later).
-const H2_LOOP: u8 = 1;
+pub(crate) const H2_LOOP: u8 = 1;
 /// ... by streams, each segment's frames walked in steps by a loop of fixed bound and on by a
 /// chain of tail calls (`steps.rs`): kernels without `bpf_loop`.
-const H2_STEPS: u8 = 2;
+pub(crate) const H2_STEPS: u8 = 2;
 
 /// A segment arrives at a local socket.
 #[cgroup_skb(ingress)]
@@ -420,7 +420,7 @@ fn http2_segment<const H2: u8>(
 /// segment is not walked, and the walk's place is found again at the next segment that begins
 /// with a frame header.
 #[inline(always)]
-fn cut(conn: &mut ConnState, sender: Sender) {
+pub(crate) fn cut(conn: &mut ConnState, sender: Sender) {
     conn.frames_mut(sender).lose_place();
     counters::probe_stat(&PROBE_STATS, ProbeStat::Http2WalksCut);
 }
@@ -526,34 +526,50 @@ fn walk_one_parked<const H2: u8>(
     if paused {
         parking::put_back(places, parked);
     } else {
-        parking::release(conn.h2_connection, parked);
+        parking::release(conn.h2_connection, parked.seq);
     }
     true
 }
 
 /// Walk `len` bytes at `seq` of `sender`'s (`payload`, where the steps find them at
 /// `source`) as `H2` says (`steps.rs`), and count what they did: true if the walk paused, to
-/// go on in the next program. The walk is begun and ended by functions of their own and its
-/// steps are taken from here, so that no chain of calls holds more than two stacks besides
-/// the program's (the verifier holds them together to 512 bytes).
+/// go on in the next program.
 #[inline(always)]
 fn walk_in_steps<P: Payload, const H2: u8>(
     ctx: &SkBuffContext,
     conn: &mut ConnState,
     c: *mut EndpointCounters,
+    at: ((u32, u32), steps::Source),
+    payload: &P,
+    sender: Sender,
+) -> bool {
+    walk_taking_steps(conn, c, at, payload, sender, |level| {
+        if H2 == H2_LOOP {
+            steps::take_steps::<true>(ctx, level);
+        } else {
+            steps::take_steps::<false>(ctx, level);
+        }
+    })
+}
+
+/// The walk of [`walk_in_steps`], its steps taken by `take` (given the slot's level). The
+/// walk is begun and ended by functions of their own and its steps are taken from here, so
+/// that no chain of calls holds more than two stacks besides the program's (the verifier
+/// holds them together to 512 bytes).
+#[inline(always)]
+pub(crate) fn walk_taking_steps<P: Payload>(
+    conn: &mut ConnState,
+    c: *mut EndpointCounters,
     (at, source): ((u32, u32), steps::Source),
     payload: &P,
     sender: Sender,
+    take: impl FnOnce(u32),
 ) -> bool {
     let level = begin_steps(conn, c, &(at, source), payload, sender);
     if level == steps::NO_LEVEL {
         return false;
     }
-    if H2 == H2_LOOP {
-        steps::take_steps::<true>(ctx, level);
-    } else {
-        steps::take_steps::<false>(ctx, level);
-    }
+    take(level);
     end_steps(conn, c, level, sender)
 }
 

@@ -4,7 +4,8 @@
 //! and what its streams are inserted with; the steps read the segment from the packet or from
 //! the parking map.
 //!
-//! Each step is a global function, [`ra_h2_step`], which the verifier checks once, apart
+//! Each step is a global function, [`ra_h2_step`] (or, for parked bytes walked by a program
+//! with no packet, [`ra_h2_step_parked`]), which the verifier checks once, apart
 //! from the programs that call it (5.6 and later); it takes only the context and numbers
 //! (5.10), hence the slot. With `bpf_loop` (5.17) one loop calls it for all of a segment's
 //! frames. Without it (Ubuntu 22.04's 5.15, Debian 11's 5.10) a loop of fixed bound calls it
@@ -140,15 +141,12 @@ pub(crate) fn take_steps<const ONE_LOOP: bool>(ctx: &SkBuffContext, level: u32) 
     // A constant: the build without `bpf_loop` must not even name its callback (5.10 counts
     // the functions a program calls, not those it points to, and refuses the difference).
     if ONE_LOOP {
-        let Some(slot) = H2_STEPPING.get_ptr_mut(level) else {
-            return;
-        };
-        // SAFETY: this CPU's slot, filled by `enter`.
-        let steps = unsafe { (*slot).walk.steps() };
         // Hidden from the optimizer, which knows the step says 0 or 1 and would flip the bit
         // where the verifier, which takes a global function's answer for any number, wants a
         // branch before `bpf_loop`'s callback returns.
-        KernelFrameOps::repeat(steps, || core::hint::black_box(ra_h2_step(skb, level)) != 0);
+        KernelFrameOps::repeat(steps_at(level), || {
+            core::hint::black_box(ra_h2_step(skb, level)) != 0
+        });
     } else {
         // A constant bound: the verifier then splits its states only on what each step said.
         let mut i = 0;
@@ -159,6 +157,36 @@ pub(crate) fn take_steps<const ONE_LOOP: bool>(ctx: &SkBuffContext, level: u32) 
             i += 1;
         }
     }
+}
+
+/// [`take_steps`] for a walk of parked bytes from a program that has no packet (the sock_ops
+/// program walking a first flight), each step by [`ra_h2_step_parked`]. Its own loops, not
+/// [`take_steps`]' with the step passed in: the closure then takes a frame of its own in
+/// the segment programs' chain of calls, past the 512 bytes the verifier allows them.
+#[inline(never)]
+pub(crate) fn take_parked_steps<const ONE_LOOP: bool>(level: u32) {
+    if ONE_LOOP {
+        KernelFrameOps::repeat(steps_at(level), || {
+            core::hint::black_box(ra_h2_step_parked(level)) != 0
+        });
+    } else {
+        let mut i = 0;
+        while i < STEPS_PER_PROGRAM {
+            if ra_h2_step_parked(level) == 0 {
+                break;
+            }
+            i += 1;
+        }
+    }
+}
+
+/// The most steps the walk in this CPU's slot at `level` can take (0 without a slot).
+#[inline(always)]
+fn steps_at(level: u32) -> u32 {
+    // SAFETY: this CPU's slot, filled by `enter`.
+    H2_STEPPING
+        .get_ptr_mut(level)
+        .map_or(0, |slot| unsafe { (*slot).walk.steps() })
 }
 
 /// Take the walk out of this CPU's slot at `level` and give the slot back: the direction's
@@ -185,16 +213,10 @@ pub extern "C" fn ra_h2_step(skb: *mut __sk_buff, slot: u32) -> i32 {
     };
     // SAFETY: this CPU's slot, filled by `enter` before this call.
     let step = unsafe { &mut *step };
-    let streams = ConnectionStreams::of(step);
     let go_on = if step.parked != 0 {
-        match parking::parked_payload(step.connection, step.parked_seq) {
-            Some(payload) => step.frames.step(&mut step.walk, &payload, &streams),
-            None => {
-                step.walk.lose();
-                false
-            }
-        }
+        step_parked(step)
     } else if let Some(skb) = core::ptr::NonNull::new(skb) {
+        let streams = ConnectionStreams::of(step);
         let ctx = SkBuffContext::new(skb);
         let payload = SegmentPayload::new(&ctx, step.offset);
         step.frames.step(&mut step.walk, &payload, &streams)
@@ -202,6 +224,31 @@ pub extern "C" fn ra_h2_step(skb: *mut __sk_buff, slot: u32) -> i32 {
         false
     };
     i32::from(go_on)
+}
+
+/// [`ra_h2_step`] for a walk of parked bytes, from a program that has no packet: a global
+/// function of numbers alone, which any program type may call.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn ra_h2_step_parked(slot: u32) -> i32 {
+    let Some(step) = H2_STEPPING.get_ptr_mut(slot) else {
+        return 0;
+    };
+    // SAFETY: this CPU's slot, filled by `enter` before this call.
+    i32::from(step_parked(unsafe { &mut *step }))
+}
+
+/// One step of the walk `step`, whose bytes are parked: true while more remain.
+#[inline(always)]
+fn step_parked(step: &mut Stepping) -> bool {
+    let streams = ConnectionStreams::of(step);
+    match parking::parked_payload(step.connection, step.parked_seq) {
+        Some(payload) => step.frames.step(&mut step.walk, &payload, &streams),
+        None => {
+            step.walk.lose();
+            false
+        }
+    }
 }
 
 /// The program that walks on a received segment (index 0: `ra_ingress_more`), set by the

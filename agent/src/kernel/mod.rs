@@ -74,7 +74,7 @@ impl ProgramSet {
         match self {
             Self::Full => ["ra_sockops", "ra_ingress", "ra_egress", "ra_destroy"],
             Self::Http2InSteps => [
-                "ra_sockops",
+                "ra_sockops_step",
                 "ra_ingress_step",
                 "ra_egress_step",
                 "ra_destroy",

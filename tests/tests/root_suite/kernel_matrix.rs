@@ -7,8 +7,10 @@
 //! then exact-count runs against the distribution's nginx on the guest's loopback, with
 //! nginx's stub_status as the truth and the agent's Prometheus counters as the count: ab
 //! (one request per connection), ab -k and wrk over plain HTTP/1.1 and over TLS, and h2load
-//! over cleartext HTTP/2 (4 connections of 16 streams, and one of 1,000). It prints one JSON object per line after [`MARK`]; the host side
-//! reads them back, prints a table per kernel and asserts what each kernel must do.
+//! over cleartext HTTP/2 (4 connections of 16 streams, one of 1,000, and 8 of 100 to a
+//! `deferred` listener, each first flight coming with its handshake). It prints one JSON
+//! object per line after [`MARK`]; the host side reads them back, prints a table per kernel
+//! and asserts what each kernel must do.
 
 use std::{
     fs,
@@ -59,6 +61,9 @@ mod guest {
         plain: SocketAddr,
         tls: SocketAddr,
         h2c: SocketAddr,
+        /// Cleartext HTTP/2 with TCP_DEFER_ACCEPT: each connection's first flight comes with
+        /// its handshake, and is walked by the established callback.
+        h2c_deferred: SocketAddr,
     }
 
     /// Print one report line.
@@ -74,6 +79,7 @@ mod guest {
             plain: free_port(),
             tls: free_port(),
             h2c: free_port(),
+            h2c_deferred: free_port(),
         };
         let nginx = start_nginx(&ports);
         let dir = std::env::temp_dir().join("kernel-matrix-agent");
@@ -110,17 +116,19 @@ mod guest {
         emit(json!({"kind": "done"}));
     }
 
-    /// nginx with a plain HTTP/1.1, a TLS and a cleartext HTTP/2 listener.
+    /// nginx with a plain HTTP/1.1, a TLS and two cleartext HTTP/2 listeners (one deferred).
     fn start_nginx(ports: &Ports) -> Nginx {
         let (cert, key) = self_signed_certificate();
         let ok = "keepalive_requests 100000; location / { return 200 \"ok\\n\"; }";
         Nginx::start(&format!(
             "  server {{ listen {plain}; {ok} }}\n  server {{ listen {tls} ssl; \
              ssl_certificate {cert}; ssl_certificate_key {key}; {ok} }}\n  server {{ listen \
-             {h2c} http2; http2_max_concurrent_streams 1000; {ok} }}",
+             {h2c} http2; http2_max_concurrent_streams 1000; {ok} }}\n  server {{ listen \
+             {deferred} deferred http2; {ok} }}",
             plain = ports.plain,
             tls = ports.tls,
             h2c = ports.h2c,
+            deferred = ports.h2c_deferred,
             cert = cert.display(),
             key = key.display(),
         ))
@@ -136,11 +144,12 @@ mod guest {
         };
         let config = format!(
             "[agent]\ntick_interval_ms = 200\nsocket_path = {:?}\nmetrics_listen = \
-             \"{metrics}\"\n\n{}{}{}",
+             \"{metrics}\"\n\n{}{}{}{}",
             dir.join("agent.sock"),
             service("plain", ports.plain),
             service("tls", ports.tls),
             service("h2c", ports.h2c),
+            service("h2c_deferred", ports.h2c_deferred),
         );
         let path = dir.join("agent.toml");
         fs::write(&path, config).expect("write the agent's configuration");
@@ -235,6 +244,7 @@ mod guest {
             run("tls", "wrk", ports.tls, "https"),
             run("http2", "h2load", ports.h2c, "http"),
             run("http2", "h2load -m 1000", ports.h2c, "http"),
+            run("http2", "h2load deferred", ports.h2c_deferred, "http"),
         ]
     }
 
@@ -278,6 +288,11 @@ mod guest {
             }
             "h2load" => tool(
                 Command::new("h2load").args(["-n", "2000", "-c", "4", "-m", "16", &run.url]),
+                "requests:",
+            ),
+            // Each connection's first flight (the preface and 100 HEADERS) with its handshake.
+            "h2load deferred" => tool(
+                Command::new("h2load").args(["-n", "2000", "-c", "8", "-m", "100", &run.url]),
                 "requests:",
             ),
             // A thousand streams at once on one connection: segments of thousands of frames,
@@ -656,7 +671,7 @@ fn assert_exact(report: &Report, protocol: &str, tools: &[&str]) {
 }
 
 const HTTP1_TOOLS: [&str; 3] = ["ab", "ab -k", "wrk"];
-const H2_TOOLS: [&str; 2] = ["h2load", "h2load -m 1000"];
+const H2_TOOLS: [&str; 3] = ["h2load", "h2load -m 1000", "h2load deferred"];
 
 /// `check` says that HTTP/2 is not counted on this kernel (the agent's words: adjust here if
 /// they change).
@@ -708,7 +723,11 @@ fn kernel_5_10_counts_http1_tls_and_http2_in_steps_exactly() {
     assert_features(&report, &["bpf_loop", "tracing_socket_storage"]);
     assert_exact(&report, "http2", &H2_TOOLS);
     let problems = &report.line("after")["probe_problems"];
-    for kind in ["http2_connections_left_out", "http2_walks_cut"] {
+    for kind in [
+        "http2_connections_left_out",
+        "http2_walks_cut",
+        "http2_first_flights_unwalked",
+    ] {
         assert_eq!(
             problems[kind].as_f64(),
             Some(0.0),
