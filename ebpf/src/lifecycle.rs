@@ -16,7 +16,7 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, SockOpsContext},
 };
 use aya_log_ebpf::{debug, warn};
-use retry_after_common::{ConnState, ProbeStat, Side, WatchValue, turn::TurnDelta};
+use retry_after_common::{ConnState, ProbeStat, Protocol, Side, WatchValue, turn::TurnDelta};
 
 use crate::{
     addresses::{Addresses, addresses, endpoint_of},
@@ -95,10 +95,13 @@ fn on_established<const H2: u8>(ctx: &SockOpsContext, side: Side) {
         early: false,
         first_flight: 0,
         first_flight_seq: 0,
+        expect_first: false,
     };
     if !established_watch(ctx, side, &mut found) {
         return;
     }
+    // Only a build that counts HTTP/2 streams parks what arrives ahead of the first byte.
+    found.expect_first &= H2 != H2_OFF;
     if let Some(conn) = track_established(ctx, side, &found)
         && found.first_flight != 0
     {
@@ -120,9 +123,12 @@ struct Established {
     early_bytes: u32,
     early: bool,
     /// The id its first flight is parked under (`parking::park_first_flight`), 0 if none,
-    /// and the flight's first byte.
+    /// and the client's first byte (the flight's, or the one still to come).
     first_flight: u64,
     first_flight_seq: u32,
+    /// Nothing of the client's came with the handshake: its first byte, at
+    /// `first_flight_seq`, is still to come (`FrameStream::expect_first`).
+    expect_first: bool,
 }
 
 /// Whether the connection of this callback, seen from `side`, is one of a watched endpoint,
@@ -155,12 +161,17 @@ fn established_watch(ctx: &SockOpsContext, side: Side, found: &mut Established) 
         found.early_bytes = bytes;
         found.early = true;
     }
-    if let Some((EARLY_FIRST_FLIGHT, id)) = note {
-        found.first_flight = id;
-        // Its bytes are not queued yet (see `early_request`): the flight begins where the
-        // socket's next byte is expected.
-        // SAFETY: a plain integer field of the context.
-        found.first_flight_seq = unsafe { read_volatile(&raw const (*ctx.ops).rcv_nxt) };
+    // The client's first byte: where the socket's next one is expected (bytes that came with
+    // the handshake are not queued yet, see `early_request`).
+    found.first_flight_seq = next_expected(ctx);
+    match note {
+        Some((EARLY_FIRST_FLIGHT, id)) => found.first_flight = id,
+        None => {
+            found.expect_first = side == Side::Server
+                && !found.early
+                && Protocol::from_u32(watch.protocol).may_be_http2();
+        }
+        Some(_) => {}
     }
     true
 }
@@ -183,10 +194,16 @@ fn track_established(
     } else {
         TurnDelta::default()
     };
-    // Likewise a first flight: the connection is HTTP/2 from its preface, framed there.
+    // Likewise a first flight: the connection is HTTP/2 from its preface, framed there. Or
+    // where the client's first byte is still to come, what arrives ahead of it waits for it.
+    // SAFETY: the helper reads the context's socket.
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.ops.cast()) };
+    if found.expect_first {
+        conn.client_frames.expect_first(found.first_flight_seq);
+        // What is parked ahead of the first byte is keyed by it.
+        conn.h2_connection = cookie;
+    }
     if found.first_flight != 0 {
-        // SAFETY: the helper reads the context's socket.
-        let cookie = unsafe { bpf_get_socket_cookie(ctx.ops.cast()) };
         first_flight::detect(
             &mut conn,
             cookie,
@@ -225,6 +242,15 @@ fn walk_first_flight<const H2: u8>(conn: *mut ConnState, flight: (u64, u32)) {
     walk_lock::give_back(connection);
 }
 
+/// The sequence number of the next byte the socket expects to receive. A function of its own:
+/// the verifier takes a context field only read at a constant offset from the context itself,
+/// which the compiler, sharing the address with `early_request`'s read, would not keep.
+#[inline(never)]
+fn next_expected(ctx: &SockOpsContext) -> u32 {
+    // SAFETY: `ops` is the sock_ops context the kernel passed in; a plain integer field.
+    unsafe { read_volatile(&raw const (*ctx.ops).rcv_nxt) }
+}
+
 /// Ask for this socket's state changes (its close), counting a refusal.
 fn enable_state_callback(ctx: &SockOpsContext) {
     if ctx
@@ -241,8 +267,8 @@ fn enable_state_callback(ctx: &SockOpsContext) {
 /// * Server side (TCP_DEFER_ACCEPT, TCP Fast Open, a lost third ACK): the segment carrying the
 ///   client's first bytes passed while the listener owned it. `note_early_payload` saw it and
 ///   noted whether it began with a TLS ClientHello or the HTTP/2 preface (neither is a
-///   request; an HTTP/2 connection's first flight is not walked, so the streams it opened are
-///   not counted). Without a note (evicted), the kernel's own count tells: it counts the
+///   request; an HTTP/2 connection's first flight is walked by the callback, see
+///   `first_flight`). Without a note (evicted), the kernel's own count tells: it counts the
 ///   data segment that completes the handshake (`data_segs_in`) before it queues its bytes, so
 ///   at this callback the bytes may still be 0 while a request is already there.
 /// * Client side (TCP Fast Open): the request went out in the SYN, before the connection was

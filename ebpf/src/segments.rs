@@ -371,9 +371,13 @@ fn streams_or_turns<const INGRESS: bool, const H2: u8>(
     if !protocol.may_be_http2() {
         return Counted::ByTurns;
     }
+    // A segment ahead of the client's first bytes (one of them lost, or reordered) cannot
+    // tell what the connection is: it waits for them, parked as ahead of the walk (see
+    // `FrameStream::expect_first`).
     if sender == Sender::Client
         && segment.payload_len > 0
         && !conn.client_frames.is_detected()
+        && !conn.client_frames.is_ahead(segment.seq)
         && conn.client_frames.detect(segment.seq, payload, protocol) == Detected::Http2
     {
         // SAFETY: the helper reads the context's socket.
@@ -385,7 +389,11 @@ fn streams_or_turns<const INGRESS: bool, const H2: u8>(
             counters::probe_stat(&PROBE_STATS, ProbeStat::Http2ConnectionsLeftOut);
         }
     }
-    if conn.client_frames.is_http2() {
+    // Taken for HTTP/2 before the client's first bytes were looked at (see above), the
+    // server's bytes before them are not: a server that speaks first is not HTTP/2.
+    if conn.client_frames.is_http2()
+        && (sender == Sender::Client || conn.client_frames.is_detected())
+    {
         if H2 != H2_OFF {
             Counted::ByStreams
         } else {
@@ -617,19 +625,20 @@ fn begin_steps<P: Payload>(
 /// it did counted. True if it paused.
 #[inline(never)]
 fn end_steps(conn: &mut ConnState, c: *mut EndpointCounters, level: u32, sender: Sender) -> bool {
-    let Some((stepped, mut walk, opened)) = steps::leave(level) else {
-        return false;
-    };
     let frames = match sender {
         Sender::Client => &mut conn.client_frames,
         Sender::Server => &mut conn.server_frames,
     };
-    *frames = stepped;
-    // SAFETY: a field of the connection's live state; 2^64 - k subtracts k.
-    unsafe { counters::add(&raw mut conn.h2_open, opened) };
-    frames.end_walk(&mut conn.hole, &mut walk);
-    count_walk(c, walk.did());
-    walk.did().paused
+    let (hole, open) = (&mut conn.hole, &raw mut conn.h2_open);
+    steps::leave(level, |stepped, walk, opened| {
+        *frames = *stepped;
+        // SAFETY: a field of the connection's live state; 2^64 - k subtracts k.
+        unsafe { counters::add(open, opened) };
+        frames.end_walk(hole, walk);
+        count_walk(c, walk.did());
+        walk.did().paused
+    })
+    .unwrap_or(false)
 }
 
 /// Count what a segment's walk did: its streams in the endpoint's counters `c`, its problems

@@ -15,6 +15,11 @@
 //! program reached by a tail call walks the same segment on from there; a chain of tail calls
 //! ends after 33 programs, and what is left then is not walked (`http2_walks_cut`).
 
+use core::{
+    ptr::{read_volatile, write_volatile},
+    sync::atomic::{Ordering, compiler_fence},
+};
+
 use aya_ebpf::{
     EbpfContext,
     bindings::__sk_buff,
@@ -109,16 +114,22 @@ pub(crate) fn enter(frames: &FrameStream, walk: SegmentWalk, of: StepsOf) -> Opt
     let depth = H2_STEP_DEPTH.get_ptr_mut(0)?;
     // SAFETY: this CPU's value; a program that nests here runs to its end before this one
     // goes on, so the depth is a stack.
-    let level = unsafe { *depth };
+    let level = unsafe { read_volatile(depth) };
     let slot = H2_STEPPING.get_ptr_mut(level)?;
     let (offset, parked, parked_seq) = match of.source {
         Source::Packet(offset) => (offset, 0, 0),
         Source::Parked(seq) => (0, 1, seq),
     };
+    // The slot is taken before a byte of it is written: a program that nests from here on
+    // (a receive interrupting a send) takes the next one. Without the fence the compiler
+    // may move the depth's store after the slot's, and a program nesting in between would
+    // fill the same slot, this walk then finishing on the other connection's frames.
+    // SAFETY: this CPU's value.
+    unsafe { write_volatile(depth, level + 1) };
+    compiler_fence(Ordering::SeqCst);
     // SAFETY: this CPU's slot at this level, which no other program uses until `leave`.
     // Field by field: a whole `Stepping` built first would take its size of the stack.
     unsafe {
-        *depth = level + 1;
         (*slot).frames = *frames;
         (*slot).walk = walk;
         (*slot).connection = of.connection;
@@ -189,18 +200,24 @@ fn steps_at(level: u32) -> u32 {
         .map_or(0, |slot| unsafe { (*slot).walk.steps() })
 }
 
-/// Take the walk out of this CPU's slot at `level` and give the slot back: the direction's
-/// frame walk, where the walk is (paused if steps remain), and the streams its steps opened
-/// minus those they ended, to add to the connection's count (wrapping).
+/// End the walk in this CPU's slot at `level` with `end`, handed the direction's frame walk
+/// as the steps left it, where the walk is (paused if steps remain), and the streams its
+/// steps opened minus those they ended (to add to the connection's count, wrapping); then
+/// give the slot back. Given back only once `end` is done with it: a program nesting after
+/// the depth's store takes this very slot.
 #[inline(always)]
-pub(crate) fn leave(level: u32) -> Option<(FrameStream, SegmentWalk, u64)> {
+pub(crate) fn leave<R>(
+    level: u32,
+    end: impl FnOnce(&FrameStream, &mut SegmentWalk, u64) -> R,
+) -> Option<R> {
     let depth = H2_STEP_DEPTH.get_ptr_mut(0)?;
     let slot = H2_STEPPING.get_ptr_mut(level)?;
-    // SAFETY: this CPU's value and slot, taken by `enter`.
-    unsafe {
-        *depth = level;
-        Some(((*slot).frames, (*slot).walk, (*slot).open))
-    }
+    // SAFETY: this CPU's slot, taken by `enter` and not given back yet.
+    let ended = unsafe { end(&(*slot).frames, &mut (*slot).walk, (*slot).open) };
+    compiler_fence(Ordering::SeqCst);
+    // SAFETY: this CPU's value.
+    unsafe { write_volatile(depth, level) };
+    Some(ended)
 }
 
 /// One step of the walk in this CPU's slot `slot`: true (1) while more remain. A global

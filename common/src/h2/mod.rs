@@ -24,8 +24,9 @@
 //! them) is a rejection as well.
 //!
 //! A connection is HTTP/2 when its client's first payload is the connection preface
-//! (`PRI * HTTP/2.0…`); one adopted mid-stream (open before it was watched) when its first
-//! payload seen has the shape of a frame header (see [`plausible_frame_header`]), or always
+//! (`PRI * HTTP/2.0…`; where the first byte is known, the payload that holds it, see
+//! [`FrameStream::expect_first`]); one adopted mid-stream (open before it was watched) when
+//! its first payload seen has the shape of a frame header (see [`plausible_frame_header`]), or always
 //! on an endpoint set to [`Protocol::Http2`] or [`Protocol::Grpc`]. A stream whose framing is
 //! lost (a segment that overtook bytes and begins inside a frame) is framed again at the next
 //! segment that begins with a plausible frame header. Every frame of a segment is walked,
@@ -363,6 +364,9 @@ impl FrameStream {
     #[inline(always)]
     pub fn detect<P: Payload>(&mut self, seq: u32, payload: &P, protocol: Protocol) -> Detected {
         self.flags.set(DETECTED);
+        // What [`FrameStream::expect_first`] supposed is kept only by an HTTP/2 connection,
+        // framed anew below.
+        self.flags.clear(FRAMED | HTTP2);
         if payload.header_at(0).is_some_and(is_record_header) {
             self.flags.set(ENCRYPTED);
             return Detected::Tls;
@@ -502,6 +506,18 @@ impl FrameStream {
         if w.at.len != 0 {
             hole.leave(self, &mut w.walk, w.sender);
         }
+    }
+
+    /// The client's first byte will be at `seq` (a connection tracked from its handshake, on
+    /// the side that receives the client's bytes, of an endpoint that may speak HTTP/2):
+    /// until its first payload is looked at ([`FrameStream::detect`], to be handed that
+    /// byte's segment, not one that arrived ahead of it: [`FrameStream::is_ahead`]), the
+    /// connection is taken for HTTP/2 framed there, so that a segment ahead of it is parked
+    /// like any segment ahead of the walk. `detect` says what it is.
+    #[inline(always)]
+    pub fn expect_first(&mut self, seq: u32) {
+        self.next_seq = seq;
+        self.flags.set(HTTP2 | FRAMED);
     }
 
     /// True if a segment at `seq` would leave a gap: the walk knows its place, and `seq` is
@@ -1289,6 +1305,32 @@ mod tests {
         ] {
             let detected = FrameStream::default().detect(0, &Bytes(first), protocol);
             assert_eq!(detected, is);
+        }
+    }
+
+    #[test]
+    fn a_first_byte_expected_holds_back_what_overtakes_it_until_its_segment_says() {
+        let first = 7_000u32;
+        let mut expecting = FrameStream::default();
+        expecting.expect_first(first);
+        // Taken for HTTP/2 framed at the first byte: a segment past it is ahead, not detected.
+        assert!(expecting.is_http2() && !expecting.is_detected());
+        assert!(expecting.is_ahead(first + 1448) && !expecting.is_ahead(first));
+        assert_eq!(expecting.walked_to(), Some(first));
+        // The first byte's segment says what it is; only HTTP/2 keeps the place.
+        let get = &b"GET / HTTP/1.1\r\n\r\n"[..];
+        let hello = &[22, 3, 1, 0, 200, 1, 0, 0, 196][..];
+        for (bytes, is) in [
+            (&PREFACE[..], Detected::Http2),
+            (get, Detected::Turns),
+            (hello, Detected::Tls),
+        ] {
+            let mut frames = expecting;
+            assert_eq!(frames.detect(first, &Bytes(bytes), Protocol::Auto), is);
+            let http2 = is == Detected::Http2;
+            assert_eq!(frames.is_http2(), http2);
+            assert_eq!(frames.walked_to(), http2.then_some(first));
+            assert!(!frames.is_ahead(first + 1448) || http2);
         }
     }
 

@@ -120,12 +120,16 @@ fn h2load_cells(
         let rejected = if path == "/busy" { total } else { 0 };
         let (server, client) = both_sides_settle(probe, endpoint, (total, rejected));
         let cell = format!(
-            "{connections} x {streams} {path}: nginx {total}; nginx's side {}/{}; h2load's side \
-             {}/{} ({} abandoned); {:?}",
+            "{connections} x {streams} {path}: nginx {total} ({rejected} rejected); nginx's side \
+             {}/{} ({} rejected, {} abandoned); h2load's side {}/{} ({} rejected, {} abandoned); \
+             {:?}",
             server.requests_started,
             server.responses_completed,
+            server.responses_rejected,
+            server.requests_abandoned,
             client.requests_started,
             client.responses_completed,
+            client.responses_rejected,
             client.requests_abandoned,
             probe.read().probe
         );
