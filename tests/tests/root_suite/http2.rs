@@ -252,6 +252,26 @@ fn h2load_between_hosts_losing_and_duplicating_segments_is_counted_exactly() {
     }
 }
 
+/// [`h2load_between_hosts_losing_and_duplicating_segments_is_counted_exactly`]'s cell where
+/// one connection's count used to stop (4 × 128 streams, 3 KB bodies), twelve times over one
+/// agent: under the same loss and duplication, every cell exact on both vantage points.
+/// Ignored for the same reason (a window of more segments than a connection parks still
+/// loses ends); run with `--ignored` to measure.
+#[test]
+#[ignore = "the target it holds, exact counts under 1% loss, is not met yet (docs/kernel-observation.md)"]
+fn h2load_between_hosts_the_cell_that_stopped_twelve_times_is_counted_exactly() {
+    let hosts = HostPair::new();
+    hosts.lose_and_duplicate(10, 10);
+    let addr = std::net::SocketAddr::from((netns::SERVER_ADDR, 18_080));
+    let nginx = Nginx::start_in_netns(&h2c_server(addr), &hosts.server);
+    let endpoint = Endpoint::from(addr);
+    let mut probe = AttachedProbe::watching(&[endpoint]);
+    let loads: Vec<Load> = (0..12).map(|_| ("/kb", 20_000, 4, 128)).collect();
+    h2load_cells(&nginx, &mut probe, endpoint, &loads, |url, n, c, m| {
+        h2load_with(HostPair::command(&hosts.client, "h2load"), url, n, c, m);
+    });
+}
+
 /// nginx listening with TCP_DEFER_ACCEPT (`listen … deferred`, as production configurations
 /// often do): each connection's first flight (the preface and the 100 HEADERS h2load sends
 /// before it has nginx's SETTINGS) completes the handshake and reaches the listener before the
