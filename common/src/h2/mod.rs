@@ -124,12 +124,29 @@ pub struct FrameStream {
     pub held_len: u8,
     /// Bit flags.
     pub flags: WalkFlags,
-    /// Always zero (explicit padding).
-    pub pad: u16,
+    /// The server's walk: a response's HEADERS frame whose segment ended before the first
+    /// bytes of its header block, which tell a rejection: `CUT_*` bits (0: none), the bytes
+    /// already read in `held_low` (no frame header is held meanwhile), the stream in
+    /// `max_stream`. Read on at the next bytes walked.
+    pub status_cut: u16,
     /// The client's walk: the highest stream id it opened (a HEADERS on a stream id not above
-    /// it is trailers, or a stream seen before). Unused in the server's.
+    /// it is trailers, or a stream seen before). The server's: the stream of `status_cut`.
     pub max_stream: u32,
 }
+
+/// `status_cut`: bytes still to skip before the header block (the pad length and the
+/// priority fields, 0 to 6).
+const CUT_SKIP: u16 = 0x7;
+/// `status_cut`: the shift of how many of the block's first 5 bytes are read (0 to 4).
+const CUT_HAVE_SHIFT: u16 = 3;
+/// `status_cut`: the frame had END_STREAM.
+const CUT_END_STREAM: u16 = 1 << 6;
+/// `status_cut`: ... and its stream was ended at it (counted completed, not rejected).
+const CUT_ENDED: u16 = 1 << 7;
+/// `status_cut`: a status is cut (set whenever the others may all be 0).
+const CUT_PENDING: u16 = 1 << 8;
+/// Bytes of a header block that tell a rejection (see [`is_rejection_status`]).
+const STATUS_BYTES: u32 = 5;
 
 /// The bytes of one direction that a later segment overtook (a gap in the sequence): the
 /// walk's place where they begin, saved, so that when they arrive they are walked from it.
@@ -334,7 +351,7 @@ impl FrameStream {
         held_low: 0,
         held_len: 0,
         flags: WalkFlags(0),
-        pad: 0,
+        status_cut: 0,
         max_stream: 0,
     };
 
@@ -611,6 +628,9 @@ impl FrameStream {
         &mut self,
         seg: &mut Walking<'_, '_, P, T>,
     ) -> Option<bool> {
+        if self.status_cut != 0 {
+            self.read_cut_status(seg);
+        }
         let at = &mut seg.w.at;
         let take = self.left.min(at.len - at.pos);
         at.pos += take;
@@ -681,7 +701,7 @@ impl FrameStream {
         self.left = frame.len;
         match seg.w.sender {
             Sender::Client => self.client_frame(seg.streams, frame, &mut seg.w.walk),
-            Sender::Server => server_frame(seg, frame),
+            Sender::Server => self.server_frame(seg, frame),
         }
         true
     }
@@ -727,33 +747,102 @@ impl FrameStream {
         self.next_seq = seq;
         self.left = 0;
         self.hold(0, 0);
+        self.status_cut = 0;
         self.flags.set(FRAMED);
     }
-}
 
-/// A frame from the server: END_STREAM or RST_STREAM completes a stream, a rejection's
-/// HEADERS completes it at once. (A GOAWAY's unprocessed streams stay open until the close,
-/// which follows it, abandons them.)
-#[inline(always)]
-fn server_frame<P: Payload, T: StreamTable>(seg: &mut Walking<'_, '_, P, T>, frame: Frame) {
-    let (at, payload) = (seg.w.at, seg.payload);
-    if !frame.on_client_stream() {
-        return;
+    /// A frame from the server: END_STREAM or RST_STREAM completes a stream, a rejection's
+    /// HEADERS completes it at once. (A GOAWAY's unprocessed streams stay open until the
+    /// close, which follows it, abandons them.) A HEADERS whose segment ends before the first
+    /// bytes of its block is told a rejection or not at the next bytes walked.
+    #[inline(always)]
+    fn server_frame<P: Payload, T: StreamTable>(
+        &mut self,
+        seg: &mut Walking<'_, '_, P, T>,
+        frame: Frame,
+    ) {
+        let (at, payload) = (seg.w.at, seg.payload);
+        if !frame.on_client_stream() {
+            return;
+        }
+        let end_stream = frame.flags & END_STREAM != 0;
+        let start = block_start(frame, at.pos);
+        let block = frame.len.saturating_sub(start - at.pos);
+        let cut = frame.kind == HEADERS && block > 0 && start + block.min(STATUS_BYTES) > at.len;
+        let rejected = match frame.kind {
+            HEADERS if !cut => response_rejected(frame, at, payload, seg.w.protocol),
+            RST_STREAM => read_be(payload, at.pos, 4) == Some(u64::from(REFUSED_STREAM)),
+            _ => false,
+        };
+        let ends = match frame.kind {
+            HEADERS | DATA => end_stream || rejected,
+            RST_STREAM => true,
+            _ => false,
+        };
+        let ended = ends && seg.streams.end(frame.stream);
+        if ended {
+            seg.w.walk.delta.completed += 1;
+            seg.w.walk.delta.rejected += u16::from(rejected);
+        }
+        if cut {
+            // Read from the frame's payload on, by the next steps (this segment's last, then
+            // the next segment's first).
+            self.held_low = 0;
+            self.max_stream = frame.stream;
+            self.status_cut = CUT_PENDING
+                | ((start - at.pos) as u16 & CUT_SKIP)
+                | if end_stream { CUT_END_STREAM } else { 0 }
+                | if ended { CUT_ENDED } else { 0 };
+        }
     }
-    let end_stream = frame.flags & END_STREAM != 0;
-    let rejected = match frame.kind {
-        HEADERS => response_rejected(frame, at, payload, seg.w.protocol),
-        RST_STREAM => read_be(payload, at.pos, 4) == Some(u64::from(REFUSED_STREAM)),
-        _ => false,
-    };
-    let ends = match frame.kind {
-        HEADERS | DATA => end_stream || rejected,
-        RST_STREAM => true,
-        _ => false,
-    };
-    if ends && seg.streams.end(frame.stream) {
-        seg.w.walk.delta.completed += 1;
-        seg.w.walk.delta.rejected += u16::from(rejected);
+
+    /// Read on a status cut by the end of a segment (`status_cut`) with the bytes at
+    /// `seg.w.at.pos`, where the frame's payload goes on: once its first bytes are read (or
+    /// the block ends), a rejection is counted (and its stream ended, if the HEADERS did not
+    /// end it); bytes that end first are kept, and the status stays cut.
+    #[inline(always)]
+    fn read_cut_status<P: Payload, T: StreamTable>(&mut self, seg: &mut Walking<'_, '_, P, T>) {
+        let cut = self.status_cut;
+        let skip = u32::from(cut & CUT_SKIP);
+        let mut have = u32::from(cut >> CUT_HAVE_SHIFT & 0x7);
+        let at = seg.w.at;
+        let here = at.len - at.pos;
+        // What is left of the block's first bytes, within what is left of the frame.
+        let wanted = (STATUS_BYTES - have).min(self.left.saturating_sub(skip));
+        let n = wanted.min(here.saturating_sub(skip));
+        let Some(more) = read_be(seg.payload, at.pos + skip, n) else {
+            self.status_cut = 0;
+            return;
+        };
+        let bytes = u64::from(self.held_low) << (8 * n) | more;
+        have += n;
+        if n < wanted {
+            // Not all here: what is left to skip and what was read wait for the next bytes.
+            self.held_low = bytes as u32;
+            self.status_cut = cut & !(CUT_SKIP | 0x7 << CUT_HAVE_SHIFT)
+                | (skip.saturating_sub(here) as u16 & CUT_SKIP)
+                | (have as u16) << CUT_HAVE_SHIFT;
+            return;
+        }
+        self.status_cut = 0;
+        // The block's first bytes, left-aligned in 5.
+        let first = (bytes << (8 * (STATUS_BYTES - have))).to_be_bytes();
+        let first = [first[3], first[4], first[5], first[6], first[7]];
+        let rejected = if first[0] == STATUS_200_INDEXED {
+            matches!(seg.w.protocol, Protocol::Grpc) && cut & CUT_END_STREAM != 0
+        } else {
+            have == STATUS_BYTES && is_rejection_status(first)
+        };
+        if !rejected {
+            return;
+        }
+        let walk = &mut seg.w.walk;
+        if cut & CUT_ENDED != 0 {
+            walk.delta.rejected += 1;
+        } else if cut & CUT_END_STREAM == 0 && seg.streams.end(self.max_stream) {
+            walk.delta.completed += 1;
+            walk.delta.rejected += 1;
+        }
     }
 }
 
@@ -761,13 +850,7 @@ fn server_frame<P: Payload, T: StreamTable>(seg: &mut Walking<'_, '_, P, T>, fra
 /// the start of its header block if the segment holds it.
 #[inline(always)]
 fn response_rejected<P: Payload>(frame: Frame, at: At, payload: &P, protocol: Protocol) -> bool {
-    let mut start = at.pos;
-    if frame.flags & PADDED != 0 {
-        start += 1;
-    }
-    if frame.flags & PRIORITY != 0 {
-        start += 5;
-    }
+    let start = block_start(frame, at.pos);
     if start >= at.len {
         return false;
     }
@@ -775,6 +858,20 @@ fn response_rejected<P: Payload>(frame: Frame, at: At, payload: &P, protocol: Pr
         return matches!(protocol, Protocol::Grpc) && frame.flags & END_STREAM != 0;
     }
     start + 5 <= at.len && payload.header_at(start).is_some_and(is_rejection_status)
+}
+
+/// Where the header block of a HEADERS frame whose payload begins at `pos` begins: past its
+/// pad length and its priority fields, if it has them.
+#[inline(always)]
+fn block_start(frame: Frame, pos: u32) -> u32 {
+    let mut start = pos;
+    if frame.flags & PADDED != 0 {
+        start += 1;
+    }
+    if frame.flags & PRIORITY != 0 {
+        start += 5;
+    }
+    start
 }
 
 impl Hole {
@@ -1112,6 +1209,60 @@ mod tests {
         // A 500 is an answer, not a rejection.
         c.server_sends(&response(7, END_STREAM, &[0x8e]));
         assert_eq!((c.completed, c.rejected, c.open()), (4, 2, 0));
+    }
+
+    #[test]
+    fn a_rejection_whose_status_a_segment_boundary_cuts_is_told_at_the_next_bytes() {
+        // A 429 with a body, one with END_STREAM, padded and with priority; an answer; a
+        // gRPC trailers-only rejection: every cut of their bytes into two segments.
+        let padded = frame(HEADERS, 0x4 | PADDED | PRIORITY, 1, &{
+            let mut p = std::vec![2, 0, 0, 0, 3, 9];
+            p.extend([0x48, 0x03, b'4', b'2', b'9', 0x5c, 0x01, b'5', 0, 0]);
+            p
+        });
+        let cases: [(Vec<u8>, bool, u32); 5] = [
+            (
+                [
+                    response(1, 0, &[0x48, 0x03, b'4', b'2', b'9']),
+                    data(1, END_STREAM, 20),
+                ]
+                .concat(),
+                false,
+                1,
+            ),
+            (
+                response(1, END_STREAM, &[0x08, 0x03, b'5', b'0', b'3']),
+                false,
+                1,
+            ),
+            ([padded, data(1, END_STREAM, 5)].concat(), false, 1),
+            (response(1, END_STREAM, &[0x88]), false, 0),
+            (response(1, END_STREAM, &[0x88]), true, 1),
+        ];
+        for (bytes, grpc, rejected) in cases {
+            for cut in 1..bytes.len() {
+                let mut c = if grpc { Conn::grpc() } else { Conn::default() };
+                c.start();
+                c.client_sends(&request(1));
+                c.server_sends(&bytes[..cut]);
+                c.server_sends(&bytes[cut..]);
+                c.server_sends(&response(3, END_STREAM, &[0x88]));
+                let seen = (c.completed, c.rejected, c.unframed);
+                assert_eq!(seen, (1, rejected, 0), "cut at {cut} of {bytes:?}");
+            }
+            // And a byte a segment.
+            let mut c = if grpc { Conn::grpc() } else { Conn::default() };
+            c.start();
+            c.client_sends(&request(1));
+            for byte in &bytes {
+                c.server_sends(std::slice::from_ref(byte));
+            }
+            assert_eq!(
+                (c.completed, c.rejected),
+                (1, rejected),
+                "{bytes:?} a byte at a time"
+            );
+        }
     }
 
     #[test]
