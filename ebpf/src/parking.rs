@@ -12,7 +12,7 @@ use core::ptr::null_mut;
 
 use aya_ebpf::{
     EbpfContext,
-    bindings::BPF_SK_STORAGE_GET_F_CREATE,
+    bindings::{__sk_buff, BPF_SK_STORAGE_GET_F_CREATE},
     btf_maps::SkStorage,
     helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_sk_storage_get, bpf_skb_load_bytes},
     macros::{btf_map, map},
@@ -105,8 +105,11 @@ pub(crate) fn park<S>(
 }
 
 /// Copy `segment` of `conn` into the parking map, in a free place of the connection's
-/// `places`: false if there is none, or the map has no room. A copy of a segment parked
-/// already (the same first byte, no more bytes) is parked already; a longer one replaces it.
+/// `places`: false if there is none, or the map has no room. A segment within bytes parked
+/// already (a duplicate, a retransmission) is parked already; a longer one from the same
+/// first byte replaces them.
+/// A segment that continues a parked one (a window's segments behind one lost) is added to
+/// its bytes while they stay within `APPENDED_BYTES`: a place holds a run of them.
 #[inline(always)]
 fn park_copy(
     ctx: &SkBuffContext,
@@ -118,16 +121,31 @@ fn park_copy(
     let key = key(conn.h2_connection, seq);
     // The place to fill: the one of the same segment, else the first free one.
     let mut place = PARKED_PER_CONNECTION;
-    for (i, parked) in places.places.iter().enumerate() {
+    for (i, parked) in places.places.iter_mut().enumerate() {
+        let end = parked.seq.wrapping_add(parked.len);
+        // Within a run parked already (a duplicate, or a retransmission): parked.
+        if parked.len != 0 && !seq_after(parked.seq, seq) && !seq_after(seq.wrapping_add(len), end)
+        {
+            return true;
+        }
         if parked.len != 0 && parked.seq == seq {
-            if parked.len >= len {
-                return true;
-            }
             place = i;
             break;
         }
         if parked.len == 0 && place == PARKED_PER_CONNECTION {
             place = i;
+        }
+        if parked.len != 0
+            && end == seq
+            && ra_h2_append(
+                ctx.as_ptr().cast(),
+                conn.h2_connection,
+                u64::from(parked.seq) << 32 | u64::from(parked.len),
+                u64::from(segment.payload_offset) << 32 | u64::from(len),
+            ) != 0
+        {
+            parked.len += len;
+            return true;
         }
     }
     let Some(place) = places.places.get_mut(place) else {
@@ -138,6 +156,61 @@ fn park_copy(
     }
     *place = Parked { seq, len };
     true
+}
+
+/// Bytes a run of appended segments stops growing at: its length is masked below it, and a
+/// segment of up to `APPENDED_SEGMENT` bytes copied there stays within the parked bytes.
+const APPENDED_BYTES: u32 = PARKED_BYTES / 2;
+/// The largest segment appended to a run (an MSS of 1,448 and more; larger ones, as GRO
+/// makes, take a place of their own).
+const APPENDED_SEGMENT: u32 = 2_048;
+
+/// Add the segment of `skb` at `segment` (its payload's offset in the high word, its length
+/// in the low), which begins where the run of connection `connection` parked at `run` (its
+/// first byte's sequence number, its length) ends, to the run's bytes: 1 if added, 0 if it
+/// does not fit (the run at `APPENDED_BYTES`, the segment over `APPENDED_SEGMENT`) or cannot
+/// be read. A global function, which the verifier checks once, apart from the loop over the
+/// places that calls it; the caller adds the length to the run's place.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn ra_h2_append(
+    skb: *mut __sk_buff,
+    connection: u64,
+    run: u64,
+    segment: u64,
+) -> i32 {
+    let (run_seq, run_len) = ((run >> 32) as u32, run as u32);
+    let (offset, len) = ((segment >> 32) as u32, segment as u32);
+    if run_len >= APPENDED_BYTES || len == 0 || len > APPENDED_SEGMENT {
+        return 0;
+    }
+    let Some(bytes) = H2_PARKED.get_ptr_mut(&key(connection, run_seq)) else {
+        return 0;
+    };
+    // Both masks change nothing (checked above) but what the verifier knows: the copy ends
+    // within the parked bytes.
+    let at = core::hint::black_box(run_len) & (APPENDED_BYTES - 1);
+    let n = ((core::hint::black_box(len) - 1) & (APPENDED_SEGMENT - 1)) + 1;
+    // SAFETY: `skb` is the calling program's context; `bytes` is a live map value of
+    // `PARKED_BYTES + 16` bytes, and `at + n` is within it; the entry is this connection's,
+    // changed only under its walk.
+    let copied = unsafe {
+        bpf_skb_load_bytes(
+            skb.cast(),
+            offset,
+            (&raw mut (*bytes).bytes)
+                .cast::<u8>()
+                .add(at as usize)
+                .cast::<c_void>(),
+            n,
+        )
+    };
+    if copied < 0 {
+        return 0;
+    }
+    // SAFETY: as above.
+    unsafe { (*bytes).len = run_len + len };
+    1
 }
 
 /// Park the first flight `segment` (the HTTP/2 preface and what came with it, which reached

@@ -14,8 +14,9 @@ pub struct Parked {
     pub len: u32,
 }
 
-/// Segments one connection may have parked at once ([`ParkedPlaces`]); one more arriving
-/// ahead before the gap fills is walked as it comes (counted as not parked).
+/// Runs of segments one connection may have parked at once ([`ParkedPlaces`]; a segment
+/// that continues a run is added to it); one more arriving ahead of another gap before the
+/// gap fills is walked as it comes (counted as not parked).
 pub const PARKED_PER_CONNECTION: usize = 32;
 
 /// Where a connection's parked segments are: a place each, found by any byte it holds (a

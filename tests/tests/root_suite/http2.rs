@@ -207,13 +207,10 @@ fn h2load_streams_are_counted_exactly_on_both_sides() {
 
 /// The same between two test hosts (network namespaces made for the test, joined by a veth
 /// pair), nginx on one and h2load on the other, with 1% of the packets each end receives lost
-/// and 1% of those it sends duplicated (nftables): every loss is retransmitted after the segments behind it
-/// have arrived, so both directions arrive out of order, and duplicates arrive twice. Both
-/// vantage points count exactly what nginx's stub_status counted. Not met yet: ignored until
-/// it is, run with `--ignored` to measure (docs/kernel-observation.md, "Out of order", says
-/// what it counts today and why).
+/// and 1% of those it sends duplicated (nftables): every loss is retransmitted after the
+/// segments behind it have arrived, so both directions arrive out of order, and duplicates
+/// arrive twice. Both vantage points count exactly what nginx's stub_status counted.
 #[test]
-#[ignore = "the target it holds, exact counts under 1% loss, is not met yet (docs/kernel-observation.md)"]
 fn h2load_between_hosts_losing_and_duplicating_segments_is_counted_exactly() {
     let hosts = HostPair::new();
     hosts.lose_and_duplicate(10, 10);
@@ -255,10 +252,7 @@ fn h2load_between_hosts_losing_and_duplicating_segments_is_counted_exactly() {
 /// [`h2load_between_hosts_losing_and_duplicating_segments_is_counted_exactly`]'s cell where
 /// one connection's count used to stop (4 × 128 streams, 3 KB bodies), twelve times over one
 /// agent: under the same loss and duplication, every cell exact on both vantage points.
-/// Ignored for the same reason (a window of more segments than a connection parks still
-/// loses ends); run with `--ignored` to measure.
 #[test]
-#[ignore = "the target it holds, exact counts under 1% loss, is not met yet (docs/kernel-observation.md)"]
 fn h2load_between_hosts_the_cell_that_stopped_twelve_times_is_counted_exactly() {
     let hosts = HostPair::new();
     hosts.lose_and_duplicate(10, 10);
