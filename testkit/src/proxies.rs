@@ -410,6 +410,15 @@ impl Nginx {
         })
     }
 
+    /// How each request nginx logged to `log` ended, from an access log of the status alone
+    /// (`log_format ended '$status';` and `access_log <log> ended;`): (answered, reset by the
+    /// client before the answer, which nginx logs as 499).
+    pub fn endings(log: &Path) -> (u64, u64) {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let reset = text.lines().filter(|l| l.trim() == "499").count() as u64;
+        (text.lines().count() as u64 - reset, reset)
+    }
+
     /// What nginx wrote to its error log so far (warnings and worse).
     pub fn error_log(&self) -> String {
         std::fs::read_to_string(self.dir.join("error.log")).unwrap_or_default()

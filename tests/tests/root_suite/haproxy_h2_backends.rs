@@ -81,14 +81,6 @@ fn service(name: &str, nginx: SocketAddr) -> String {
     )
 }
 
-/// How each request nginx received ended, from its access log: (answered, reset by the
-/// client first).
-fn endings(log: &std::path::Path) -> (u64, u64) {
-    let text = std::fs::read_to_string(log).unwrap_or_default();
-    let reset = text.lines().filter(|l| l.trim() == "499").count() as u64;
-    (text.lines().count() as u64 - reset, reset)
-}
-
 /// One layout: wrk through HAProxy to nginx (`nginx_addr`) over h2, nginx passing to
 /// `replica` if given, watched as the agent's service `label`.
 struct Layout {
@@ -159,7 +151,7 @@ fn run(agent: &AgentProcess, layout: &Layout) -> Result<String, String> {
     thread::sleep(Duration::from_secs(2));
     // A reading of stub_status is a request of its own.
     let received = nginx.status().requests - before.requests - 1;
-    let (answered, reset) = endings(&log);
+    let (answered, reset) = Nginx::endings(&log);
     let truth = Counts {
         started: received,
         completed: answered,

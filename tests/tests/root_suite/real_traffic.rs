@@ -64,7 +64,7 @@ fn a_deferred_accept_listener_counts_every_request_that_came_with_the_handshake(
                 && s.counters.connections_closed == 210
         });
         assert_eq!(seen.counters.connections_opened, 210, "{side:?}");
-        assert_eq!(seen.in_flight(), 0, "{side:?}");
+        assert_eq!(seen.counters.requests_abandoned, 0, "{side:?}");
     }
 }
 
@@ -133,7 +133,7 @@ fn an_interim_100_continue_does_not_count_as_a_response() {
         let seen = probe.wait_for(endpoint, side, SETTLE, "20 turns, no interim ones", |s| {
             s.counters.requests_started == ROUNDS && s.counters.responses_completed == ROUNDS
         });
-        assert_eq!(seen.in_flight(), 0, "{side:?}");
+        assert_eq!(seen.counters.requests_abandoned, 0, "{side:?}");
     }
 }
 
@@ -176,7 +176,7 @@ fn every_connection_is_tracked_with_no_table_to_fill() {
         let seen = probe.wait_for(endpoint, side, SETTLE, "all closed", |s| {
             s.counters.connections_closed == CONNECTIONS
         });
-        assert_eq!(seen.in_flight(), 0, "{side:?}: {seen:?}");
+        assert_eq!(seen.counters.requests_abandoned, 0, "{side:?}: {seen:?}");
         assert_eq!(seen.counters.connections_opened, CONNECTIONS, "{side:?}");
         assert_eq!(seen.counters.requests_started, CONNECTIONS, "{side:?}");
         assert_eq!(seen.counters.responses_completed, CONNECTIONS, "{side:?}");
@@ -210,7 +210,7 @@ fn a_pool_opened_before_the_agent_is_counted_exactly_from_its_next_request() {
             |s| s.counters.requests_started == 1000 && s.counters.responses_completed == 1000,
         );
         assert_eq!(seen.counters.connections_opened, 10, "{side:?}: adopted");
-        assert_eq!(seen.in_flight(), 0, "{side:?}");
+        assert_eq!(seen.counters.requests_abandoned, 0, "{side:?}");
     }
     assert_eq!(
         probe.read().probe.get(ProbeStat::ConnectionsAdopted),
@@ -223,6 +223,6 @@ fn a_pool_opened_before_the_agent_is_counted_exactly_from_its_next_request() {
         let seen = probe.wait_for(endpoint, side, SETTLE, "the pool closed", |s| {
             s.counters.connections_closed == 10
         });
-        assert_eq!(seen.in_flight(), 0, "{side:?}");
+        assert_eq!(seen.counters.requests_abandoned, 0, "{side:?}");
     }
 }

@@ -52,7 +52,6 @@ fn ten_keep_alive_connections_of_a_hundred_turns_each() {
         assert_eq!(c.requests_started, 1000, "{side:?}: {c:?}");
         assert_eq!(c.responses_completed, 1000, "{side:?}: {c:?}");
         assert_eq!(c.requests_abandoned, 0, "{side:?}: {c:?}");
-        assert_eq!(seen.in_flight(), 0, "{side:?}: {c:?}");
     }
 }
 
@@ -88,7 +87,6 @@ fn two_hundred_connection_per_request_exchanges() {
             "{side:?}: {c:?}"
         );
         assert_eq!(c.requests_abandoned, 0, "{side:?}: {c:?}");
-        assert_eq!(seen.in_flight(), 0, "{side:?}: {c:?}");
     }
 }
 
@@ -139,7 +137,7 @@ fn bodies_spanning_many_segments_count_once_per_turn() {
             "{side:?}: response bytes {} of {response_bytes}",
             c.response_bytes
         );
-        assert_eq!(seen.in_flight(), 0, "{side:?}: {c:?}");
+        assert_eq!(c.requests_abandoned, 0, "{side:?}: {c:?}");
     }
 }
 
