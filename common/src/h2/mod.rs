@@ -825,14 +825,7 @@ impl FrameStream {
             return;
         }
         self.status_cut = 0;
-        // The block's first bytes, left-aligned in 5.
-        let first = (bytes << (8 * (STATUS_BYTES - have))).to_be_bytes();
-        let first = [first[3], first[4], first[5], first[6], first[7]];
-        let rejected = if first[0] == STATUS_200_INDEXED {
-            matches!(seg.w.protocol, Protocol::Grpc) && cut & CUT_END_STREAM != 0
-        } else {
-            have == STATUS_BYTES && is_rejection_status(first)
-        };
+        let rejected = block_rejects(bytes, have, cut & CUT_END_STREAM != 0, seg.w.protocol);
         if !rejected {
             return;
         }
@@ -847,17 +840,31 @@ impl FrameStream {
 }
 
 /// Whether a server's HEADERS frame turns its request away (see the module docs), read from
-/// the start of its header block if the segment holds it.
+/// the start of its header block as far as the segment holds it.
 #[inline(always)]
 fn response_rejected<P: Payload>(frame: Frame, at: At, payload: &P, protocol: Protocol) -> bool {
     let start = block_start(frame, at.pos);
-    if start >= at.len {
+    let have = at.len.saturating_sub(start).min(STATUS_BYTES);
+    read_be(payload, start, have)
+        .is_some_and(|bytes| block_rejects(bytes, have, frame.flags & END_STREAM != 0, protocol))
+}
+
+/// Whether the first `have` bytes of a response's header block (`bytes`, big-endian, up to
+/// [`STATUS_BYTES`]) turn its request away: `:status` 429 or 503 spelled out (all five
+/// read), or on a gRPC endpoint the indexed `:status` 200 of a trailers-only answer
+/// (`end_stream`). Fewer bytes than tell it: not a rejection.
+#[inline(always)]
+fn block_rejects(bytes: u64, have: u32, end_stream: bool, protocol: Protocol) -> bool {
+    if have == 0 {
         return false;
     }
-    if payload.bytes_at(start, 1) == Some(u32::from(STATUS_200_INDEXED)) {
-        return matches!(protocol, Protocol::Grpc) && frame.flags & END_STREAM != 0;
+    // Left-aligned in five bytes.
+    let all = (bytes << (8 * (STATUS_BYTES - have))).to_be_bytes();
+    let first = [all[3], all[4], all[5], all[6], all[7]];
+    if first[0] == STATUS_200_INDEXED {
+        return matches!(protocol, Protocol::Grpc) && end_stream;
     }
-    start + 5 <= at.len && payload.header_at(start).is_some_and(is_rejection_status)
+    have == STATUS_BYTES && is_rejection_status(first)
 }
 
 /// Where the header block of a HEADERS frame whose payload begins at `pos` begins: past its
