@@ -212,20 +212,12 @@ fn h2load_streams_are_counted_exactly_on_both_sides() {
 /// arrive twice. Both vantage points count exactly what nginx's stub_status counted.
 #[test]
 fn h2load_between_hosts_losing_and_duplicating_segments_is_counted_exactly() {
-    let hosts = HostPair::new();
-    hosts.lose_and_duplicate(10, 10);
-    let addr = std::net::SocketAddr::from((netns::SERVER_ADDR, 18_080));
-    let nginx = Nginx::start_in_netns(&h2c_server(addr), &hosts.server);
-    let endpoint = Endpoint::from(addr);
-    let mut probe = AttachedProbe::watching(&[endpoint]);
     let loads: Vec<Load> = ["/", "/kb"]
         .into_iter()
         .flat_map(|path| [(path, 20_000, 4, 128), (path, 20_000, 1, 1000)])
         .chain([("/busy", 2_000, 4, 32)])
         .collect();
-    h2load_cells(&nginx, &mut probe, endpoint, &loads, |url, n, c, m| {
-        h2load_with(HostPair::command(&hosts.client, "h2load"), url, n, c, m);
-    });
+    let hosts = h2load_cells_between_hosts(&loads);
     for ns in [&hosts.server, &hosts.client] {
         let rules = HostPair::ruleset(ns);
         // TCP's own count of segments that arrived out of order, at this end's sockets.
@@ -254,16 +246,24 @@ fn h2load_between_hosts_losing_and_duplicating_segments_is_counted_exactly() {
 /// agent: under the same loss and duplication, every cell exact on both vantage points.
 #[test]
 fn h2load_between_hosts_the_cell_that_stopped_twelve_times_is_counted_exactly() {
+    let loads: Vec<Load> = (0..12).map(|_| ("/kb", 20_000, 4, 128)).collect();
+    h2load_cells_between_hosts(&loads);
+}
+
+/// [`h2load_cells`] of `loads` between two test hosts, 1% of what each end receives lost and
+/// 1% of what it sends duplicated, nginx on one and h2load on the other: the hosts, for what
+/// their ends counted.
+fn h2load_cells_between_hosts(loads: &[Load]) -> HostPair {
     let hosts = HostPair::new();
     hosts.lose_and_duplicate(10, 10);
     let addr = std::net::SocketAddr::from((netns::SERVER_ADDR, 18_080));
     let nginx = Nginx::start_in_netns(&h2c_server(addr), &hosts.server);
     let endpoint = Endpoint::from(addr);
     let mut probe = AttachedProbe::watching(&[endpoint]);
-    let loads: Vec<Load> = (0..12).map(|_| ("/kb", 20_000, 4, 128)).collect();
-    h2load_cells(&nginx, &mut probe, endpoint, &loads, |url, n, c, m| {
+    h2load_cells(&nginx, &mut probe, endpoint, loads, |url, n, c, m| {
         h2load_with(HostPair::command(&hosts.client, "h2load"), url, n, c, m);
     });
+    hosts
 }
 
 /// nginx listening with TCP_DEFER_ACCEPT (`listen … deferred`, as production configurations
