@@ -307,15 +307,8 @@ pub fn kept_clients_with(
     keep: Keep,
     options: &[&str],
 ) -> Record {
-    let script =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/clients/kept_returns_clients.py");
-    let mut command = Command::new("python3");
-    command
-        .arg(script)
-        .args(["--url", url])
-        .args(["--rate", &format!("{rate}")])
-        .args(["--seconds", &seconds.to_string()])
-        .args(["--retries", "3", "--seed", &seed.to_string()]);
+    let mut command = client_script("kept_returns_clients.py", url, rate, seconds);
+    command.args(["--retries", "3", "--seed", &seed.to_string()]);
     match keep {
         Keep::Header => {}
         Keep::Authorization => {
@@ -340,17 +333,26 @@ pub fn openai_clients(
     seed: u64,
     options: &[&str],
 ) -> String {
-    let script =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/clients/openai_clients.py");
     run_stdout(
-        Command::new("python3")
-            .arg(script)
-            .args(["--url", base_url])
-            .args(["--rate", &format!("{rate}")])
-            .args(["--seconds", &seconds.to_string()])
+        client_script("openai_clients.py", base_url, rate, seconds)
             .args(["--max-retries", "2", "--seed", &seed.to_string()])
             .args(options),
     )
+}
+
+/// The clients' script `name` (tests/clients/) arriving at `rate` a second for `seconds`
+/// against `url`: the arguments every such script takes, the rest for the caller to add.
+fn client_script(name: &str, url: &str, rate: f64, seconds: u32) -> Command {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/clients")
+        .join(name);
+    let mut command = Command::new("python3");
+    command
+        .arg(script)
+        .args(["--url", url])
+        .args(["--rate", &format!("{rate}")])
+        .args(["--seconds", &seconds.to_string()]);
+    command
 }
 
 /// A counter of `retry_after_tickets_total` for `service` in the agent's metrics (0 if absent).
