@@ -94,7 +94,7 @@ fn on_established<const H2: u8>(ctx: &SockOpsContext, side: Side) {
         early_bytes: 0,
         early: false,
         first_flight: 0,
-        first_flight_seq: 0,
+        client_first_seq: 0,
         expect_first: false,
     };
     if !established_watch(ctx, side, &mut found) {
@@ -105,7 +105,7 @@ fn on_established<const H2: u8>(ctx: &SockOpsContext, side: Side) {
     if let Some(conn) = track_established(ctx, side, &found)
         && found.first_flight != 0
     {
-        walk_first_flight::<H2>(conn, (found.first_flight, found.first_flight_seq));
+        walk_first_flight::<H2>(conn, (found.first_flight, found.client_first_seq));
     }
 }
 
@@ -125,9 +125,9 @@ struct Established {
     /// The id its first flight is parked under (`parking::park_first_flight`), 0 if none,
     /// and the client's first byte (the flight's, or the one still to come).
     first_flight: u64,
-    first_flight_seq: u32,
+    client_first_seq: u32,
     /// Nothing of the client's came with the handshake: its first byte, at
-    /// `first_flight_seq`, is still to come (`FrameStream::expect_first`).
+    /// `client_first_seq`, is still to come (`FrameStream::expect_first`).
     expect_first: bool,
 }
 
@@ -163,7 +163,7 @@ fn established_watch(ctx: &SockOpsContext, side: Side, found: &mut Established) 
     }
     // The client's first byte: where the socket's next one is expected (bytes that came with
     // the handshake are not queued yet, see `early_request`).
-    found.first_flight_seq = next_expected(ctx);
+    found.client_first_seq = next_expected(ctx);
     match note {
         Some((EARLY_FIRST_FLIGHT, id)) => found.first_flight = id,
         None => {
@@ -199,7 +199,7 @@ fn track_established(
     // SAFETY: the helper reads the context's socket.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.ops.cast()) };
     if found.expect_first {
-        conn.client_frames.expect_first(found.first_flight_seq);
+        conn.client_frames.expect_first(found.client_first_seq);
         // What is parked ahead of the first byte is keyed by it.
         conn.h2_connection = cookie;
     }
@@ -207,7 +207,7 @@ fn track_established(
         first_flight::detect(
             &mut conn,
             cookie,
-            (found.first_flight, found.first_flight_seq),
+            (found.first_flight, found.client_first_seq),
         );
     }
     let state = match store(found.sk, &mut conn, MADE_AT_ESTABLISHED) {
