@@ -40,6 +40,9 @@ pub struct RunResult {
     pub judge: JudgeFigures,
     /// The proxies' access log (one line per rejection), where kept.
     pub access_log: Vec<Rejection>,
+    /// Requests the replicas served, by their own count (real sockets only; `None` in the
+    /// simulator, whose replicas are the model).
+    pub replicas_served: Option<u64>,
     /// Per client, whether it ignores `Retry-After` (or caps its wait): its behaviour is not
     /// to honour the header as told.
     pub ignores_header: Vec<bool>,

@@ -109,6 +109,7 @@ pub fn run(scenario: &Scenario, policy: Policy, seed: u64, progress: impl FnMut(
         unfinished: load.unfinished(),
         judge: judge_from_metrics(&agent.metrics(), policy),
         access_log: proxy.rejections(),
+        replicas_served: Some(replicas.iter().map(Replica::served).sum()),
     };
     drop(proxy);
     drop(load);

@@ -838,6 +838,7 @@ impl<'a> Sim<'a> {
             unfinished: self.clients.len() - self.done,
             judge,
             access_log: Vec::new(),
+            replicas_served: None,
         }
     }
 }

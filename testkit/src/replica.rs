@@ -4,7 +4,10 @@
 use std::{
     convert::Infallible,
     net::SocketAddr,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
     time::Duration,
 };
 
@@ -86,6 +89,7 @@ pub struct Replica {
     addr: SocketAddr,
     stop: watch::Sender<bool>,
     accept: JoinHandle<()>,
+    served: Arc<AtomicU64>,
 }
 
 type Body = BoxBody<Bytes, Infallible>;
@@ -97,15 +101,19 @@ impl Replica {
         let addr = listener.local_addr()?;
         let (stop, stopped) = watch::channel(false);
         let rng = Arc::new(Mutex::new(StdRng::seed_from_u64(seed)));
+        let served = Arc::new(AtomicU64::new(0));
+        let counter = served.clone();
         let accept = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
                 };
-                let rng = rng.clone();
+                let (rng, served) = (rng.clone(), counter.clone());
                 let mut stopped = stopped.clone();
                 tokio::spawn(async move {
-                    let service = service_fn(move |request| serve(spec, rng.clone(), request));
+                    let service = service_fn(move |request| {
+                        serve(spec, rng.clone(), served.clone(), request)
+                    });
                     let connection =
                         http1::Builder::new().serve_connection(TokioIo::new(stream), service);
                     tokio::select! {
@@ -115,7 +123,17 @@ impl Replica {
                 });
             }
         });
-        Ok(Self { addr, stop, accept })
+        Ok(Self {
+            addr,
+            stop,
+            accept,
+            served,
+        })
+    }
+
+    /// Requests it has served to their last byte, by its own count.
+    pub fn served(&self) -> u64 {
+        self.served.load(Ordering::SeqCst)
     }
 
     /// Its address.
@@ -140,6 +158,7 @@ impl Drop for Replica {
 async fn serve(
     spec: ReplicaSpec,
     rng: Arc<Mutex<StdRng>>,
+    served: Arc<AtomicU64>,
     request: Request<hyper::body::Incoming>,
 ) -> Result<Response<Body>, Infallible> {
     let _ = request.into_body().collect().await;
@@ -149,20 +168,23 @@ async fn serve(
     };
     if spec.chunks <= 1 {
         tokio::time::sleep(total).await;
+        served.fetch_add(1, Ordering::SeqCst);
         return Ok(Response::new(
             Full::new(Bytes::from_static(b"ok\n")).boxed(),
         ));
     }
     // The first chunk after one interval, the last at the end of the service time.
     Ok(Response::new(
-        chunked_body(spec.chunks, total / spec.chunks).boxed(),
+        chunked_body(spec.chunks, total / spec.chunks, served).boxed(),
     ))
 }
 
-/// `chunks` frames of a few bytes, one every `interval`.
+/// `chunks` frames of a few bytes, one every `interval`; counted in `served` once the last is
+/// handed over.
 fn chunked_body(
     chunks: u32,
     interval: Duration,
+    served: Arc<AtomicU64>,
 ) -> impl hyper::body::Body<Data = Bytes, Error = Infallible> + Send + Sync + 'static {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(1);
     tokio::spawn(async move {
@@ -176,6 +198,7 @@ fn chunked_body(
                 return;
             }
         }
+        served.fetch_add(1, Ordering::SeqCst);
     });
     StreamBody::new(ReceiverStream(rx))
 }
