@@ -345,3 +345,44 @@ pub fn exchange_once(addr: SocketAddr, body: usize) {
     // The server closes after answering; wait for that before closing our side.
     client.wait_for_close();
 }
+
+/// What a proxy did with one request: its status, `Retry-After` and how the book saw it.
+#[derive(Debug)]
+pub struct Seen {
+    pub status: u16,
+    pub retry_after: Option<u64>,
+    /// HAProxy: `txn.retry_after_kept`; nginx: the `limit_req` key, `[]` for a return.
+    pub kept: String,
+    /// The `Set-Cookie` header, if any.
+    pub set_cookie: Option<String>,
+}
+
+/// One GET with the request header `line` (`name: value`), reading `header` for what the
+/// book did.
+pub fn get_with(front: SocketAddr, line: &str, header: &str) -> Seen {
+    let out = std::process::Command::new("curl")
+        .args(["-s", "-o", "/dev/null", "-D", "-", "--max-time", "30"])
+        .args(["-H", line])
+        .arg(format!("http://{front}/"))
+        .output()
+        .expect("curl is installed (./dev setup installs it)");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let value = |name: &str| {
+        text.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
+        })
+    };
+    let status = text
+        .lines()
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status from {front}: {text}"));
+    Seen {
+        status,
+        retry_after: value("retry-after").and_then(|v| v.parse().ok()),
+        kept: value(header).unwrap_or_default(),
+        set_cookie: value("set-cookie"),
+    }
+}

@@ -8,6 +8,7 @@ pub mod http;
 pub mod kept_returns;
 pub mod kernels;
 pub mod netns;
+pub mod nginx_kept;
 pub mod proxies;
 pub mod rejections;
 pub mod replica;

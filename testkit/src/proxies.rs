@@ -487,3 +487,33 @@ pub fn self_signed_certificate() -> (PathBuf, PathBuf) {
     );
     (cert, key)
 }
+
+/// A frontend that rejects once its backend's queue holds `limit` requests: the decision is
+/// taken once per request (`txn.reject`), so every rule after it agrees even while the queue
+/// moves (HAProxy runs several threads). HAProxy keeps its server connections alive and
+/// reuses them: after the restart, the new agent adopts those it did not see open.
+pub fn haproxy_frontend_rejecting_at(
+    name: &str,
+    bind: SocketAddr,
+    limit: u32,
+    replicas: &[&crate::http::HttpServer],
+) -> String {
+    let servers: String = replicas
+        .iter()
+        .enumerate()
+        .map(|(i, r)| format!("    server r{i} {} maxconn 2\n", r.addr()))
+        .collect();
+    format!(
+        "frontend fe_{name}\n    bind {bind}\n\
+         \x20   http-request set-var(txn.reject) bool(true) if {{ queue(be_{name}) ge {limit} }}\n\
+         \x20   acl reject var(txn.reject) -m bool\n\
+         \x20   http-request lua.retry_after {name} if reject\n\
+         \x20   http-request return status 503 content-type text/plain string \"busy\" hdr Retry-After %[var(txn.retry_after)] if reject {{ var(txn.retry_after_status) -m int 503 }} {{ var(txn.retry_after) -m found }}\n\
+         \x20   http-request return status 429 content-type text/plain string \"busy\" hdr Retry-After %[var(txn.retry_after)] if reject {{ var(txn.retry_after) -m found }}\n\
+         \x20   http-request return status 429 content-type text/plain string \"busy\" if reject\n\
+         \x20   http-request lua.retry_after_admitted {name}\n\
+         \x20   http-after-response set-header retry-after-ms %[var(txn.retry_after_ms_header)] if {{ var(txn.retry_after_ms_header) -m found }}\n\
+         \x20   default_backend be_{name}\n\
+         backend be_{name}\n    balance roundrobin\n{servers}"
+    )
+}

@@ -18,8 +18,8 @@ use retry_after_testkit::{
     AgentProcess, free_port,
     http::{HttpServer, Workers},
     kept_returns::{
-        KEPT_RETURNS, Keep, Record, Spec, agent_service_with, clairvoyant_p99,
-        haproxy_frontend_with, nginx_http, nginx_logged, openai_clients, proxies_secret, tickets,
+        KEPT_RETURNS, Keep, ProxyCounts, Record, Spec, agent_service_with, clairvoyant_p99,
+        haproxy_frontend_with, nginx_http, openai_clients, proxies_secret, tickets,
     },
     proxies::{Haproxy, NGINX_LUA_MODULES, Nginx},
 };
@@ -148,14 +148,14 @@ impl Run {
         )
     }
 
-    /// Check what the clients recorded (`out`) against the proxy's counts (2xx, 4xx) and the
-    /// book's count of places beyond a deadline.
-    fn check(&self, out: &str, (ok, rejected): (u64, u64), beyond: f64) {
+    /// Check what the clients recorded (`out`) against the proxy's own counts and the book's
+    /// count of places beyond a deadline.
+    fn check(&self, out: &str, proxy: ProxyCounts, beyond: f64) {
         let record = Record::parse(out);
         let deadlines = DeadlineRecord::parse(out);
         let bound = clairvoyant_p99(&record.arrivals, REPLICAS * PLACES, SERVICE_TIME);
         let line = format!(
-            "{}: {}; {}; the book's beyond_deadline {beyond}; the proxy's 2xx/4xx {ok}/{rejected}",
+            "{}: {}; {}; the book's beyond_deadline {beyond}; the proxy's {proxy:?}",
             self.name,
             record.summary(bound),
             deadlines.describe(),
@@ -163,7 +163,7 @@ impl Run {
         eprintln!("{line}");
         assert_eq!(record.errors, 0, "{line}");
         record.has_every_client(&line);
-        record.agrees_with_the_proxy(ok, rejected, &line);
+        record.agrees_with_the_proxy(proxy, &line);
         // The overload put places past the deadline, and each client whose place lay past it
         // was told so: the SDK stopped there, with retries left, as `x-should-retry: false`
         // asks; the book counted each of them, and no client without a deadline was told it.
@@ -264,10 +264,9 @@ impl Scenario for ClientsWithADeadline {
         // The last report reaches the agent within a second or two.
         std::thread::sleep(Duration::from_secs(3));
         let metrics = agent.metrics();
-        let stat = |field| haproxy.stat(&format!("fe_{name}"), "FRONTEND", field);
         let counts = [
-            (stat("hrsp_2xx"), stat("hrsp_4xx")),
-            nginx_logged(shared.path(), nginx_run.name),
+            ProxyCounts::haproxy(|field| haproxy.stat(&format!("fe_{name}"), "FRONTEND", field)),
+            ProxyCounts::nginx_logged(shared.path(), nginx_run.name),
         ];
         drop(nginx);
         for ((run, out), counts) in self.runs.iter().zip(&outs).zip(counts) {

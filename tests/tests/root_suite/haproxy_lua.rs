@@ -29,6 +29,7 @@ use retry_after_testkit::{
 use retry_after_testkit::kept_returns::agent_service;
 
 use crate::one_agent::Scenario;
+use retry_after_testkit::proxies::haproxy_frontend_rejecting_at;
 
 /// HAProxy's own fallback: the computed values here stay far below it (31 s would take a drain
 /// under 2/s against a queue of 50).
@@ -49,36 +50,6 @@ fn service(name: &str, replicas: &[&HttpServer]) -> String {
     )
 }
 
-/// A frontend that rejects once its backend's queue holds `limit` requests: the decision is
-/// taken once per request (`txn.reject`), so every rule after it agrees even while the queue
-/// moves (HAProxy runs several threads). HAProxy keeps its server connections alive and
-/// reuses them: after the restart, the new agent adopts those it did not see open.
-pub(crate) fn frontend(
-    name: &str,
-    bind: SocketAddr,
-    limit: u32,
-    replicas: &[&HttpServer],
-) -> String {
-    let servers: String = replicas
-        .iter()
-        .enumerate()
-        .map(|(i, r)| format!("    server r{i} {} maxconn 2\n", r.addr()))
-        .collect();
-    format!(
-        "frontend fe_{name}\n    bind {bind}\n\
-         \x20   http-request set-var(txn.reject) bool(true) if {{ queue(be_{name}) ge {limit} }}\n\
-         \x20   acl reject var(txn.reject) -m bool\n\
-         \x20   http-request lua.retry_after {name} if reject\n\
-         \x20   http-request return status 503 content-type text/plain string \"busy\" hdr Retry-After %[var(txn.retry_after)] if reject {{ var(txn.retry_after_status) -m int 503 }} {{ var(txn.retry_after) -m found }}\n\
-         \x20   http-request return status 429 content-type text/plain string \"busy\" hdr Retry-After %[var(txn.retry_after)] if reject {{ var(txn.retry_after) -m found }}\n\
-         \x20   http-request return status 429 content-type text/plain string \"busy\" if reject\n\
-         \x20   http-request lua.retry_after_admitted {name}\n\
-         \x20   http-after-response set-header retry-after-ms %[var(txn.retry_after_ms_header)] if {{ var(txn.retry_after_ms_header) -m found }}\n\
-         \x20   default_backend be_{name}\n\
-         backend be_{name}\n    balance roundrobin\n{servers}"
-    )
-}
-
 #[test]
 fn haproxy_rejections_carry_the_computed_value_then_the_static_one_then_the_computed_again() {
     let (r1, r2, r3, r4) = (replica(), replica(), replica(), replica());
@@ -95,8 +66,8 @@ fn haproxy_rejections_carry_the_computed_value_then_the_static_one_then_the_comp
             ("RETRY_AFTER_STALE_MS", "1500"),
             ("RETRY_AFTER_RECONNECT_MAX_MS", "1000"),
         ],
-        &(frontend("short", short_fe, 10, &[&r1, &r2])
-            + &frontend("long", long_fe, 50, &[&r3, &r4])),
+        &(haproxy_frontend_rejecting_at("short", short_fe, 10, &[&r1, &r2])
+            + &haproxy_frontend_rejecting_at("long", long_fe, 50, &[&r3, &r4])),
     );
     let load = [
         Wrk::start(short_fe, 1, 80, 60),
@@ -291,6 +262,12 @@ fn client_run(out: &str, name: &str, haproxy: &Haproxy, metrics: &str) -> Client
     }
 }
 
+/// `scheduled_returns` as a hint through HAProxy, urllib3's clients: the share of retries
+/// admitted and of answers the agent's judge saw admitted below which the run fails. Guards,
+/// under the 87% and 98% measured (2026-12-05); a hint is not kept, so no target is set.
+const SCHEDULED_ADMITTED_GUARD: f64 = 0.8;
+const JUDGED_ADMITTED_GUARD: f64 = 0.8;
+
 /// The same clients (same seed) through HAProxy and the Lua to two services at once, each
 /// with its own replicas and frontend, the agent configured with a policy per service: static
 /// 5 s and `scheduled_returns`. Those told `scheduled_returns` get in and fewer give up than
@@ -326,7 +303,9 @@ impl Urllib3ThroughHaproxy {
                 .iter()
                 .zip(&self.fronts)
                 .zip(&self.replicas)
-                .map(|((name, front), [r1, r2])| frontend(name, *front, 8, &[r1, r2]))
+                .map(|((name, front), [r1, r2])| {
+                    haproxy_frontend_rejecting_at(name, *front, 8, &[r1, r2])
+                })
                 .collect::<String>(),
         );
         let outs: Vec<String> = std::thread::scope(|s| {
@@ -395,13 +374,15 @@ impl Scenario for Urllib3ThroughHaproxy {
         // the shares below too), and the agent's judge saw them mostly admitted; static 5 s
         // handed out none.
         assert!(
-            scheduled.judged_computed.is_some_and(|share| share >= 0.5),
-            "{scheduled:?}"
+            scheduled
+                .judged_computed
+                .is_some_and(|share| share >= JUDGED_ADMITTED_GUARD),
+            "guard: {scheduled:?}"
         );
         assert_eq!(static_5s.judged_computed, None, "{static_5s:?}");
         assert!(
-            scheduled.admitted_share() >= 0.8,
-            "retries admitted at the suggested time: {:.0}%",
+            scheduled.admitted_share() >= SCHEDULED_ADMITTED_GUARD,
+            "guard, retries admitted at the suggested time: {:.0}%",
             100.0 * scheduled.admitted_share()
         );
         assert!(

@@ -241,9 +241,10 @@ fn h2load_between_hosts_losing_and_duplicating_segments_is_counted_exactly() {
     }
 }
 
-/// [`h2load_between_hosts_losing_and_duplicating_segments_is_counted_exactly`]'s cell where
-/// one connection's count used to stop (4 × 128 streams, 3 KB bodies), twelve times over one
-/// agent: under the same loss and duplication, every cell exact on both vantage points.
+/// [`h2load_between_hosts_losing_and_duplicating_segments_is_counted_exactly`]'s cell with the
+/// most segments in flight on a connection (4 × 128 streams, 3 KB bodies: nginx's sends
+/// nest with the receive path's softirqs), twelve times over one agent: under the same loss and
+/// duplication, every cell exact on both vantage points (why this cell: docs/kernel-observation.md).
 #[test]
 fn h2load_between_hosts_the_cell_that_stopped_twelve_times_is_counted_exactly() {
     let loads: Vec<Load> = (0..12).map(|_| ("/kb", 20_000, 4, 128)).collect();

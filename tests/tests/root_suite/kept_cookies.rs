@@ -17,9 +17,9 @@ use retry_after_testkit::{
     proxies::{Haproxy, NGINX_LUA_MODULES, Nginx, nginx_workers_may_connect},
 };
 
-use crate::{
-    kept_outage::{Seen, get_with},
-    nginx_book::{Keeping, SERVICE, http_block},
+use retry_after_testkit::{
+    http::{Seen, get_with},
+    nginx_kept::{Keeping, SERVICE, http_block},
 };
 
 /// The return cookie's name, the integrations' default.

@@ -20,15 +20,19 @@ use retry_after_testkit::{
 };
 
 use retry_after_testkit::kept_returns::{
-    Book, CAPACITY, KEPT_RETURNS, Keep, REPLICAS, Record, SERVICE_TIME, Spec, agent_service,
-    capped_replica, clairvoyant_p99, haproxy_frontend, kept_clients_with, nginx_http, nginx_logged,
-    proxies_secret, quantile, tickets,
+    Book, CAPACITY, KEPT_RETURNS, Keep, ProxyCounts, REPLICAS, Record, SERVICE_TIME, Spec,
+    agent_service, capped_replica, clairvoyant_p99, haproxy_frontend, kept_clients_with,
+    nginx_http, proxies_secret, quantile, tickets,
 };
 
 /// The share of the drain one address may be given places at.
 const SHARE_PERCENT: f64 = 25.0;
 /// How long the flood and the honest clients go on.
 const SECONDS: u32 = 20;
+
+/// The least share of its allowance the flooding address must be given as places in a run:
+/// a guard under the 80–85% measured (68 and 64 places of 80, 2026-12-05).
+const SHARE_TAKEN_GUARD: f64 = 0.6;
 /// The flood's requests: 500 a second, each a new client to the book.
 const FLOOD_REQUESTS: u32 = 10_000;
 
@@ -100,7 +104,13 @@ fn flood_beside_honest_clients(url: &str) -> (Flood, Record) {
 /// share counted, the honest clients admitted at their places soon, and the proxy's own count
 /// of successes equal to the clients'. `service`: the agent's name for it; `proxy_2xx`: the
 /// proxy's own count.
-fn check(service: &str, agent: &AgentProcess, flooded: &Flood, honest: &Record, proxy_2xx: u64) {
+fn check(
+    service: &str,
+    agent: &AgentProcess,
+    flooded: &Flood,
+    honest: &Record,
+    proxy: ProxyCounts,
+) {
     let metrics = agent.metrics();
     let book = Book::read(&metrics, service);
     let (issued, over_share) = (book.issued, tickets(&metrics, service, "over_share"));
@@ -113,7 +123,7 @@ fn check(service: &str, agent: &AgentProcess, flooded: &Flood, honest: &Record, 
         "{service}: flood from one address: {flooded:?}; honest: {} clients, {:.1}% of {} \
          retries admitted, {} gave up, p99 to success {p99:.1} s, the bound's {bound_p99:.1} s \
          (with three places of four: {share_bound_p99:.1} s); agent: issued {issued}, \
-         over_share {over_share}; the proxy's 2xx {proxy_2xx}",
+         over_share {over_share}; the proxy's {proxy:?}",
         honest.clients,
         100.0 * honest.admitted_share(),
         honest.retries,
@@ -133,22 +143,29 @@ fn check(service: &str, agent: &AgentProcess, flooded: &Flood, honest: &Record, 
         "every request answered 200 or 429, or timed out waiting"
     );
     // The address's share: 25% of the drain (16 a second) for 20 s, and a second's worth at
-    // once, with a few seconds' slack for the drain rate the agent measured.
+    // once, with a few seconds' slack for the drain rate the agent measured; and at least
+    // SHARE_TAKEN_GUARD of it (the flood asks every 2 ms, but while the drain warms and when
+    // the fleet has free room it is admitted instead).
     let share = SHARE_PERCENT / 100.0 * CAPACITY;
+    let places = flooded.places as f64;
     assert!(
-        flooded.places as f64 <= share * (f64::from(SECONDS) + 4.0),
-        "{} places for one address",
-        flooded.places
+        places <= share * (f64::from(SECONDS) + 4.0),
+        "{places} places for one address"
     );
-    // Every rejection of the flood without a place was counted: as over its share (the
-    // honest clients, one address each, are never over theirs), or for another reason the
-    // book counts (nginx's `stamp`, which may not wait, gives the hint when another worker
-    // holds the book: `unrecorded`).
-    let others = book.not_placed();
     assert!(
-        over_share <= flooded.hints as f64 && flooded.hints as f64 <= over_share + others,
-        "{} hints, {over_share} over_share, {others} placeless for another reason",
-        flooded.hints
+        places >= SHARE_TAKEN_GUARD * share * f64::from(SECONDS),
+        "guard: {places} places for one address, its share {share}/s for {SECONDS} s"
+    );
+    // Every rejection of the flood without a place was counted as over its share (the honest
+    // clients, one address each, are never over theirs); no rejection went placeless for a
+    // reason but one: nginx's `stamp`, which may not wait, gives the hint when another worker
+    // holds the book (`unrecorded`).
+    assert_eq!(book.unplaced + book.refused, 0.0, "{}", book.describe());
+    assert!(
+        over_share <= flooded.hints as f64 && flooded.hints as f64 <= over_share + book.unrecorded,
+        "{} hints, {over_share} over_share, {} unrecorded",
+        flooded.hints,
+        book.unrecorded
     );
     // The honest clients kept their places.
     assert_eq!(honest.gave_up, 0, "{}", honest.gave_up_story());
@@ -157,7 +174,12 @@ fn check(service: &str, agent: &AgentProcess, flooded: &Flood, honest: &Record, 
         p99 <= 1.5 * share_bound_p99,
         "p99 {p99:.1} s, the bound's with the share left {share_bound_p99:.1} s"
     );
-    assert_eq!(proxy_2xx, honest.succeeded + flooded.admitted);
+    assert_eq!(proxy.answered_2xx, honest.succeeded + flooded.admitted);
+    assert_eq!(
+        proxy.answered_4xx,
+        honest.answered_429 + flooded.places + flooded.hints,
+        "the proxy's 429s: the honest clients' and the flood's"
+    );
 }
 
 #[test]
@@ -190,8 +212,9 @@ fn through_haproxy_one_address_minting_cookies_gets_its_share_and_honest_clients
     let (flooded, honest) = flood_beside_honest_clients(&url);
     // The last report reaches the agent within a second or two.
     std::thread::sleep(Duration::from_secs(3));
-    let proxy_2xx = haproxy.stat(&format!("fe_{SERVICE}"), "FRONTEND", "hrsp_2xx");
-    check(SERVICE, &agent, &flooded, &honest, proxy_2xx);
+    let proxy =
+        ProxyCounts::haproxy(|field| haproxy.stat(&format!("fe_{SERVICE}"), "FRONTEND", field));
+    check(SERVICE, &agent, &flooded, &honest, proxy);
     // HAProxy's queue is bounded (its length and `timeout queue`): every flood request had
     // its answer within the timeout.
     assert_eq!(flooded.errors, 0);
@@ -235,6 +258,6 @@ fn through_nginx_one_address_minting_cookies_gets_its_share_and_honest_clients_k
     );
     let (flooded, honest) = flood_beside_honest_clients(&format!("http://{front}/"));
     std::thread::sleep(Duration::from_secs(3));
-    let (proxy_2xx, _) = nginx_logged(shared.path(), SERVICE);
-    check(SERVICE, &agent, &flooded, &honest, proxy_2xx);
+    let proxy = ProxyCounts::nginx_logged(shared.path(), SERVICE);
+    check(SERVICE, &agent, &flooded, &honest, proxy);
 }

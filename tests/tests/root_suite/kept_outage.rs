@@ -7,7 +7,7 @@
 //! HAProxy's `txn.retry_after_kept` and nginx's `limit_req` key (emptied for a return), each
 //! sent back in a response header, and the status.
 
-use std::{net::SocketAddr, path::Path, process::Command, thread, time::Duration};
+use std::{net::SocketAddr, path::Path, thread, time::Duration};
 
 use retry_after_testkit::kept_returns::{SERVICE_TIME, agent_service, haproxy_frontend};
 use retry_after_testkit::{
@@ -16,57 +16,17 @@ use retry_after_testkit::{
     proxies::{Haproxy, NGINX_LUA_MODULES, Nginx, Wrk, nginx_workers_may_connect},
 };
 
-use crate::nginx_book::{BY_KEY, SERVICE, http_block};
+use retry_after_testkit::http::{Seen, get_with};
+use retry_after_testkit::nginx_kept::{BY_KEY, SERVICE, http_block};
 
 /// The HAProxy service's name (nginx's is [`SERVICE`]).
 const HAPROXY_SERVICE: &str = "outage";
 /// The static value the proxies answer with when no estimate is fresh.
 const STATIC_S: u64 = 5;
 
-/// What a proxy did with one request: its status, `Retry-After` and how the book saw it.
-#[derive(Debug)]
-pub(crate) struct Seen {
-    pub(crate) status: u16,
-    pub(crate) retry_after: Option<u64>,
-    /// HAProxy: `txn.retry_after_kept`; nginx: the `limit_req` key, `[]` for a return.
-    pub(crate) kept: String,
-    /// The `Set-Cookie` header, if any.
-    pub(crate) set_cookie: Option<String>,
-}
-
 /// One GET with `key` as `x-api-key`, reading `header` for what the book did.
 fn get(front: SocketAddr, key: &str, header: &str) -> Seen {
     get_with(front, &format!("x-api-key: {key}"), header)
-}
-
-/// One GET with the request header `line` (`name: value`), reading `header` for what the
-/// book did.
-pub(crate) fn get_with(front: SocketAddr, line: &str, header: &str) -> Seen {
-    let out = Command::new("curl")
-        .args(["-s", "-o", "/dev/null", "-D", "-", "--max-time", "30"])
-        .args(["-H", line])
-        .arg(format!("http://{front}/"))
-        .output()
-        .expect("curl is installed (./dev setup installs it)");
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    let value = |name: &str| {
-        text.lines().find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
-        })
-    };
-    let status = text
-        .lines()
-        .next()
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no status from {front}: {text}"));
-    Seen {
-        status,
-        retry_after: value("retry-after").and_then(|v| v.parse().ok()),
-        kept: value(header).unwrap_or_default(),
-        set_cookie: value("set-cookie"),
-    }
 }
 
 /// A client with `key` rejected at `front`, then back when it was told: both answers.

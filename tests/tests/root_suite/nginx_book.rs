@@ -6,22 +6,17 @@
 //! nginx's own access log (every answer's status and Retry-After) and error log, and the
 //! agent's `retry_after_tickets_total` as the workers reported it.
 
-use std::{path::Path, time::Duration};
+use std::time::Duration;
 
 use retry_after_testkit::{
     AgentProcess, free_port,
     http::HttpServer,
-    proxies::{
-        NGINX_LUA_MODULES, Nginx, Wrk, WrkTotals, nginx_lua_package_path, nginx_workers_may_connect,
-    },
+    proxies::{NGINX_LUA_MODULES, Nginx, Wrk, WrkTotals, nginx_workers_may_connect},
 };
 
 use retry_after_testkit::kept_returns::{Book, QUEUE_LIMIT, agent_service};
+use retry_after_testkit::nginx_kept::{BY_KEY, RATE, SERVICE, http_block};
 
-/// The service's name, in the agent and in nginx.
-pub(crate) const SERVICE: &str = "api";
-/// limit_req's rate, requests a second: the bound nothing may pass around.
-const RATE: u64 = 200;
 /// How long wrk runs, seconds.
 const SECONDS: u32 = 12;
 
@@ -29,69 +24,6 @@ const SECONDS: u32 = 12;
 const KEYS_SCRIPT: &str = "local n = 0\n\
     request = function()\n  n = n + 1\n  \
     return wrk.format(nil, nil, { [\"x-api-key\"] = \"key-\" .. (n % 3000) })\nend\n";
-
-/// How nginx keeps returns in [`http_block`]: the key (`header:x-api-key`, `cookie`) and
-/// `limit_req`'s rate (requests a minute) and burst.
-pub(crate) struct Keeping<'a> {
-    pub(crate) key: &'a str,
-    pub(crate) per_minute: u64,
-    pub(crate) burst: u32,
-}
-
-/// The suite's keeping: by `x-api-key`, [`RATE`] a second with a burst of [`QUEUE_LIMIT`].
-pub(crate) const BY_KEY: Keeping<'static> = Keeping {
-    key: "header:x-api-key",
-    per_minute: RATE * 60,
-    burst: QUEUE_LIMIT,
-};
-
-/// The http block: kept returns as `keeping` says before `limit_req`, as the example
-/// configuration has it, with a tickets dictionary of `tickets_dict`, a log of each answer's
-/// status and Retry-After, and `location` lines added to the location.
-pub(crate) fn http_block(
-    front: std::net::SocketAddr,
-    replicas: &[HttpServer],
-    agent: &Path,
-    dir: &Path,
-    tickets_dict: &str,
-    keeping: &Keeping<'_>,
-    location: &str,
-) -> String {
-    let servers: String = replicas
-        .iter()
-        .map(|r| format!("server {}; ", r.addr()))
-        .collect();
-    let d = dir.display();
-    let Keeping {
-        key,
-        per_minute,
-        burst,
-    } = keeping;
-    // nginx refuses `burst=0`: no burst is written as none.
-    let burst_clause = if *burst > 0 {
-        format!(" burst={burst}")
-    } else {
-        String::new()
-    };
-    format!(
-        "lua_package_path \"{}\";\n\
-         lua_shared_dict retry_after 1m;\n\
-         lua_shared_dict retry_after_tickets {tickets_dict};\n\
-         init_worker_by_lua_block {{ require(\"retry_after_nginx\").start({{ services = {{ \"{SERVICE}\" }}, socket = \"{}\", keep = {{ {SERVICE} = {{ key = \"{key}\", max_queued = {burst} }} }}, secret_file = \"{d}/secret\" }}) }}\n\
-         log_format answers \"$status $sent_http_retry_after\";\n\
-         limit_req_zone $retry_after_limit zone={SERVICE}:1m rate={per_minute}r/m;\n\
-         limit_req_log_level info;\n\
-         upstream up {{ {servers}keepalive 16; }}\n\
-         server {{\n  listen {front};\n  server_name {SERVICE};\n  access_log {d}/answers.log answers;\n\
-         \x20 location / {{\n    set $retry_after_limit $server_name;\n\
-         \x20   rewrite_by_lua_block {{ require(\"retry_after_nginx\").admit(\"{SERVICE}\") }}\n\
-         \x20   limit_req zone={SERVICE}{burst_clause};\n    limit_req_status 429;\n\
-         \x20   proxy_http_version 1.1;\n    proxy_set_header Connection \"\";\n    proxy_pass http://up;\n\
-         \x20   header_filter_by_lua_block {{ require(\"retry_after_nginx\").stamp(\"{SERVICE}\") }}\n{location}  }}\n}}\n",
-        nginx_lua_package_path(),
-        agent.display(),
-    )
-}
 
 /// What one run showed: nginx's answers, wrk's count and the book's reports.
 struct Run {
@@ -238,9 +170,11 @@ fn a_full_ticket_dictionary_is_counted_and_lets_nothing_past_limit_req() {
         full.book.unrecorded > 0.0,
         "a 16k dictionary fills: what the book could not record is counted"
     );
-    // A full book turns kept returns off, not the service: limit_req's rate goes on.
+    // A full book turns kept returns off, not the service: limit_req's rate goes on, a
+    // request each 1/RATE s while wrk asks for more (2,401 in 12.0 s measured), less a second
+    // for wrk's start and end.
     assert!(
-        full.ok as f64 >= 0.8 * RATE as f64 * full.wrk.seconds,
+        full.ok as f64 >= RATE as f64 * (full.wrk.seconds - 1.0),
         "full: {} admitted in {:.1} s at {RATE}/s",
         full.ok,
         full.wrk.seconds

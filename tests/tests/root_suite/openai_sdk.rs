@@ -17,8 +17,8 @@
 use std::net::SocketAddr;
 
 use retry_after_testkit::kept_returns::{
-    CAPACITY, PLACES, QUEUE_LIMIT, REPLICAS, Record, SERVICE_TIME, agent_service, clairvoyant_p99,
-    nginx_logged, openai_clients,
+    CAPACITY, PLACES, ProxyCounts, QUEUE_LIMIT, REPLICAS, Record, SERVICE_TIME, agent_service,
+    clairvoyant_p99, openai_clients,
 };
 use retry_after_testkit::{
     AgentProcess, free_port,
@@ -26,11 +26,17 @@ use retry_after_testkit::{
     proxies::{Haproxy, NGINX_LUA_MODULES, Nginx, NginxStatus, nginx_lua_package_path},
 };
 
-use crate::{haproxy_lua::frontend, one_agent::Scenario};
+use crate::one_agent::Scenario;
+use retry_after_testkit::proxies::haproxy_frontend_rejecting_at;
 
 /// Load, as a multiple of the fleet's capacity, and for how long.
 const LOAD: f64 = 1.5;
 const SECONDS: u32 = 20;
+
+/// The share of the SDK's waits within a second, with `retry-after-ms`, below which a run
+/// fails: a guard under the 83–90% measured (docs/integrations/haproxy.md). The rest are whole
+/// seconds the agent answered itself: the static `retry_after_s` before the drain is warm.
+const WITHIN_THE_SECOND_GUARD: f64 = 0.7;
 
 /// One run: a proxy, with or without `retry-after-ms`.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -96,7 +102,7 @@ fn haproxy(run: &Run, agent: &AgentProcess, front: SocketAddr, replicas: &[HttpS
                 if run.millis { "on" } else { "off" },
             ),
         ],
-        &frontend(run.name, front, QUEUE_LIMIT, &servers),
+        &haproxy_frontend_rejecting_at(run.name, front, QUEUE_LIMIT, &servers),
     )
 }
 
@@ -157,8 +163,8 @@ struct Figures {
     record: Record,
     waits: Vec<f64>,
     bound_p99: f64,
-    proxy_2xx: u64,
-    proxy_4xx: u64,
+    /// The proxy's own counts (HAProxy's stats, nginx's access log).
+    proxy: ProxyCounts,
 }
 
 impl Figures {
@@ -171,14 +177,15 @@ impl Figures {
     fn describe(&self) -> String {
         let r = &self.record;
         format!(
-            "{} (retry-after-ms {}): {}; {:.0}% of the SDK's {} waits within the second; proxy 2xx {} 4xx {} (SDK: {} answered 200, {} answered 429)",
+            "{} (retry-after-ms {}): {}; {:.0}% of the SDK's {} waits within the second; proxy {} requests, 2xx {} 4xx {} (SDK: {} answered 200, {} answered 429)",
             self.run.name,
             if self.run.millis { "on" } else { "off" },
             r.summary(self.bound_p99),
             100.0 * self.within_the_second(),
             self.waits.len(),
-            self.proxy_2xx,
-            self.proxy_4xx,
+            self.proxy.requests,
+            self.proxy.answered_2xx,
+            self.proxy.answered_4xx,
             r.answered_200,
             r.answered_429,
         )
@@ -193,11 +200,14 @@ impl Figures {
         // Which header the SDK obeyed: with retry-after-ms it waits within the second (the
         // agent places each client there); with Retry-After alone, whole seconds only.
         if self.run.millis {
-            assert!(self.within_the_second() >= 0.5, "{line}");
+            assert!(
+                self.within_the_second() >= WITHIN_THE_SECOND_GUARD,
+                "guard: {line}"
+            );
         } else {
             assert_eq!(self.within_the_second(), 0.0, "{line}");
         }
-        r.agrees_with_the_proxy(self.proxy_2xx, self.proxy_4xx, &line);
+        r.agrees_with_the_proxy(self.proxy, &line);
     }
 }
 
@@ -275,16 +285,15 @@ impl Scenario for OpenAiSdkBehindProxies {
             .zip(records)
             .zip(&proxies)
             .map(|((run, (record, waits)), proxy)| {
-                let (proxy_2xx, proxy_4xx) = match proxy {
-                    Running::Haproxy(h) => {
-                        let stat = |field| h.stat(&format!("fe_{}", run.name), "FRONTEND", field);
-                        (stat("hrsp_2xx"), stat("hrsp_4xx"))
-                    }
+                let counts = match proxy {
+                    Running::Haproxy(h) => ProxyCounts::haproxy(|field| {
+                        h.stat(&format!("fe_{}", run.name), "FRONTEND", field)
+                    }),
                     Running::Nginx(n, before) => {
                         // stub_status counted every attempt (and the one read before).
                         let during = n.status().requests - before.requests - 1;
                         assert_eq!(during, record.clients + record.retries, "{}", run.name);
-                        nginx_logged(logs.path(), run.name)
+                        ProxyCounts::nginx_logged(logs.path(), run.name)
                     }
                 };
                 Figures {
@@ -292,8 +301,7 @@ impl Scenario for OpenAiSdkBehindProxies {
                     bound_p99: clairvoyant_p99(&record.arrivals, REPLICAS * PLACES, SERVICE_TIME),
                     record,
                     waits,
-                    proxy_2xx,
-                    proxy_4xx,
+                    proxy: counts,
                 }
             })
             .collect();

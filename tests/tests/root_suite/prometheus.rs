@@ -27,7 +27,8 @@ use retry_after_testkit::kept_returns::{
 use retry_after_testkit::{AgentProcess, free_port, http::HttpServer, proxies::Haproxy};
 use serde_json::Value;
 
-use crate::{haproxy_lua::frontend, one_agent::Scenario};
+use crate::one_agent::Scenario;
+use retry_after_testkit::proxies::haproxy_frontend_rejecting_at;
 
 /// The services: the alert's, and the one whose proxy keeps places.
 const SERVICES: [&str; 2] = ["static_1s", "kept"];
@@ -243,7 +244,7 @@ impl Scenario for ShippedRulesOnPrometheus {
                     &secret.path().display().to_string(),
                 ),
             ],
-            &(frontend(
+            &(haproxy_frontend_rejecting_at(
                 "static_1s",
                 fronts[0],
                 QUEUE_LIMIT,

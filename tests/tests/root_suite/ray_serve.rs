@@ -71,6 +71,20 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// Guards where Serve misses the targets HAProxy and nginx keep (95% of retries admitted, none
+/// giving up, p99 within 1.5× the bound's), each under the runs measured
+/// (docs/integrations/ray-serve.md; the misses in docs/evaluation.md's targets table).
+/// urllib3 clients through nginx told by `scheduled_returns` as a hint: retries admitted
+/// (87–91% measured) and clients that got in (472–473 of 473).
+const SCHEDULED_ADMITTED_GUARD: f64 = 0.8;
+const SCHEDULED_SUCCEEDED_GUARD: f64 = 0.9;
+/// Kept returns in Serve's ingress: retries admitted (91.2–97.3%), clients giving up (0 or 1
+/// of 603) and p99 ÷ the bound's (2.18–3.07) in five runs; one run beside another load fell
+/// to 83.3% and 6.61×, so the suite runs this test alone.
+const KEPT_ADMITTED_GUARD: f64 = 0.9;
+const KEPT_GAVE_UP_GUARD: f64 = 0.01;
+const KEPT_P99_GUARD: f64 = 4.0;
+
 /// The two Serve apps, running until dropped (their stdin closes: Serve and Ray shut down).
 struct ServeApps {
     child: Child,
@@ -405,10 +419,13 @@ fn serve_rejections_carry_the_agents_retry_after_in_both_places_serve_rejects() 
     assert!(clients > 300);
     assert!(retries > 20, "the clients were rejected and retried");
     assert!(
-        admitted * 2 >= retries,
-        "most retries at the agent's time got in"
+        admitted as f64 >= SCHEDULED_ADMITTED_GUARD * retries as f64,
+        "guard: retries at the agent's time got in"
     );
-    assert!(succeeded * 10 >= clients * 9, "nearly every client got in");
+    assert!(
+        succeeded as f64 >= SCHEDULED_SUCCEEDED_GUARD * clients as f64,
+        "guard: nearly every client got in"
+    );
     drop(serve);
 }
 
@@ -462,13 +479,16 @@ fn the_ingress_keeps_the_places_it_gives_to_keyed_urllib3_clients() {
     // running, so it rarely sees the model idle and lets fresh arrivals fill it; and a return
     // it lets through at its place can still be refused by Serve's queue, and is then given a
     // new place at the back. docs/integrations/ray-serve.md gives the runs and the miss.
-    assert!(kept.admitted_share() >= 0.9, "guard: {line}");
     assert!(
-        kept.gave_up * 100 <= kept.clients,
+        kept.admitted_share() >= KEPT_ADMITTED_GUARD,
+        "guard: {line}"
+    );
+    assert!(
+        kept.gave_up as f64 <= KEPT_GAVE_UP_GUARD * kept.clients as f64,
         "guard, at most 1% giving up: {}",
         kept.gave_up_story()
     );
-    assert!(p99 <= 4.0 * bound, "guard: {line}");
+    assert!(p99 <= KEPT_P99_GUARD * bound, "guard: {line}");
     // The book's own account agrees with the clients': a place or a counted reason for every
     // 429, every admitted retry at its place or counted. (A place taken is not always a retry
     // admitted here: Serve may refuse it.)
