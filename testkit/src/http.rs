@@ -337,13 +337,16 @@ impl HttpClient {
     }
 }
 
-/// One request on a fresh connection that closes after the answer.
-pub fn exchange_once(addr: SocketAddr, body: usize) {
+/// One request on a fresh connection that closes after the answer; returns the request bytes
+/// written.
+pub fn exchange_once(addr: SocketAddr, body: usize) -> usize {
     let mut client = HttpClient::connect(addr);
     client.send(body, true);
+    let sent = client.bytes_sent;
     client.receive();
     // The server closes after answering; wait for that before closing our side.
     client.wait_for_close();
+    sent
 }
 
 /// What a proxy did with one request: its status, `Retry-After` and how the book saw it.

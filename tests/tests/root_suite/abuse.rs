@@ -33,6 +33,9 @@ fn polite_query(agent: &AgentProcess) {
     );
 }
 
+/// Metrics connections the agent serves at once (docs/operations.md's limits).
+const METRICS_CONNECTIONS: usize = 16;
+
 #[test]
 fn a_metrics_flood_under_1024_open_files_neither_stops_the_daemon_nor_starves_proxies() {
     let mut agent = AgentProcess::start_with(
@@ -59,11 +62,19 @@ fn a_metrics_flood_under_1024_open_files_neither_stops_the_daemon_nor_starves_pr
     }
     assert!(agent.is_running(), "the daemon is still up");
     assert!(answered > 100);
+    let flood_len = flood.len();
     drop(flood);
     thread::sleep(Duration::from_millis(300));
     let metrics = agent.metrics();
     let refused = sample(&metrics, "retry_after_metrics_connections_refused_total").unwrap();
-    assert!(refused >= 1000.0, "refused at the limit: {refused}");
+    // Every connection of the flood beyond the 16 served at once (docs/operations.md) was
+    // closed at accept: the first 16 hold their places until the header deadline, long after
+    // the last of the flood has connected.
+    assert_eq!(
+        refused,
+        (flood_len - METRICS_CONNECTIONS) as f64,
+        "refused at the limit"
+    );
     let ticks = sample(&metrics, "retry_after_ticks_total").unwrap();
     assert!(ticks >= 30.0, "ticks kept running: {ticks}");
 }

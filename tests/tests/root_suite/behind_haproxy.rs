@@ -114,7 +114,6 @@ fn with_the_frontend_the_answer_is_the_proxys_queue_over_its_drain_and_without_i
     let drain = (REPLICAS * SLOTS_PER_REPLICA) as f64 / SERVICE_TIME.as_secs_f64();
     let queued = CLIENTS - REPLICAS * SLOTS_PER_REPLICA;
     let by_hand = (queued as f64 / drain * 1.25).ceil() as u64;
-    assert_eq!(by_hand, 5);
 
     wait_until_computed(&agent, "seen");
     thread::sleep(Duration::from_secs(2));

@@ -96,7 +96,8 @@ fn the_systemd_unit_passes_systemds_verifier_and_grants_only_the_verified_capabi
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("{text}"));
-    assert!(exposure <= 4.0, "exposure {exposure}:\n{text}");
+    // `--threshold=40` failed the command above 4.0: the level printed is the same verdict.
+    eprintln!("systemd-analyze security: exposure {exposure}");
     run_ok(
         Command::new("systemd-sysusers")
             .arg("--dry-run")

@@ -250,10 +250,9 @@ impl Figures {
             Front::RoundRobinSharingPlaces => P99_TARGET,
         };
         assert!(p99 <= p99_limit * self.bound_p99, "{line}");
-        // Sharing, returns crossed proxies: some proxy honoured places another one gave.
-        if self.front_kind == Front::RoundRobinSharingPlaces {
-            assert!(self.books.iter().any(|b| b.honoured > b.issued), "{line}");
-        }
+        // The books together: every admitted retry honoured at its place (or early into
+        // room). Behind the round robin a return reaches the other proxy about half the time,
+        // where without shared places it would be a fresh arrival, not honoured.
         self.books_together().accounts_for(r, &line);
     }
 

@@ -36,16 +36,12 @@ fn client_side_counts_match_server_side_counts() {
                     };
                     client.exchange(body);
                 }
-                for _ in 0..5 {
-                    exchange_once(addr, 1000);
-                }
-                client.bytes_sent
+                let once: usize = (0..5).map(|_| exchange_once(addr, 1000)).sum();
+                client.bytes_sent + once
             })
         })
         .collect();
-    for worker in workers {
-        worker.join().unwrap();
-    }
+    let bytes_sent: usize = workers.into_iter().map(|w| w.join().unwrap()).sum();
 
     let server_side = probe.wait_for(endpoint, Side::Server, SETTLE, "server side settled", |s| {
         s.counters.connections_closed == 24
@@ -54,8 +50,20 @@ fn client_side_counts_match_server_side_counts() {
         s.counters.connections_closed == 24
     });
     let (s, c) = (server_side.counters, client_side.counters);
+    // The server side against the clients' and the server's own counts; then the client side
+    // against it, field by field.
     assert_eq!(s.connections_opened, 24);
     assert_eq!(s.requests_started, 4 * 35);
+    assert_eq!(
+        s.responses_completed,
+        server.answered.load(std::sync::atomic::Ordering::SeqCst) as u64,
+        "the server's own count of answers"
+    );
+    assert_eq!(s.requests_abandoned, 0);
+    assert_eq!(
+        s.request_bytes, bytes_sent as u64,
+        "the clients' own count of bytes"
+    );
     assert_eq!(
         (
             s.connections_opened,
