@@ -246,7 +246,7 @@ fn check_clamps_side_by_side(figures: &[Figures]) {
             assert!(f.p99() <= 1.5 * f.bound_p99, "{line}");
             r.agrees_with_the_proxy(f.proxy, &line);
             // Early returns are the 60 s clamp's (placed further, told 60): not bounded here.
-            f.book.places_every_rejection(r.answered_429, &line);
+            f.book.places_every_rejection(&line);
             f.book.accounts_for_rejections(r, &line);
             f.book.accounts_for_admitted_retries(r, &line);
         }
