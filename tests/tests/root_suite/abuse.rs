@@ -11,7 +11,7 @@ use std::{
 };
 
 use retry_after_protocol::{Request, Response};
-use retry_after_testkit::{AgentProcess, Launch, sample};
+use retry_after_testkit::{AGENT_TICK_MS, AgentProcess, Launch, sample};
 
 const SERVICE: &str = "[[service]]\nname = \"api\"\nbackends = [{ address = \"127.0.0.1:1\" }]\n[service.backpressure]\nretry_after_s = 2\n";
 
@@ -53,30 +53,42 @@ fn a_metrics_flood_under_1024_open_files_neither_stops_the_daemon_nor_starves_pr
     assert!(flood.len() >= 1000, "{} connected", flood.len());
     // Meanwhile a proxy keeps asking, for longer than the metrics header deadline (5 s) and
     // several ticks.
-    let until = Instant::now() + Duration::from_secs(7);
+    let ticks = || match Response::parse(&agent.request("HEALTH").unwrap()) {
+        Ok(Response::Health(health)) => health.ticks,
+        other => panic!("not a health line: {other:?}"),
+    };
+    let (ticks_before, started) = (ticks(), Instant::now());
+    let until = started + Duration::from_secs(7);
     let mut answered = 0;
     while Instant::now() < until {
         polite_query(&agent);
         answered += 1;
         thread::sleep(Duration::from_millis(50));
     }
-    assert!(agent.is_running(), "the daemon is still up");
     assert!(answered > 100);
+    // A tick every AGENT_TICK_MS through the flood, but for the one under way at each end.
+    let ticked = ticks() - ticks_before;
+    let due = started.elapsed().as_millis() as u64 / AGENT_TICK_MS;
+    assert!(
+        ticked + 2 >= due,
+        "{ticked} ticks in {:?}",
+        started.elapsed()
+    );
+    assert!(agent.is_running(), "the daemon is still up");
     let flood_len = flood.len();
     drop(flood);
     thread::sleep(Duration::from_millis(300));
     let metrics = agent.metrics();
     let refused = sample(&metrics, "retry_after_metrics_connections_refused_total").unwrap();
     // Every connection of the flood beyond the 16 served at once (docs/operations.md) was
-    // closed at accept: the first 16 hold their places until the header deadline, long after
-    // the last of the flood has connected.
-    assert_eq!(
-        refused,
-        (flood_len - METRICS_CONNECTIONS) as f64,
-        "refused at the limit"
+    // closed at accept, but for those accepted after the first 16 were shed at the header
+    // deadline (5 s): connections beyond the listener's backlog retry their handshake (at 1,
+    // 3 and 7 s), and up to 16 of them take the freed places.
+    let served = flood_len - refused as usize;
+    assert!(
+        (METRICS_CONNECTIONS..=2 * METRICS_CONNECTIONS).contains(&served),
+        "refused at the limit: {refused} of {flood_len}"
     );
-    let ticks = sample(&metrics, "retry_after_ticks_total").unwrap();
-    assert!(ticks >= 30.0, "ticks kept running: {ticks}");
 }
 
 #[test]

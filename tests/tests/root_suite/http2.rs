@@ -637,8 +637,11 @@ fn grpc_calls_are_streams_and_resource_exhausted_is_a_rejection() {
     );
     both_sides_count_the_calls(&probe, endpoint, (unary + streamed + rejected, rejected));
     let problems = probe.read().probe;
-    assert!(
-        problems.get(ProbeStat::ConnectionsAdopted) >= 1,
+    // The one connection open before the watch, adopted at both its ends (the client's and
+    // the server's sockets are both on this node).
+    assert_eq!(
+        problems.get(ProbeStat::ConnectionsAdopted),
+        2,
         "{problems:?}"
     );
     for stat in [
