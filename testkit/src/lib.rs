@@ -413,6 +413,15 @@ impl AgentProcess {
         Ok(answer.trim_end().to_owned())
     }
 
+    /// Its `HEALTH` answer, parsed (panics if the socket gives none).
+    pub fn health(&self) -> retry_after_protocol::HealthResponse {
+        let line = self.request("HEALTH").expect("a HEALTH answer");
+        match retry_after_protocol::Response::parse(&line) {
+            Ok(retry_after_protocol::Response::Health(health)) => health,
+            other => panic!("not a health line: {line:?} ({other:?})"),
+        }
+    }
+
     /// GET /metrics.
     pub fn metrics(&self) -> String {
         use std::io::{Read, Write};

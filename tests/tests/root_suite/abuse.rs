@@ -53,10 +53,7 @@ fn a_metrics_flood_under_1024_open_files_neither_stops_the_daemon_nor_starves_pr
     assert!(flood.len() >= 1000, "{} connected", flood.len());
     // Meanwhile a proxy keeps asking, for longer than the metrics header deadline (5 s) and
     // several ticks.
-    let ticks = || match Response::parse(&agent.request("HEALTH").unwrap()) {
-        Ok(Response::Health(health)) => health.ticks,
-        other => panic!("not a health line: {other:?}"),
-    };
+    let ticks = || agent.health().ticks;
     let (ticks_before, started) = (ticks(), Instant::now());
     let until = started + Duration::from_secs(7);
     let mut answered = 0;

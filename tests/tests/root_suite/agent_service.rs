@@ -137,7 +137,6 @@ fn the_computed_value_follows_an_overloaded_backend_up_and_back_down() {
             depth: 28,
             source: QueueDepthSource::BeyondCapacity,
         }),
-        drain_rate: Some(drain),
         occupancy: Some(1.0),
         ..Signals::proxy_queue(28, drain)
     };
@@ -354,7 +353,7 @@ fn a_thousand_idle_connections_are_shed_without_harming_a_working_client() {
     worker.join().expect("the working client got every answer");
     assert!(answered.load(Ordering::SeqCst) > 10);
     // At most 64 are held; the others were told why and closed.
-    let held = health(&agent.request("HEALTH").unwrap()).connections;
+    let held = agent.health().connections;
     assert!(held <= 64, "{held} held");
     let mut shed = 0;
     for stream in &mut idle {
