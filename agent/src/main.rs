@@ -24,7 +24,7 @@ use retry_after_agent::{
 use retry_after_common::Protocol;
 use retry_after_estimator::{
     config::{AttachCgroups, Config, ConfigError, DEFAULT_CONFIG},
-    {RejectedAt, RetryAfterPolicy, ServiceSettings},
+    {RejectedAt, ReplicaQueue, RetryAfterPolicy, ServiceSettings},
 };
 use retry_after_policy::{MAX_KEPT_RETRY_AFTER_S, MAX_RETRY_AFTER_S};
 use tracing::info;
@@ -369,6 +369,9 @@ fn check_configuration(list: &mut Checklist, path: Option<&PathBuf>) -> Option<C
         let settings = service.settings();
         println!("{}", policy_note(&settings));
         println!("{}", clamp_note(&settings));
+        if settings.policy != RetryAfterPolicy::Static && !settings.queue_needs_proxy_depth() {
+            println!("{}", queue_note(&settings));
+        }
         if settings.policy != RetryAfterPolicy::Static && settings.queue_needs_proxy_depth() {
             list.warn(
                 &format!("service {}", service.name),
@@ -377,6 +380,32 @@ fn check_configuration(list: &mut Checklist, path: Option<&PathBuf>) -> Option<C
         }
     }
     Some(config)
+}
+
+/// Where a computing service's queue depth comes from when the proxy passes none, and what
+/// that source cannot see.
+fn queue_note(settings: &ServiceSettings) -> String {
+    let what = format!("service {}", settings.name);
+    let inside = match settings.replica_queue {
+        ReplicaQueue::BeyondCapacity => {
+            "the requests in flight beyond each replica's max_ongoing_requests (an engine \
+            whose batch is smaller, bounded by its KV cache, queues more than this shows; \
+            replica_queue = \"waiting\" reads a streaming engine's queue without a capacity)"
+        }
+        ReplicaQueue::Waiting => {
+            "the requests whose response's first body byte has not gone by (headers alone do \
+            not count: an engine sends them before it schedules the request); a non-streamed \
+            answer waits until its whole body, so its running requests count as waiting, and \
+            inside TLS no body byte is seen"
+        }
+    };
+    match settings.rejected_at {
+        RejectedAt::Proxy => format!(
+            "ok      {what}: queue depth from the frontend: the proxy's listener's requests \
+            in flight minus those forwarded, plus what waits inside the replicas: {inside}"
+        ),
+        RejectedAt::Replica => format!("ok      {what}: queue depth at the replicas: {inside}"),
+    }
 }
 
 /// Why a computing service whose queue no kernel source can see answers statically.

@@ -8,6 +8,7 @@
 #![no_std]
 
 pub mod h2;
+pub mod http1;
 pub mod tls;
 pub mod turn;
 mod vocabulary;
@@ -97,6 +98,29 @@ pub trait Payload {
     fn frame_header_at(&self, offset: u32) -> Option<[u8; 9]>;
     /// The `n` bytes (1 to 4) at `offset`, big-endian, if the segment has them.
     fn bytes_at(&self, offset: u32, n: u32) -> Option<u32>;
+
+    /// The `n` bytes (1 to 8) at `offset`, first in the array's first place (the rest zero),
+    /// if the segment has them: the HTTP/1.1 framing walk's reads.
+    #[inline(always)]
+    fn word_at(&self, offset: u32, n: u32) -> Option<[u8; 8]> {
+        word_in_halves(self, offset, n)
+    }
+}
+
+/// [`Payload::word_at`] by two reads of [`Payload::bytes_at`] (the one read there is when the
+/// `n` bytes are fewer than eight).
+#[inline(always)]
+pub fn word_in_halves<P: Payload + ?Sized>(payload: &P, offset: u32, n: u32) -> Option<[u8; 8]> {
+    let head = n.min(4);
+    let first = payload.bytes_at(offset, head)? << (8 * (4 - head));
+    let second = if n > 4 {
+        payload.bytes_at(offset + 4, n - 4)? << (8 * (8 - n))
+    } else {
+        0
+    };
+    let [a, b, c, d] = first.to_be_bytes();
+    let [e, f, g, h] = second.to_be_bytes();
+    Some([a, b, c, d, e, f, g, h])
 }
 
 /// Name of the map of watched endpoints: [`EndpointKey`] → [`WatchValue`].
@@ -329,6 +353,14 @@ pub enum EndpointCounter {
     RequestBytes => "request_bytes",
     /// [`EndpointCounters::response_bytes`].
     ResponseBytes => "response_bytes",
+    /// [`EndpointCounters::responses_inferred`].
+    ResponsesInferred => "responses_inferred",
+    /// [`EndpointCounters::bodies_begun`].
+    BodiesBegun => "bodies_begun",
+    /// [`EndpointCounters::bodies_ended`].
+    BodiesEnded => "bodies_ended",
+    /// [`EndpointCounters::first_byte_wait_ns`], in whole microseconds.
+    FirstByteWaitMicroseconds => "first_byte_wait_microseconds",
 }
 }
 
@@ -353,6 +385,19 @@ pub struct EndpointCounters {
     pub request_bytes: u64,
     /// Server→client payload bytes seen during response turns.
     pub response_bytes: u64,
+    /// Of the responses completed, those whose end was inferred from the turn (quiet, next
+    /// request, close) because their framing could not be read (inside TLS, another protocol,
+    /// a gap); the rest ended at their last byte as HTTP/1.1 or HTTP/2 frames it.
+    pub responses_inferred: u64,
+    /// Responses whose first body byte went by: their request stopped waiting and streams
+    /// (HTTP/1.1 responses whose framing is read; HTTP/2 streams at their first DATA frame).
+    pub bodies_begun: u64,
+    /// Of the responses completed or cut by the close, those whose body had begun.
+    pub bodies_ended: u64,
+    /// The waits of the bodies begun, summed: from each request's first byte (an HTTP/2
+    /// stream's HEADERS) to its response's first body byte, in nanoseconds. Over
+    /// `bodies_begun`, the mean time to first body byte.
+    pub first_byte_wait_ns: u64,
 }
 
 impl EndpointCounters {
@@ -367,6 +412,10 @@ impl EndpointCounters {
             EndpointCounter::RequestsAbandoned => self.requests_abandoned,
             EndpointCounter::RequestBytes => self.request_bytes,
             EndpointCounter::ResponseBytes => self.response_bytes,
+            EndpointCounter::ResponsesInferred => self.responses_inferred,
+            EndpointCounter::BodiesBegun => self.bodies_begun,
+            EndpointCounter::BodiesEnded => self.bodies_ended,
+            EndpointCounter::FirstByteWaitMicroseconds => self.first_byte_wait_ns / 1_000,
         }
     }
 
@@ -381,6 +430,22 @@ impl EndpointCounters {
         self.requests_started
             .saturating_sub(self.responses_completed)
             .saturating_sub(self.requests_abandoned)
+    }
+
+    /// Of the requests in flight, those whose response's body has begun: streaming.
+    pub const fn streaming(&self) -> u64 {
+        let streaming = self.bodies_begun.saturating_sub(self.bodies_ended);
+        if streaming < self.in_flight() {
+            streaming
+        } else {
+            self.in_flight()
+        }
+    }
+
+    /// Of the requests in flight, those still waiting for their response's first body byte
+    /// (queued inside the server, or running without streaming).
+    pub const fn waiting(&self) -> u64 {
+        self.in_flight() - self.streaming()
     }
 
     /// Field-wise sum, used to add up per-CPU copies. Wrapping: a CPU's copy of
@@ -406,6 +471,14 @@ impl EndpointCounters {
                 .wrapping_add(other.requests_abandoned),
             request_bytes: self.request_bytes.wrapping_add(other.request_bytes),
             response_bytes: self.response_bytes.wrapping_add(other.response_bytes),
+            responses_inferred: self
+                .responses_inferred
+                .wrapping_add(other.responses_inferred),
+            bodies_begun: self.bodies_begun.wrapping_add(other.bodies_begun),
+            bodies_ended: self.bodies_ended.wrapping_add(other.bodies_ended),
+            first_byte_wait_ns: self
+                .first_byte_wait_ns
+                .wrapping_add(other.first_byte_wait_ns),
         }
     }
 }
@@ -415,20 +488,28 @@ impl EndpointCounters {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConnState {
-    /// The watch slot whose counters this connection feeds.
-    pub slot: u32,
+    /// The watch slot whose counters this connection feeds (below
+    /// [`MAX_WATCHED_ENDPOINTS`]).
+    pub slot: u16,
+    /// The vantage point: `Side as u8`.
+    pub side: u8,
+    /// What the watch says the connection speaks: `Protocol as u8`.
+    pub protocol: u8,
     /// The watch generation the connection was opened under.
     pub generation: u32,
-    /// The vantage point: `Side as u16`.
-    pub side: u16,
     /// Who stored this state (a program path on one CPU; 0 until stored), so that a program
     /// that asks the kernel to store a state, and is handed one, knows whether it is its own
     /// or one stored from another CPU a moment before.
     pub maker: u16,
-    /// The level `scope_cgroup` is compared at.
-    pub scope_level: u16,
-    /// What the watch says the connection speaks: `Protocol as u16`.
-    pub protocol: u16,
+    /// The level `scope_cgroup` is compared at (a cgroup's depth).
+    pub scope_level: u8,
+    /// Always zero (explicit padding).
+    pub pad: u8,
+    /// When the open request's first byte was seen, in microseconds of `bpf_ktime_get_ns`
+    /// (wrapping every 71 minutes; a wait is the wrapping difference): its response's first
+    /// body byte adds the wait since to `first_byte_wait_ns`. Written by client→server
+    /// segments only. 0: not timed.
+    pub request_us: u32,
     /// The request/response turn of this connection.
     pub turn: turn::Turn,
     /// TLS record framing of the client→server bytes (written by those segments only).
@@ -454,12 +535,33 @@ pub struct ConnState {
     pub h2_entry: h2::StreamEntry,
     /// The bytes a segment overtook, in the direction this vantage point receives.
     pub hole: h2::Hole,
+    /// HTTP/1.1 response framing of the server→client bytes of a plaintext connection counted
+    /// by turns (written by those segments only).
+    pub server_framing: http1::ResponseFraming,
 }
 
 // Every field is accounted for: no implicit padding, so the map value has no undefined bytes.
-const _: () = assert!(core::mem::size_of::<ConnState>() == 176);
+// 192 bytes: the programs build one on their stack, whose frames the verifier holds to 512
+// bytes in all (a frame a byte larger took `adopt_as` and `ra_ingress` past it on 6.1).
+const _: () = assert!(core::mem::size_of::<ConnState>() == 192);
 
 impl ConnState {
+    /// The open request's first byte was seen at `now_ns` (`bpf_ktime_get_ns`): start its
+    /// wait for a first body byte.
+    #[inline(always)]
+    pub fn time_request(&mut self, now_ns: u64) {
+        // 0 means not timed: a start that falls on it is a microsecond later.
+        self.request_us = ((now_ns / 1_000) as u32).max(1);
+    }
+
+    /// The open request's response's first body byte was seen at `now_ns`: the request's
+    /// wait for it, in nanoseconds (microseconds' precision), if its start was timed.
+    #[inline(always)]
+    pub fn first_byte_wait_ns(&self, now_ns: u64) -> Option<u64> {
+        (self.request_us != 0)
+            .then(|| u64::from(((now_ns / 1_000) as u32).wrapping_sub(self.request_us)) * 1_000)
+    }
+
     /// The HTTP/2 frame walk of the bytes `sender` sends.
     #[inline(always)]
     pub fn frames(&self, sender: tls::Sender) -> &h2::FrameStream {
@@ -481,11 +583,14 @@ impl ConnState {
     /// scoped to a cgroup starts unresolved (`scope_cgroup` set): its first segment decides.
     pub const fn new(watch: &WatchValue, side: Side) -> Self {
         Self {
-            slot: watch.slot,
+            slot: watch.slot as u16,
+            side: side as u8,
+            protocol: watch.protocol as u8,
             generation: watch.generation,
-            side: side as u16,
             maker: 0,
-            scope_level: watch.client_cgroup_level as u16,
+            scope_level: watch.client_cgroup_level as u8,
+            pad: 0,
+            request_us: 0,
             turn: turn::Turn {
                 client: 0,
                 server: 0,
@@ -508,7 +613,6 @@ impl ConnState {
                 Side::Client => watch.client_cgroup,
                 Side::Server => 0,
             },
-            protocol: watch.protocol as u16,
             client_frames: h2::FrameStream::NEW,
             server_frames: h2::FrameStream::NEW,
             h2_connection: 0,
@@ -517,9 +621,21 @@ impl ConnState {
                 opened_ns: 0,
                 generation: watch.generation,
                 slot: watch.slot as u16,
-                side: side as u16,
+                side: side as u8,
+                body: 0,
             },
             hole: h2::Hole::NONE,
+            server_framing: http1::ResponseFraming {
+                next_seq: 0,
+                left: 0,
+                status: 0,
+                state: 0,
+                at: 0,
+                flags: WalkFlags(0),
+                bad_length: 0,
+                gaps: 0,
+                held: 0,
+            },
         }
     }
 }
@@ -585,6 +701,14 @@ pub enum ProbeStat {
     /// walked, and the walk's place is found again at the next segment that begins with a
     /// frame header (`http2_segments_unframed`).
     Http2WalksCut => "http2_walks_cut",
+    /// HTTP/2 streams whose first body byte went by when the body table
+    /// ([`h2::BODIES_MAP`], sized as the stream table) was full: they count as waiting until
+    /// they end.
+    Http2BodiesUntracked => "http2_bodies_untracked",
+    /// Segments of one connection's direction received on two CPUs at once, whose turn was
+    /// moved again more often than the ingress program tries (`exchange.rs`): its word was
+    /// then stored over the other CPU's, which may lose a start or an end.
+    TurnsContended => "turns_contended",
 }
 }
 
@@ -675,11 +799,18 @@ mod tests {
         // One entry a field of EndpointCounters, each read by its own entry.
         let fields = core::mem::size_of::<EndpointCounters>() / core::mem::size_of::<u64>();
         assert_eq!(EndpointCounter::ALL.len(), fields);
-        let mut counters = [0u64; 8];
+        const FIELDS: usize = core::mem::size_of::<EndpointCounters>() / 8;
+        // Each field holds its entry's index + 1, in the field's unit (the wait is kept in
+        // nanoseconds and read in microseconds).
+        let unit = |i: usize| match EndpointCounter::ALL[i] {
+            EndpointCounter::FirstByteWaitMicroseconds => 1_000,
+            _ => 1,
+        };
+        let mut counters = [0u64; FIELDS];
         for (i, value) in counters.iter_mut().enumerate() {
-            *value = i as u64 + 1;
+            *value = (i as u64 + 1) * unit(i);
         }
-        // SAFETY: EndpointCounters is #[repr(C)] of eight u64 fields, the array's layout.
+        // SAFETY: EndpointCounters is #[repr(C)] of u64 fields only, the array's layout.
         let read: EndpointCounters = unsafe { core::mem::transmute(counters) };
         for counter in EndpointCounter::ALL {
             assert_eq!(

@@ -375,6 +375,7 @@ mod tests {
 
     use super::*;
     use crate::{
+        http1::Framed,
         test_bytes::Bytes,
         turn::{ResponseStart, Turn},
     };
@@ -413,9 +414,9 @@ mod tests {
                 self.started -= self.turn.on_early_bytes_not_a_request().withdrawn as u32;
             }
             let counted = if w.plaintext || w.message { len } else { 0 };
-            let d = self
-                .turn
-                .on_client_segment(self.client_seq, counted, Some(self.server_seq));
+            let d =
+                self.turn
+                    .on_client_segment(self.client_seq, counted, Some(self.server_seq), false);
             self.started += d.started as u32;
             self.completed += d.completed as u32;
             self.client_seq += len;
@@ -432,8 +433,12 @@ mod tests {
             );
             self.unframed += w.unframed as u32;
             if w.plaintext || w.message {
-                self.turn
-                    .on_server_segment(self.server_seq, len, true, ResponseStart::Other);
+                self.turn.on_server_segment(
+                    self.server_seq,
+                    len,
+                    true,
+                    (ResponseStart::Other, Framed::default()),
+                );
             }
             self.server_seq += len;
         }
@@ -442,7 +447,7 @@ mod tests {
         fn client_acks(&mut self) {
             let d = self
                 .turn
-                .on_client_segment(self.client_seq, 0, Some(self.server_seq));
+                .on_client_segment(self.client_seq, 0, Some(self.server_seq), false);
             self.completed += d.completed as u32;
         }
 

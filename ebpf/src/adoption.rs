@@ -164,12 +164,10 @@ fn adoption(
 #[inline(never)]
 fn adopt_as(full: *mut bpf_sock, found: &Adoption) -> Option<*mut ConnState> {
     let mut conn = ConnState::new(&found.watch, found.side);
-    let early_delta = if found.request_in_syn {
+    if found.request_in_syn {
         // The request went in the SYN: it ends where the sent bytes end.
-        conn.turn.on_early_request(found.request_end, 0)
-    } else {
-        TurnDelta::default()
-    };
+        conn.turn.on_early_request(found.request_end, 0);
+    }
     let state = match store(full, &mut conn, MADE_AT_SEGMENT) {
         Some(Stored::Mine(state)) => state,
         // Stored meanwhile by the established callback, with the request started.
@@ -183,6 +181,13 @@ fn adopt_as(full: *mut bpf_sock, found: &Adoption) -> Option<*mut ConnState> {
     if found.open_before {
         counters::probe_stat(&PROBE_STATS, ProbeStat::ConnectionsAdopted);
     }
+    // What the early request counted, made after the helpers' calls rather than kept across
+    // them: kept, it took this function's stack past what 5.10 and 6.1 allow a chain of
+    // calls (512 bytes, each frame rounded up to 32).
+    let early_delta = TurnDelta {
+        started: u16::from(found.request_in_syn),
+        ..TurnDelta::default()
+    };
     count_opened(&conn, &early_delta);
     Some(state)
 }

@@ -19,9 +19,12 @@ use core::{
     ptr::{read_volatile, write_volatile},
 };
 
-use aya_ebpf::{helpers::bpf_loop, maps::PerCpuArray};
+use aya_ebpf::{
+    helpers::{bpf_ktime_get_ns, bpf_loop},
+    maps::PerCpuArray,
+};
 use retry_after_common::{
-    CounterWriter, EndpointCounters, ProbeStat, h2::FrameOps, turn::TurnDelta,
+    ConnState, CounterWriter, EndpointCounters, ProbeStat, h2::FrameOps, turn::TurnDelta,
 };
 
 /// Atomically add `n` to the counter at `slot`.
@@ -130,7 +133,20 @@ impl<const PLAIN: bool> Counters<PLAIN> {
             self.add(&raw mut (*c).requests_abandoned, delta.abandoned as u64);
             self.add(&raw mut (*c).request_bytes, delta.request_bytes as u64);
             self.add(&raw mut (*c).response_bytes, delta.response_bytes as u64);
+            self.add(&raw mut (*c).responses_inferred, delta.inferred as u64);
+            self.add(&raw mut (*c).bodies_begun, delta.bodies_begun as u64);
+            self.add(&raw mut (*c).bodies_ended, delta.bodies_ended as u64);
         }
+    }
+
+    /// Add a body's wait for its first byte, `ns`.
+    ///
+    /// # Safety
+    /// As [`Counters::count_opened`].
+    #[inline(always)]
+    pub unsafe fn add_first_byte_wait(self, ns: u64) {
+        // SAFETY: guaranteed by the caller.
+        unsafe { self.add(&raw mut (*self.values).first_byte_wait_ns, ns) };
     }
 
     /// The values of this copy.
@@ -153,6 +169,8 @@ pub unsafe fn apply_streams(c: *mut EndpointCounters, delta: &TurnDelta) {
         add_unconditionally(&raw mut (*c).responses_completed, delta.completed as u64);
         add_unconditionally(&raw mut (*c).responses_rejected, delta.rejected as u64);
         add_unconditionally(&raw mut (*c).requests_abandoned, delta.abandoned as u64);
+        add_unconditionally(&raw mut (*c).bodies_begun, delta.bodies_begun as u64);
+        add_unconditionally(&raw mut (*c).bodies_ended, delta.bodies_ended as u64);
         add(&raw mut (*c).request_bytes, delta.request_bytes as u64);
         add(&raw mut (*c).response_bytes, delta.response_bytes as u64);
     }
@@ -193,5 +211,31 @@ pub fn probe_stats_unconditionally(stats: &PerCpuArray<u64>, stat: ProbeStat, n:
     if let Some(slot) = stats.get_ptr_mut(stat as u32) {
         // SAFETY: `slot` points into this CPU's copy of the array.
         unsafe { add_unconditionally(slot, n) };
+    }
+}
+
+/// The clock of a request's wait for its response's first body byte: started with the
+/// request (by the client's segments), read when the body begins (by the server's) and the
+/// wait added to the counters `c`. A function of its own: inlined, its clock took the
+/// segment program's frame past what 6.1 allows its chains of calls (512 bytes).
+#[inline(never)]
+pub(crate) fn time_first_byte<const INGRESS: bool>(
+    conn: &mut ConnState,
+    c: Counters<INGRESS>,
+    delta: &TurnDelta,
+) {
+    if delta.started == 0 && delta.bodies_begun == 0 {
+        return;
+    }
+    // SAFETY: the helper takes no argument.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if delta.started != 0 {
+        conn.time_request(now);
+    }
+    if delta.bodies_begun != 0
+        && let Some(wait) = conn.first_byte_wait_ns(now)
+    {
+        // SAFETY: `c` is this CPU's copy of a live map value.
+        unsafe { c.add_first_byte_wait(wait) };
     }
 }

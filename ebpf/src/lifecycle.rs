@@ -11,7 +11,7 @@ use aya_ebpf::{
         BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB,
         BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG, BPF_TCP_CLOSE,
     },
-    helpers::bpf_get_socket_cookie,
+    helpers::{bpf_get_socket_cookie, bpf_ktime_get_ns},
     macros::{btf_tracepoint, sock_ops},
     programs::{BtfTracePointContext, SockOpsContext},
 };
@@ -185,10 +185,14 @@ fn track_established(
     found: &Established,
 ) -> Option<*mut ConnState> {
     let mut conn = ConnState::new(&found.watch, side);
+    conn.server_framing
+        .expect_first(server_first_seq(ctx, side));
     // A request that came with the handshake: its bytes passed before this connection was
     // tracked (see `early_request`). The state is complete before it is stored, so a segment
     // on another CPU never finds it without its request.
     let early_delta = if found.early {
+        // SAFETY: the helper takes no argument.
+        conn.time_request(unsafe { bpf_ktime_get_ns() });
         conn.turn
             .on_early_request(found.early_end, found.early_bytes)
     } else {
@@ -249,6 +253,24 @@ fn walk_first_flight<const H2: u8>(conn: *mut ConnState, flight: (u64, u32)) {
 fn next_expected(ctx: &SockOpsContext) -> u32 {
     // SAFETY: `ops` is the sock_ops context the kernel passed in; a plain integer field.
     unsafe { read_volatile(&raw const (*ctx.ops).rcv_nxt) }
+}
+
+/// The sequence number of the server's first byte, seen from `side`: the next the server's
+/// socket sends, or the next the client's expects.
+#[inline(always)]
+fn server_first_seq(ctx: &SockOpsContext, side: Side) -> u32 {
+    match side {
+        Side::Server => next_sent(ctx),
+        Side::Client => next_expected(ctx),
+    }
+}
+
+/// The sequence number of the next byte the socket sends (a function of its own, as
+/// [`next_expected`]).
+#[inline(never)]
+fn next_sent(ctx: &SockOpsContext) -> u32 {
+    // SAFETY: `ops` is the sock_ops context the kernel passed in; a plain integer field.
+    unsafe { read_volatile(&raw const (*ctx.ops).snd_nxt) }
 }
 
 /// Ask for this socket's state changes (its close), counting a refusal.

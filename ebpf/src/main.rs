@@ -36,12 +36,15 @@
 // Atomic adds (see counters.rs); the eBPF build enables unstable features for this crate.
 #![allow(internal_features)]
 #![feature(core_intrinsics)]
+#![feature(asm_experimental_arch)]
 
 mod addresses;
 mod adoption;
 mod counters;
+mod exchange;
 mod features;
 mod first_flight;
+mod http1;
 mod lifecycle;
 mod maps;
 mod packet;

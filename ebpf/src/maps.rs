@@ -201,16 +201,26 @@ pub(crate) fn matching_watch(endpoint: &EndpointKey) -> Option<WatchValue> {
 pub(crate) fn live_counters<const PLAIN: bool>(
     conn: &ConnState,
 ) -> Option<counters::Counters<PLAIN>> {
-    let generation = SLOT_GENERATIONS.get(conn.slot)?;
-    if *generation != conn.generation {
+    live_counters_of(conn.slot, conn.generation, conn.side)
+}
+
+/// [`live_counters`] of the watch `slot` under `generation`, from `side` (`Side as u8`): an
+/// HTTP/2 stream's, as its entry in the stream table says.
+#[inline(always)]
+pub(crate) fn live_counters_of<const PLAIN: bool>(
+    slot: u16,
+    generation: u32,
+    side: u8,
+) -> Option<counters::Counters<PLAIN>> {
+    if *SLOT_GENERATIONS.get(u32::from(slot))? != generation {
         return None;
     }
-    let side = if conn.side == Side::Client as u16 {
+    let side = if side == Side::Client as u8 {
         Side::Client
     } else {
         Side::Server
     };
-    let index = counter_index(conn.slot, side, counters::Counters::<PLAIN>::WRITER);
+    let index = counter_index(u32::from(slot), side, counters::Counters::<PLAIN>::WRITER);
     ENDPOINT_COUNTERS
         .get_ptr_mut(index)
         .map(counters::Counters::new)

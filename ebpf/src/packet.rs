@@ -124,6 +124,16 @@ impl Payload for SegmentPayload<'_> {
         };
         Some(u32::from_be_bytes(bytes))
     }
+
+    #[inline(always)]
+    fn word_at(&self, at: u32, n: u32) -> Option<[u8; 8]> {
+        // One load where eight bytes are left (a head's bytes, mostly), two short ones at the
+        // segment's end.
+        if n >= 8 {
+            return self.ctx.load::<[u8; 8]>((self.offset + at) as usize).ok();
+        }
+        retry_after_common::word_in_halves(self, at, n)
+    }
 }
 
 /// What the payload at `offset` says of the response it begins (its status line): interim,

@@ -11,13 +11,14 @@ use aya_ebpf::{
 use retry_after_common::{
     ConnState, EndpointCounters, Payload, ProbeStat, Protocol, Side,
     h2::{Detected, FrameSegment, FrameWalk, ParkedPlaces},
+    http1::{Framed, is_head_request},
     tls::{Sender, Walked},
     turn::{PHASE_REQUEST, ResponseStart, STATUS_LINE_PREFIX, TurnDelta},
 };
 
 use crate::{
     adoption::adopt,
-    counters,
+    counters, exchange, http1,
     lifecycle::count_opened,
     maps::{PROBE_STATS, SCOPES_ENTERED, forget, live_counters, port_watched, tracked},
     packet, parking, steps,
@@ -196,13 +197,14 @@ fn on_segment<const INGRESS: bool, const H2: u8>(ctx: &SkBuffContext) {
             let delta = match sender {
                 Sender::Client => {
                     let walked = walk_records(conn, &segment, &payload, Sender::Client);
-                    client_segment(conn, c, &segment, &walked)
+                    client_segment::<INGRESS, H2>(ctx, conn, c, &segment, (&payload, &walked))
                 }
                 Sender::Server => {
                     let walked = walk_records(conn, &segment, &payload, Sender::Server);
-                    server_segment(ctx, conn, &segment, &walked)
+                    server_segment::<INGRESS, H2>(ctx, conn, &segment, &payload, &walked)
                 }
             };
+            counters::time_first_byte(conn, c, &delta);
             // SAFETY: `c` is this CPU's copy of a live map value.
             unsafe { c.apply(&delta) };
         }
@@ -213,7 +215,7 @@ fn on_segment<const INGRESS: bool, const H2: u8>(ctx: &SkBuffContext) {
 /// what arrives is the client's.
 #[inline(always)]
 fn sender_of(conn: &ConnState, ingress: bool) -> Sender {
-    if (conn.side == Side::Server as u16) == ingress {
+    if (conn.side == Side::Server as u8) == ingress {
         Sender::Client
     } else {
         Sender::Server
@@ -295,13 +297,15 @@ fn enter_scope(skb: *mut __sk_buff, sk: *mut bpf_sock, conn: &mut ConnState) -> 
 }
 
 /// A segment from the client, its records walked (`walked`): a ClientHello found withdraws
-/// what the turn counted as plaintext, then the turn is moved by the request bytes it carries.
+/// what the turn counted as plaintext, then the turn is moved by the request bytes it carries
+/// (a plaintext request's method read where one may begin: a `HEAD` has no response body).
 #[inline(always)]
-fn client_segment<const INGRESS: bool>(
+fn client_segment<const INGRESS: bool, const H2: u8>(
+    ctx: &SkBuffContext,
     conn: &mut ConnState,
     c: counters::Counters<INGRESS>,
     segment: &packet::Segment,
-    walked: &Walked,
+    (payload, walked): (&packet::SegmentPayload, &Walked),
 ) -> TurnDelta {
     if walked.found_tls {
         let withdrawn = conn.turn.on_early_bytes_not_a_request();
@@ -314,21 +318,45 @@ fn client_segment<const INGRESS: bool>(
         0
     };
     let ack = segment.has_ack.then_some(segment.ack);
-    conn.turn.on_client_segment(segment.seq, len, ack)
+    let head = walked.plaintext
+        && segment.payload_len >= 4
+        && conn.turn.may_begin_request()
+        && payload.bytes_at(0, 4).is_some_and(is_head_request);
+    if INGRESS && H2 == H2_LOOP {
+        // What this vantage point receives may arrive on two CPUs at once (`exchange.rs`).
+        let at = u64::from(segment.seq) | u64::from(len) << 32;
+        let ack = u64::from(segment.ack) | u64::from(segment.has_ack) << 32;
+        exchange::received_by_exchange(|last| {
+            exchange::ra_client_turn(ctx.as_ptr().cast(), at, ack, u64::from(head), last)
+        });
+        return TurnDelta::default();
+    }
+    conn.turn.on_client_segment(segment.seq, len, ack, head)
 }
 
 /// A segment from the server, its records walked (`walked`): the turn moved by the response
-/// bytes it carries.
+/// bytes it carries, and on a plaintext connection by what their HTTP/1.1 framing tells
+/// (walked as `H2` says the build steps: in one loop, in a loop of fixed bound, or not at all
+/// in the build for kernels that refuse both).
 #[inline(always)]
-fn server_segment(
+fn server_segment<const INGRESS: bool, const H2: u8>(
     ctx: &SkBuffContext,
     conn: &mut ConnState,
     segment: &packet::Segment,
+    payload: &packet::SegmentPayload,
     walked: &Walked,
 ) -> TurnDelta {
     if !(walked.plaintext || walked.message) {
         return TurnDelta::default();
     }
+    let at = (segment.seq, segment.payload_len);
+    let expected = conn.turn.expected();
+    let framed = match H2 {
+        _ if !walked.plaintext => Framed::default(),
+        H2_LOOP => http1::walk_response::<true>(conn, at, payload, expected),
+        H2_STEPS => http1::walk_response::<false>(conn, at, payload, expected),
+        _ => Framed::default(),
+    };
     // Only a plaintext segment that could begin this request's response is looked into for
     // its status line: interim (1xx), or a rejection (429, 503).
     let start = if walked.plaintext
@@ -339,8 +367,22 @@ fn server_segment(
     } else {
         ResponseStart::Other
     };
-    conn.turn
-        .on_server_segment(segment.seq, segment.payload_len, segment.push, start)
+    if INGRESS && H2 == H2_LOOP {
+        // What this vantage point receives may arrive on two CPUs at once (`exchange.rs`).
+        let at = u64::from(segment.seq) | u64::from(segment.payload_len) << 32;
+        let start = u64::from(start.to_u8()) | u64::from(segment.push) << 8;
+        let framed = u64::from(framed.to_bits());
+        exchange::received_by_exchange(|last| {
+            exchange::ra_server_turn(ctx.as_ptr().cast(), at, start, framed, last)
+        });
+        return TurnDelta::default();
+    }
+    conn.turn.on_server_segment(
+        segment.seq,
+        segment.payload_len,
+        segment.push,
+        (start, framed),
+    )
 }
 
 /// How a connection's requests are counted.
@@ -609,10 +651,9 @@ fn begin_steps<P: Payload>(
     if begun.is_stepping() {
         let of = steps::StepsOf {
             connection: conn.h2_connection,
-            entry: conn.h2_entry,
-            source,
+            entry: &conn.h2_entry,
         };
-        if let Some(level) = steps::enter(frames, begun, of) {
+        if let Some(level) = steps::enter(frames, &begun, of, source) {
             return level;
         }
     }

@@ -44,7 +44,7 @@ pub(crate) const NO_LEVEL: u32 = u32::MAX;
 
 /// Slots per CPU: one per level at which the programs nest on a CPU (a send in a system call
 /// interrupted by a receive, or by a send of its own from a softirq).
-const SLOTS: u32 = 4;
+pub(crate) const SLOTS: u32 = 4;
 
 /// A walk between its steps, in a slot of this CPU.
 pub(crate) struct Stepping {
@@ -99,41 +99,38 @@ pub(crate) enum Source {
     Parked(u32),
 }
 
-/// What a walk's steps need of its connection: its id, the entry its streams are inserted
-/// with, and where the segment's bytes are.
-pub(crate) struct StepsOf {
+/// What a walk's steps need of its connection: its id, and the entry its streams are
+/// inserted with.
+pub(crate) struct StepsOf<'a> {
     pub connection: u64,
-    pub entry: StreamEntry,
-    pub source: Source,
+    pub entry: &'a StreamEntry,
 }
 
-/// Put `walk`, begun on `frames`, in this CPU's next free slot: its level, or `None` if the
-/// programs nest deeper than the slots go (not seen; the walk then ends where it is).
+/// Put `walk`, begun on `frames`, in this CPU's next free slot with what its steps need of
+/// the connection (`of`) and where the segment's bytes are (`source`): its level, or `None`
+/// if the programs nest deeper than the slots go (not seen; the walk then ends where it is).
+/// Everything is passed by reference and copied into the slot field by field: a copy on the
+/// stack took the walk's first step (`begin_steps`) past what 6.1 allows the segment
+/// programs' chains of calls.
 #[inline(always)]
-pub(crate) fn enter(frames: &FrameStream, walk: SegmentWalk, of: StepsOf) -> Option<u32> {
-    let depth = H2_STEP_DEPTH.get_ptr_mut(0)?;
-    // SAFETY: this CPU's value; a program that nests here runs to its end before this one
-    // goes on, so the depth is a stack.
-    let level = unsafe { read_volatile(depth) };
-    let slot = H2_STEPPING.get_ptr_mut(level)?;
-    let (offset, parked, parked_seq) = match of.source {
+pub(crate) fn enter(
+    frames: &FrameStream,
+    walk: &SegmentWalk,
+    of: StepsOf<'_>,
+    source: Source,
+) -> Option<u32> {
+    let (level, slot) = take_slot(&H2_STEPPING)?;
+    let (offset, parked, parked_seq) = match source {
         Source::Packet(offset) => (offset, 0, 0),
         Source::Parked(seq) => (0, 1, seq),
     };
-    // The slot is taken before a byte of it is written: a program that nests from here on
-    // (a receive interrupting a send) takes the next one. Without the fence the compiler
-    // may move the depth's store after the slot's, and a program nesting in between would
-    // fill the same slot, this walk then finishing on the other connection's frames.
-    // SAFETY: this CPU's value.
-    unsafe { write_volatile(depth, level + 1) };
-    compiler_fence(Ordering::SeqCst);
     // SAFETY: this CPU's slot at this level, which no other program uses until `leave`.
     // Field by field: a whole `Stepping` built first would take its size of the stack.
     unsafe {
         (*slot).frames = *frames;
-        (*slot).walk = walk;
+        (*slot).walk = *walk;
         (*slot).connection = of.connection;
-        (*slot).entry = of.entry;
+        (*slot).entry = *of.entry;
         (*slot).open = 0;
         (*slot).offset = offset;
         (*slot).parked = parked;
@@ -214,10 +211,45 @@ pub(crate) fn leave<R>(
     let slot = H2_STEPPING.get_ptr_mut(level)?;
     // SAFETY: this CPU's slot, taken by `enter` and not given back yet.
     let ended = unsafe { end(&(*slot).frames, &mut (*slot).walk, (*slot).open) };
+    give_back_slot(depth, level);
+    Some(ended)
+}
+
+/// Take this CPU's next free slot of `slots` (a walk's, between its steps): its level and
+/// place, or `None` if the programs nest deeper than the slots go (not seen). Every walk in
+/// steps takes its slot by the one depth of this CPU, whichever map its slots are in.
+#[inline(always)]
+pub(crate) fn take_slot<T>(slots: &PerCpuArray<T>) -> Option<(u32, *mut T)> {
+    let depth = H2_STEP_DEPTH.get_ptr_mut(0)?;
+    // SAFETY: this CPU's value; a program that nests here runs to its end before this one
+    // goes on, so the depth is a stack.
+    let level = unsafe { read_volatile(depth) };
+    let slot = slots.get_ptr_mut(level)?;
+    // The slot is taken before a byte of it is written: a program that nests from here on
+    // (a receive interrupting a send) takes the next one. Without the fence the compiler
+    // may move the depth's store after the slot's, and a program nesting in between would
+    // fill the same slot, this walk then finishing on the other connection's frames.
+    // SAFETY: this CPU's value.
+    unsafe { write_volatile(depth, level + 1) };
+    compiler_fence(Ordering::SeqCst);
+    Some((level, slot))
+}
+
+/// Give back the slot at `level` taken by [`take_slot`], once done with it: a program nesting
+/// after the depth's store takes this very slot.
+#[inline(always)]
+pub(crate) fn give_back(level: u32) {
+    if let Some(depth) = H2_STEP_DEPTH.get_ptr_mut(0) {
+        give_back_slot(depth, level);
+    }
+}
+
+/// [`give_back`], this CPU's depth found.
+#[inline(always)]
+fn give_back_slot(depth: *mut u32, level: u32) {
     compiler_fence(Ordering::SeqCst);
     // SAFETY: this CPU's value.
     unsafe { write_volatile(depth, level) };
-    Some(ended)
 }
 
 /// One step of the walk in this CPU's slot `slot`: true (1) while more remain. A global

@@ -5,10 +5,13 @@
 use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_ktime_get_ns, macros::map, maps::HashMap};
 use retry_after_common::{
     ConnState, ProbeStat,
-    h2::{CLOSED_ENTRIES, DEFAULT_MAX_STREAMS, Opened, StreamEntry, StreamKey, StreamTable},
+    h2::{CLOSED_ENTRIES, DEFAULT_MAX_STREAMS, Ended, Opened, StreamEntry, StreamKey, StreamTable},
 };
 
-use crate::{counters, maps::PROBE_STATS};
+use crate::{
+    counters,
+    maps::{PROBE_STATS, live_counters_of},
+};
 
 /// The kernel's error for a key already in a map (`BPF_NOEXIST`).
 const EEXIST: i32 = 17;
@@ -18,6 +21,12 @@ const EEXIST: i32 = 17;
 #[map]
 static H2_STREAMS: HashMap<StreamKey, StreamEntry> =
     HashMap::with_max_entries(DEFAULT_MAX_STREAMS, 0);
+
+/// The open streams whose body has begun (`h2::BODIES_MAP`), sized as `H2_STREAMS` by the
+/// agent. See `retry_after_common::h2`'s stream module, "Bodies", for how its insertions and
+/// removals keep the two directions' counts exact.
+#[map]
+static H2_BODIES: HashMap<StreamKey, u8> = HashMap::with_max_entries(DEFAULT_MAX_STREAMS, 0);
 
 /// Connections that closed with streams open (`h2::CLOSED_MAP`): id to close time. The agent
 /// abandons their streams at its next tick and removes the notice.
@@ -96,14 +105,63 @@ impl<O: StreamOwner> StreamTable for ConnectionStreams<O> {
         }
     }
 
-    #[inline(always)]
-    fn end(&self, stream: u32) -> bool {
-        let ended = H2_STREAMS.remove(&self.key(stream)).is_ok();
-        if ended {
-            // SAFETY: as in `open`; adding 2^64 - 1 subtracts one.
-            unsafe { counters::add((*self.owner).open_count(), u64::MAX) };
+    // A function of its own: inlined, its keys took the frame walk's first step (`begin_steps`)
+    // past what 6.1 allows the segment programs' chains of calls (512 bytes). The wait goes
+    // straight to the stream's counters (atomically, whichever program walks), so that no
+    // walk carries it.
+    #[inline(never)]
+    fn begin_body(&self, stream: u32) -> bool {
+        let key = self.key(stream);
+        let Some(entry) = H2_STREAMS.get_ptr_mut(&key) else {
+            return false;
+        };
+        // SAFETY: a value of the table, alive while this program runs even if removed (read
+        // through its pointer, not copied: a copy took this frame past 32 bytes); its `body` is
+        // written by the server's walk alone, which runs on one CPU at a time.
+        unsafe {
+            if (*entry).body != 0 {
+                return false;
+            }
+            (*entry).body = 1;
         }
-        ended
+        if H2_BODIES.insert(&key, &0, u64::from(BPF_NOEXIST)).is_err() {
+            counters::probe_stat(&PROBE_STATS, ProbeStat::Http2BodiesUntracked);
+            return false;
+        }
+        // Ended meanwhile on another CPU: counted begun only if that end took the body's
+        // entry (and counted it ended) before this takes it back.
+        if H2_STREAMS.get_ptr(&key).is_none() && H2_BODIES.remove(&key).is_ok() {
+            return false;
+        }
+        // SAFETY: as above.
+        let (slot, generation, side, opened_ns) = unsafe {
+            (
+                (*entry).slot,
+                (*entry).generation,
+                (*entry).side,
+                (*entry).opened_ns,
+            )
+        };
+        if let Some(c) = live_counters_of::<false>(slot, generation, side) {
+            // SAFETY: the helper takes no argument; `c` is this CPU's copy of a live map value.
+            unsafe { c.add_first_byte_wait(bpf_ktime_get_ns().saturating_sub(opened_ns)) };
+        }
+        true
+    }
+
+    #[inline(always)]
+    fn end(&self, stream: u32) -> Ended {
+        let key = self.key(stream);
+        if H2_STREAMS.remove(&key).is_err() {
+            return Ended::NotOpen;
+        }
+        // SAFETY: as in `open`; adding 2^64 - 1 subtracts one.
+        unsafe { counters::add((*self.owner).open_count(), u64::MAX) };
+        if H2_BODIES.remove(&key).is_ok() {
+            Ended::Streaming
+        } else {
+            Ended::Waiting
+        }
     }
 }
 

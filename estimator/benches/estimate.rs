@@ -15,8 +15,8 @@ use rand::{RngExt, SeedableRng, rngs::SmallRng};
 use retry_after_estimator::{
     endpoint::Endpoint,
     {
-        BackendLoad, DrainRateConstants, PolicyConstants, Query, RejectedAt, RetryAfterPolicy,
-        ServiceEstimator, ServiceLoad, ServiceSettings, SideLoad,
+        BackendLoad, DrainRateConstants, PolicyConstants, Query, RejectedAt, ReplicaQueue,
+        RetryAfterPolicy, ServiceEstimator, ServiceLoad, ServiceSettings, SideLoad,
     },
 };
 
@@ -81,6 +81,7 @@ fn warm_estimator(t0: Instant) -> ServiceEstimator {
     let mut estimator = ServiceEstimator::new(ServiceSettings {
         name: "bench".into(),
         rejected_at: RejectedAt::Proxy,
+        replica_queue: ReplicaQueue::BeyondCapacity,
         policy: RetryAfterPolicy::RouterQueueDrainRate,
         constants: PolicyConstants::default(),
         drain: DrainRateConstants::default(),
@@ -92,10 +93,12 @@ fn warm_estimator(t0: Instant) -> ServiceEstimator {
     for tick in 0..10u64 {
         let side = SideLoad {
             in_flight: 8,
+            waiting: 0,
             completed_total: tick * 10,
         };
         let load = ServiceLoad {
             rejected_at: RejectedAt::Proxy,
+            replica_queue: ReplicaQueue::BeyondCapacity,
             backends: (0..4)
                 .map(|_| BackendLoad {
                     client: side,

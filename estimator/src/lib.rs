@@ -39,7 +39,7 @@ use retry_after_protocol::{EstimatePush, Report, StatusResponse};
 pub use self::{
     drain_rate::{DrainRate, DrainRateConstants},
     judge::{Judge, JudgeStats, RATIO_BUCKETS, RungStats, Settled},
-    load::{BackendLoad, RejectedAt, ServiceLoad, SideLoad},
+    load::{BackendLoad, RejectedAt, ReplicaQueue, ServiceLoad, SideLoad},
     returns::Returns,
 };
 use crate::{endpoint::Endpoint, snapshot::Snapshot};
@@ -66,6 +66,8 @@ pub struct ServiceSettings {
     pub name: String,
     /// Where its requests are queued and rejected.
     pub rejected_at: RejectedAt,
+    /// How the queue inside its replicas is read.
+    pub replica_queue: ReplicaQueue,
     /// The policy.
     pub policy: RetryAfterPolicy,
     /// The formula's constants.
@@ -89,6 +91,7 @@ impl ServiceSettings {
         // The load's own rule, asked of an idle service with this shape.
         let idle = ServiceLoad {
             rejected_at: self.rejected_at,
+            replica_queue: self.replica_queue,
             backends: self
                 .backends
                 .iter()
@@ -123,6 +126,7 @@ impl ServiceEstimator {
             judge: Judge::new(JUDGE_HORIZON, JUDGE_CAPACITY),
             load: ServiceLoad {
                 rejected_at: settings.rejected_at,
+                replica_queue: settings.replica_queue,
                 ..ServiceLoad::default()
             },
             returns: Returns::default(),
@@ -354,11 +358,13 @@ impl ServiceEstimator {
                 .endpoint(endpoint, side)
                 .map_or(SideLoad::default(), |s| SideLoad {
                     in_flight: s.in_flight(),
+                    waiting: s.counters.waiting(),
                     completed_total: s.counters.responses_served(),
                 })
         };
         ServiceLoad {
             rejected_at: self.settings.rejected_at,
+            replica_queue: self.settings.replica_queue,
             backends: self
                 .settings
                 .backends

@@ -13,8 +13,16 @@
 //!   served, not what the replicas served to every caller.
 //! * **replica** (`rejected_at = "replica"`): the replicas queue and reject (the proposal's
 //!   revision runs the policy "at the router or the replica, whichever rejects"). Their queue
-//!   is the requests in flight beyond each replica's `max_ongoing_requests`; their drain is
-//!   their **server-side** completions.
+//!   is what waits inside them; their drain is their **server-side** completions.
+//!
+//! What waits inside a replica is read as its `replica_queue` says: the requests in flight
+//! beyond its `max_ongoing_requests` (`beyond_capacity`, the default), or the requests whose
+//! response's first body byte has not gone by (`waiting`): an LLM engine sends its headers at
+//! once and its first token when it schedules the request, so what waits for a body is its
+//! queue, whatever its batch holds (bounded by its KV cache as well as by its
+//! `max_num_seqs`), with no capacity configured. It cannot tell a request that waits from
+//! one that runs without streaming (a non-streamed answer waits until its whole body), nor
+//! see the framing inside TLS.
 //!
 //! When no source can see the queue (a proxy that caps concurrency per replica keeps the
 //! backends' in-flight at or below capacity, so with no frontend and no depth from the proxy
@@ -36,11 +44,27 @@ retry_after_policy::names! {
     }
 }
 
+retry_after_policy::names! {
+    /// How the queue inside a service's replicas is read (`replica_queue` in the
+    /// configuration).
+    #[derive(Default)]
+    ReplicaQueue, "replica queue" {
+        /// The requests in flight beyond each replica's `max_ongoing_requests` (none where it
+        /// is not configured).
+        #[default]
+        BeyondCapacity = "beyond_capacity",
+        /// The requests in flight whose response's first body byte has not gone by.
+        Waiting = "waiting",
+    }
+}
+
 /// One backend seen from one side.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SideLoad {
     /// Requests in flight.
     pub in_flight: u64,
+    /// Of those, the requests whose response's first body byte has not gone by.
+    pub waiting: u64,
     /// Responses completed, in total since the endpoint was watched.
     pub completed_total: u64,
 }
@@ -61,6 +85,8 @@ pub struct BackendLoad {
 pub struct ServiceLoad {
     /// Where its queue is.
     pub rejected_at: RejectedAt,
+    /// How the queue inside its replicas is read.
+    pub replica_queue: ReplicaQueue,
     /// Its backends.
     pub backends: Vec<BackendLoad>,
     /// Requests in flight at the proxy's listener, if a frontend is configured.
@@ -105,15 +131,18 @@ impl ServiceLoad {
         Some((self.in_flight() as f64 / capacity as f64).min(1.0))
     }
 
-    /// Requests in flight in this scope beyond each backend's `max_ongoing_requests` (none
-    /// where it is not configured): waiting inside the replicas.
-    fn beyond_capacity(&self) -> u64 {
+    /// What waits inside the replicas in this scope, as `replica_queue` reads it: requests in
+    /// flight beyond each backend's `max_ongoing_requests` (none where it is not configured),
+    /// or requests whose first body byte has not gone by.
+    fn inside_replicas(&self) -> u64 {
         self.backends
             .iter()
-            .map(|b| {
-                self.side(b)
+            .map(|b| match self.replica_queue {
+                ReplicaQueue::BeyondCapacity => self
+                    .side(b)
                     .in_flight
-                    .saturating_sub(b.max_ongoing_requests.unwrap_or(u64::MAX))
+                    .saturating_sub(b.max_ongoing_requests.unwrap_or(u64::MAX)),
+                ReplicaQueue::Waiting => self.side(b).waiting,
             })
             .sum()
     }
@@ -126,14 +155,17 @@ impl ServiceLoad {
             (None, RejectedAt::Proxy) => {
                 let frontend = self.frontend_in_flight?;
                 (
-                    frontend.saturating_sub(self.in_flight()) + self.beyond_capacity(),
+                    frontend.saturating_sub(self.in_flight()) + self.inside_replicas(),
                     QueueDepthSource::Frontend,
                 )
             }
-            (None, RejectedAt::Replica) => {
-                self.capacity()?;
-                (self.beyond_capacity(), QueueDepthSource::BeyondCapacity)
-            }
+            (None, RejectedAt::Replica) => match self.replica_queue {
+                ReplicaQueue::BeyondCapacity => {
+                    self.capacity()?;
+                    (self.inside_replicas(), QueueDepthSource::BeyondCapacity)
+                }
+                ReplicaQueue::Waiting => (self.inside_replicas(), QueueDepthSource::Waiting),
+            },
         };
         Some(QueueDepth { depth, source })
     }
@@ -146,6 +178,7 @@ mod tests {
     fn backend(client: (u64, u64), server: (u64, u64), max: Option<u64>) -> BackendLoad {
         let side = |(in_flight, completed_total)| SideLoad {
             in_flight,
+            waiting: 0,
             completed_total,
         };
         BackendLoad {
@@ -164,6 +197,7 @@ mod tests {
         for rejected_at in [RejectedAt::Proxy, RejectedAt::Replica] {
             let load = ServiceLoad {
                 rejected_at,
+                replica_queue: ReplicaQueue::BeyondCapacity,
                 backends: vec![backend((2, 0), (50, 0), Some(8))],
                 frontend_in_flight: Some(90),
             };
@@ -176,6 +210,7 @@ mod tests {
         // Two replicas, each also serving other callers on this node (server side sees more).
         let load = ServiceLoad {
             rejected_at: RejectedAt::Proxy,
+            replica_queue: ReplicaQueue::BeyondCapacity,
             backends: vec![
                 backend((2, 100), (8, 400), Some(8)),
                 backend((2, 100), (8, 300), Some(8)),
@@ -194,6 +229,7 @@ mod tests {
         // inside the first, and 3 more at nginx itself.
         let load = ServiceLoad {
             rejected_at: RejectedAt::Proxy,
+            replica_queue: ReplicaQueue::BeyondCapacity,
             backends: vec![
                 backend((12, 100), (12, 100), Some(8)),
                 backend((7, 100), (7, 100), Some(8)),
@@ -219,6 +255,7 @@ mod tests {
         // A proxy capping concurrency at 2 per replica: in flight never exceeds capacity.
         let load = ServiceLoad {
             rejected_at: RejectedAt::Proxy,
+            replica_queue: ReplicaQueue::BeyondCapacity,
             backends: vec![
                 backend((2, 10), (2, 10), Some(2)),
                 backend((2, 10), (2, 10), Some(2)),
@@ -229,9 +266,52 @@ mod tests {
     }
 
     #[test]
+    fn waiting_reads_the_queue_inside_engines_without_a_capacity() {
+        // Two engines that send their headers at once: 30 and 12 in flight, of which 22 and 4
+        // have had no body byte yet (they wait for a slot); no max_ongoing_requests known.
+        let side = |in_flight, waiting| SideLoad {
+            in_flight,
+            waiting,
+            completed_total: 50,
+        };
+        let backend = |in_flight, waiting| BackendLoad {
+            client: side(in_flight, waiting),
+            server: side(in_flight, waiting),
+            max_ongoing_requests: None,
+        };
+        let replicas = ServiceLoad {
+            rejected_at: RejectedAt::Replica,
+            replica_queue: ReplicaQueue::Waiting,
+            backends: vec![backend(30, 22), backend(12, 4)],
+            frontend_in_flight: None,
+        };
+        assert_eq!(
+            depth(&replicas, None),
+            Some((26, QueueDepthSource::Waiting))
+        );
+        let beyond = ServiceLoad {
+            replica_queue: ReplicaQueue::BeyondCapacity,
+            ..replicas.clone()
+        };
+        assert_eq!(
+            depth(&beyond, None),
+            None,
+            "no capacity: beyond it is unknown"
+        );
+        // Behind nginx (no cap per server): its own 5 queued, then what waits in the engines.
+        let proxy = ServiceLoad {
+            rejected_at: RejectedAt::Proxy,
+            frontend_in_flight: Some(47),
+            ..replicas
+        };
+        assert_eq!(depth(&proxy, None), Some((31, QueueDepthSource::Frontend)));
+    }
+
+    #[test]
     fn replica_scope_beyond_capacity_over_server_side_completions() {
         let load = ServiceLoad {
             rejected_at: RejectedAt::Replica,
+            replica_queue: ReplicaQueue::BeyondCapacity,
             backends: vec![
                 backend((0, 0), (11, 70), Some(8)),
                 backend((0, 0), (5, 30), Some(8)),

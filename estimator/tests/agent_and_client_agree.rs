@@ -13,7 +13,7 @@ use retry_after_estimator::{
     endpoint::Endpoint,
     {
         BackendLoad, DrainRate, DrainRateConstants, PolicyConstants, Query, RejectedAt,
-        RetryAfterPolicy, ServiceEstimator, ServiceLoad, ServiceSettings, SideLoad,
+        ReplicaQueue, RetryAfterPolicy, ServiceEstimator, ServiceLoad, ServiceSettings, SideLoad,
     },
 };
 use retry_after_protocol::{EstimatePush, Request, Response};
@@ -29,6 +29,7 @@ fn settings(
     ServiceSettings {
         name: "api".into(),
         rejected_at,
+        replica_queue: ReplicaQueue::default(),
         policy,
         constants,
         drain: DrainRateConstants::default(),
@@ -57,9 +58,10 @@ proptest! {
         let mut completed = 0;
         for (tick, (done, in_flight, frontend_in_flight)) in rates.iter().enumerate() {
             completed += done;
-            let side = SideLoad { in_flight: *in_flight, completed_total: completed };
+            let side = SideLoad { in_flight: *in_flight, waiting: 0, completed_total: completed };
             agent.observe_load(t0 + Duration::from_millis(700 * tick as u64), ServiceLoad {
                 rejected_at,
+                replica_queue: ReplicaQueue::default(),
                 backends: vec![BackendLoad { client: side, server: side, max_ongoing_requests: max_ongoing }],
                 frontend_in_flight: frontend.then_some(*frontend_in_flight),
             });
@@ -75,7 +77,8 @@ proptest! {
         agent.report(Some(last - Duration::from_millis(500)), last, &report);
         agent.observe_load(last + Duration::from_millis(700), ServiceLoad {
             rejected_at,
-            backends: vec![BackendLoad { client: SideLoad { in_flight: 1, completed_total: completed + 9 }, server: SideLoad { in_flight: 1, completed_total: completed + 9 }, max_ongoing_requests: max_ongoing }],
+            replica_queue: ReplicaQueue::default(),
+            backends: vec![BackendLoad { client: SideLoad { in_flight: 1, waiting: 0, completed_total: completed + 9 }, server: SideLoad { in_flight: 1, waiting: 0, completed_total: completed + 9 }, max_ongoing_requests: max_ongoing }],
             frontend_in_flight: frontend.then_some(3),
         });
         // Through the wire, as a subscriber receives it.

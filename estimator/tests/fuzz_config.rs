@@ -127,12 +127,14 @@ fn exercise(config: &Config) {
         for tick in 0..20u64 {
             let side = SideLoad {
                 in_flight: tick % 7,
+                waiting: tick % 3,
                 completed_total: tick * tick * 13,
             };
             service.observe_load(
                 t0 + Duration::from_millis(137 * tick),
                 ServiceLoad {
                     rejected_at: service.settings().rejected_at,
+                    replica_queue: service.settings().replica_queue,
                     backends: vec![
                         BackendLoad {
                             client: side,

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use retry_after_estimator::{
     endpoint::Endpoint,
     {
-        BackendLoad, DrainRateConstants, PolicyConstants, Query, RejectedAt, RetryAfterPolicy,
-        Rung, ServiceEstimator, ServiceLoad, ServiceSettings, SideLoad,
+        BackendLoad, DrainRateConstants, PolicyConstants, Query, RejectedAt, ReplicaQueue,
+        RetryAfterPolicy, Rung, ServiceEstimator, ServiceLoad, ServiceSettings, SideLoad,
     },
 };
 use retry_after_protocol::Report;
@@ -23,6 +23,7 @@ fn service() -> ServiceEstimator {
     ServiceEstimator::new(ServiceSettings {
         name: "api".into(),
         rejected_at: RejectedAt::Proxy,
+        replica_queue: ReplicaQueue::BeyondCapacity,
         policy: RetryAfterPolicy::RouterQueueDrainRate,
         constants: PolicyConstants {
             jitter: 0.0,
@@ -46,16 +47,19 @@ fn load(t: u64) -> ServiceLoad {
     let backend = BackendLoad {
         client: SideLoad {
             in_flight: 2,
+            waiting: 0,
             completed_total: 5 * t,
         },
         server: SideLoad {
             in_flight: 2,
+            waiting: 0,
             completed_total: 50 * t,
         },
         max_ongoing_requests: Some(2),
     };
     ServiceLoad {
         rejected_at: RejectedAt::Proxy,
+        replica_queue: ReplicaQueue::BeyondCapacity,
         backends: vec![backend, backend],
         frontend_in_flight: Some(24),
     }

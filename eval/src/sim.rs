@@ -741,19 +741,34 @@ impl<'a> Sim<'a> {
     fn tick(&mut self) {
         let now = self.instant();
         let replicas = &self.scenario.replicas;
+        // A simulated replica serves `max_ongoing_requests` at once, each answer streamed from
+        // when it is served: the rest wait for their first body byte. A proxy's own share of
+        // them (its client side) is taken as its in flight beyond the replica's places, exact
+        // with one proxy and an upper bound with several; no scenario sets
+        // `replica_queue = "waiting"` yet.
+        let waiting = |r: usize, in_flight: u64| {
+            in_flight.saturating_sub(replicas[r].max_ongoing_requests as u64)
+        };
         let server: Vec<SideLoad> = (0..replicas.len())
-            .map(|r| SideLoad {
-                in_flight: self.proxies.iter().map(|p| p.in_flight[r]).sum(),
-                completed_total: self.proxies.iter().map(|p| p.completed[r]).sum(),
+            .map(|r| {
+                let in_flight = self.proxies.iter().map(|p| p.in_flight[r]).sum();
+                SideLoad {
+                    in_flight,
+                    waiting: waiting(r, in_flight),
+                    completed_total: self.proxies.iter().map(|p| p.completed[r]).sum(),
+                }
             })
             .collect();
         for proxy in &mut self.proxies {
+            let settings = proxy.agent.settings();
             let load = ServiceLoad {
-                rejected_at: proxy.agent.settings().rejected_at,
+                rejected_at: settings.rejected_at,
+                replica_queue: settings.replica_queue,
                 backends: (0..replicas.len())
                     .map(|r| BackendLoad {
                         client: SideLoad {
                             in_flight: proxy.in_flight[r],
+                            waiting: waiting(r, proxy.in_flight[r]),
                             completed_total: proxy.completed[r],
                         },
                         server: server[r],

@@ -88,6 +88,10 @@ names! {
         /// Requests in flight at the replicas beyond their `max_ongoing_requests`: the
         /// replicas' own queues, seen from the kernel.
         BeyondCapacity = "beyond_capacity",
+        /// Requests in flight at the replicas whose response's first body byte has not gone
+        /// by: what waits inside an engine that sends its headers at once and streams its
+        /// answer (`replica_queue = "waiting"`), seen from the kernel.
+        Waiting = "waiting",
     }
 }
 

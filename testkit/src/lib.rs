@@ -4,6 +4,7 @@
 //! Nothing here stands in for the kernel, a socket or a proxy: the server and client talk over
 //! real TCP on 127.0.0.1 or ::1 and the probe is the agent's own, attached to the root cgroup.
 
+pub mod engine;
 pub mod http;
 pub mod kept_returns;
 pub mod kernels;

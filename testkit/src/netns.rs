@@ -94,6 +94,18 @@ impl HostPair {
         run_ok(Self::command(ns, "nft").args(["list", "ruleset"]))
     }
 
+    /// TCP's own count of segments that arrived out of order at the sockets of namespace `ns`
+    /// (`TcpExtTCPOFOQueue`), with what `nstat` printed.
+    pub fn arrived_out_of_order(ns: &str) -> (Option<u64>, String) {
+        let ofo = run_ok(Self::command(ns, "nstat").args(["-az", "TcpExtTCPOFOQueue"]));
+        let count = ofo
+            .lines()
+            .find_map(|l| l.strip_prefix("TcpExtTCPOFOQueue"))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse::<u64>().ok());
+        (count, ofo)
+    }
+
     /// `program` with `args`, run in namespace `ns`.
     pub fn command(ns: &str, program: &str) -> Command {
         let mut command = Command::new("ip");

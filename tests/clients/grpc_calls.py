@@ -14,6 +14,15 @@ take and return raw bytes.
         Serves test.Calls/Work on PORT, 0.2 s a call, as many at once as are sent: the
         server behind a proxy that caps its concurrency and turns calls away itself. Stats
         as above, with "admitted".
+    grpc_calls.py serve-engine PORT SLOTS WAIT MESSAGES GAP
+        Serves test.Calls/Generate on PORT shaped like an LLM engine's token stream: each call
+        gets its headers at once, then waits for one of SLOTS slots and WAIT seconds more,
+        then MESSAGES messages GAP seconds apart. For each call it prints, once done, a line
+        `call START FIRST END` (Unix seconds: the call's arrival, its first message, its end):
+        the truth of the tests.
+    grpc_calls.py generate PORT CALLS
+        CALLS Generate calls at once on one channel (one HTTP/2 connection), each read to its
+        end: prints how many ended and the messages they carried as JSON.
     grpc_calls.py retrying PORT CALLS AT_ONCE
         CALLS calls to Work, AT_ONCE at a time, by a channel whose service config retries
         RESOURCE_EXHAUSTED (5 attempts): prints how many succeeded and failed as JSON.
@@ -28,6 +37,7 @@ take and return raw bytes.
 import json
 import sys
 import threading
+import time
 from concurrent import futures
 
 import grpc
@@ -136,6 +146,51 @@ def serve_work(port: int, stats_port: int) -> None:
     _run({"Work": grpc.unary_unary_rpc_method_handler(work)}, stats, port, stats_port, [])
 
 
+def serve_engine(port: int, slots: int, wait: float, messages: int, gap: float) -> None:
+    free = threading.Semaphore(slots)
+    printing = threading.Lock()
+
+    def generate(request, context):
+        start = time.time()
+        # Headers at once, as an engine's server sends them before it schedules the request.
+        context.send_initial_metadata(())
+        with free:
+            time.sleep(wait)
+            first = time.time()
+            for i in range(messages):
+                yield b"token %d" % i
+                time.sleep(gap)
+        end = time.time()
+        with printing:
+            sys.stdout.write(f"call {start:.6f} {first:.6f} {end:.6f}\n")
+            sys.stdout.flush()
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=64))
+    handlers = {"Generate": grpc.unary_stream_rpc_method_handler(generate)}
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    print("serving", flush=True)
+    server.wait_for_termination()
+
+
+def generate(port: int, calls: int) -> None:
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = channel.unary_stream(f"/{SERVICE}/Generate")
+        counts = {"ended": 0, "messages": 0}
+        lock = threading.Lock()
+
+        def one(i):
+            n = sum(1 for _ in call(b"%d" % i, timeout=60))
+            with lock:
+                counts["ended"] += 1
+                counts["messages"] += n
+
+        with futures.ThreadPoolExecutor(max_workers=calls) as pool:
+            list(pool.map(one, range(calls)))
+    print(json.dumps(counts), flush=True)
+
+
 #: A service config that retries RESOURCE_EXHAUSTED; its own backoff (0.1 s to 1 s) is
 #: replaced by the server's pushback where one is sent.
 RETRY_CONFIG = json.dumps(
@@ -229,6 +284,10 @@ if __name__ == "__main__":
         serve_pushback(int(args[0]), int(args[1]), args[2], args[3])
     elif command == "serve-work":
         serve_work(int(args[0]), int(args[1]))
+    elif command == "serve-engine":
+        serve_engine(int(args[0]), int(args[1]), float(args[2]), int(args[3]), float(args[4]))
+    elif command == "generate":
+        generate(int(args[0]), int(args[1]))
     elif command == "retrying":
         retrying(int(args[0]), int(args[1]), int(args[2]))
     elif command == "call":

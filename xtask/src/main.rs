@@ -309,7 +309,8 @@ fn lint(root: &Path, env: &setup::Env) -> Result<()> {
 }
 
 /// `check`, then the root suite: the integration tests, a module at a time in each of two
-/// lanes (network namespaces of their own, see `lanes`), the kernel matrix beside them.
+/// lanes (network namespaces of their own, see `lanes`), the kernel matrix beside them, and
+/// the tests that need the machine to themselves after both.
 fn test(root: &Path, env: &setup::Env, timings: &mut Timings) -> Result<()> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
@@ -346,11 +347,11 @@ fn test(root: &Path, env: &setup::Env, timings: &mut Timings) -> Result<()> {
                 .args(args);
             lanes::record(run_tests(command), &shared)
         });
-        let lanes = lanes::run(&suite, &dir, &args, MATRIX, &shared);
-        let matrix = matrix
-            .join()
-            .unwrap_or_else(|_| bail!("the kernel matrix's runner panicked"));
-        lanes.and(matrix)
+        lanes::run(&suite, &dir, &args, MATRIX, &shared, || {
+            matrix
+                .join()
+                .unwrap_or_else(|_| bail!("the kernel matrix's runner panicked"))
+        })
     });
     *timings = shared.into_inner().unwrap_or_else(|p| p.into_inner());
     timings.record("root suite, in all", started.elapsed());

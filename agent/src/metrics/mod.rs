@@ -116,6 +116,16 @@ impl Metrics {
                 .endpoint_in_flight
                 .with_label_values(&[endpoint.as_str(), side])
                 .set(e.in_flight() as i64);
+            let labels = [endpoint.as_str(), side];
+            let (waiting, streaming) = (e.counters.waiting(), e.counters.streaming());
+            self.kernel
+                .endpoint_waiting
+                .with_label_values(&labels)
+                .set(waiting as i64);
+            self.kernel
+                .endpoint_streaming
+                .with_label_values(&labels)
+                .set(streaming as i64);
             if let Some(backlog) = e.accept_backlog {
                 self.kernel
                     .endpoint_accept_backlog

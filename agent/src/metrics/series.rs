@@ -76,6 +76,9 @@ pub(super) struct KernelSeries {
     /// One per [`EndpointCounter`], in its order.
     pub(super) endpoint_counters: [IntCounterVec; EndpointCounter::ALL.len()],
     pub(super) endpoint_in_flight: IntGaugeVec,
+    /// The requests in flight by phase: waiting for their first body byte, streaming.
+    pub(super) endpoint_waiting: IntGaugeVec,
+    pub(super) endpoint_streaming: IntGaugeVec,
     pub(super) endpoint_accept_backlog: IntGaugeVec,
     pub(super) probe_problems: IntGaugeVec,
     pub(super) kernel_feature: IntGaugeVec,
@@ -93,6 +96,8 @@ impl KernelSeries {
                 s.counters(&name, endpoint_counter_help(counter), &ENDPOINT)
             }),
             endpoint_in_flight: s.int_gauges("retry_after_endpoint_requests_in_flight", "Requests begun and not yet answered or abandoned.", &ENDPOINT),
+            endpoint_waiting: s.int_gauges("retry_after_endpoint_requests_waiting", "Of the requests in flight, those whose response's first body byte has not gone by (queued in the server, or answered without streaming).", &ENDPOINT),
+            endpoint_streaming: s.int_gauges("retry_after_endpoint_requests_streaming", "Of the requests in flight, those whose response's body has begun.", &ENDPOINT),
             endpoint_accept_backlog: s.int_gauges("retry_after_endpoint_accept_backlog", "Connections waiting in the accept queues of listeners serving the endpoint.", &["endpoint"]),
             probe_problems: s.int_gauges("retry_after_probe_problems", "Things the kernel programs could not observe, since start.", &["kind"]),
             kernel_feature: s.int_gauges("retry_after_kernel_feature", "1 if the running kernel has a feature some programs need, 0 if what needs it is switched off (probed at start).", &["feature"]),
@@ -203,5 +208,17 @@ const fn endpoint_counter_help(counter: EndpointCounter) -> &'static str {
         }
         EndpointCounter::RequestBytes => "Client-to-server payload bytes.",
         EndpointCounter::ResponseBytes => "Server-to-client payload bytes within response turns.",
+        EndpointCounter::ResponsesInferred => {
+            "Of the completed responses, those whose end was inferred from the connection going quiet, the next request or the close, their framing unread (TLS, another protocol, a gap)."
+        }
+        EndpointCounter::BodiesBegun => {
+            "Responses whose first body byte went by: their request stopped waiting and streams."
+        }
+        EndpointCounter::BodiesEnded => {
+            "Of the responses completed or cut by the close, those whose body had begun."
+        }
+        EndpointCounter::FirstByteWaitMicroseconds => {
+            "Microseconds from each request's first byte to its response's first body byte, summed over the bodies begun: over bodies_begun, the mean time to first body byte."
+        }
     }
 }

@@ -7,6 +7,10 @@
 //!
 //! * a request **starts** with the client's HEADERS frame on a new stream (a client stream id
 //!   above every one before it; a later HEADERS on the same stream is its trailers);
+//! * it **waits** until the server's first DATA frame on it, then **streams** (a gRPC
+//!   server-streaming call, an LLM engine's tokens): headers alone do not count, as an engine
+//!   sends them before it schedules the request; the stream table sums the wait for the time
+//!   to first body byte;
 //! * it **completes** with the server's HEADERS or DATA frame carrying END_STREAM on it, or
 //!   with the server's RST_STREAM; a client's RST_STREAM (a cancel) **abandons** it;
 //! * the connection's close abandons what is left (the streams above a server's GOAWAY among
@@ -56,8 +60,8 @@ pub use parked::{
     Parked, ParkedBytes, ParkedPlaces,
 };
 pub use streams::{
-    CLOSED_ENTRIES, CLOSED_MAP, DEFAULT_MAX_STREAMS, Opened, STREAMS_MAP, StreamEntry, StreamKey,
-    StreamTable,
+    BODIES_MAP, CLOSED_ENTRIES, CLOSED_MAP, DEFAULT_MAX_STREAMS, Ended, Opened, STREAMS_MAP,
+    StreamEntry, StreamKey, StreamTable,
 };
 
 use crate::{
@@ -722,7 +726,11 @@ impl FrameStream {
                     Opened::Full => walk.untracked += 1,
                 }
             }
-            RST_STREAM if streams.end(frame.stream) => walk.delta.abandoned += 1,
+            RST_STREAM => {
+                let ended = streams.end(frame.stream);
+                walk.delta.abandoned += u16::from(ended != Ended::NotOpen);
+                walk.delta.bodies_ended += u16::from(ended == Ended::Streaming);
+            }
             _ => {}
         }
     }
@@ -751,8 +759,9 @@ impl FrameStream {
         self.flags.set(FRAMED);
     }
 
-    /// A frame from the server: END_STREAM or RST_STREAM completes a stream, a rejection's
-    /// HEADERS completes it at once. (A GOAWAY's unprocessed streams stay open until the
+    /// A frame from the server: its first DATA frame with a payload begins a stream's body,
+    /// END_STREAM or RST_STREAM completes a stream, a rejection's HEADERS completes it at
+    /// once (its body, if any, then begins nothing). (A GOAWAY's unprocessed streams stay open until the
     /// close, which follows it, abandons them.) A HEADERS whose segment ends before the first
     /// bytes of its block is told a rejection or not at the next bytes walked.
     #[inline(always)]
@@ -779,11 +788,21 @@ impl FrameStream {
             RST_STREAM => true,
             _ => false,
         };
-        let ended = ends && seg.streams.end(frame.stream);
-        if ended {
-            seg.w.walk.delta.completed += 1;
-            seg.w.walk.delta.rejected += u16::from(rejected);
+        let walk = &mut seg.w.walk;
+        if frame.kind == DATA && frame.len > 0 && seg.streams.begin_body(frame.stream) {
+            walk.delta.bodies_begun += 1;
         }
+        let ended = if ends {
+            seg.streams.end(frame.stream)
+        } else {
+            Ended::NotOpen
+        };
+        if ended != Ended::NotOpen {
+            walk.delta.completed += 1;
+            walk.delta.rejected += u16::from(rejected);
+            walk.delta.bodies_ended += u16::from(ended == Ended::Streaming);
+        }
+        let ended = ended != Ended::NotOpen;
         if cut {
             // Read from the frame's payload on, by the next steps (this segment's last, then
             // the next segment's first).
@@ -832,9 +851,11 @@ impl FrameStream {
         let walk = &mut seg.w.walk;
         if cut & CUT_ENDED != 0 {
             walk.delta.rejected += 1;
-        } else if cut & CUT_END_STREAM == 0 && seg.streams.end(self.max_stream) {
-            walk.delta.completed += 1;
-            walk.delta.rejected += 1;
+        } else if cut & CUT_END_STREAM == 0 {
+            let ended = seg.streams.end(self.max_stream);
+            walk.delta.completed += u16::from(ended != Ended::NotOpen);
+            walk.delta.rejected += u16::from(ended != Ended::NotOpen);
+            walk.delta.bodies_ended += u16::from(ended == Ended::Streaming);
         }
     }
 }
@@ -1048,6 +1069,8 @@ mod tests {
         abandoned: u32,
         unframed: u32,
         untracked: u32,
+        bodies_begun: u32,
+        bodies_ended: u32,
     }
 
     impl Conn {
@@ -1065,7 +1088,14 @@ mod tests {
             self.abandoned += u32::from(w.delta.abandoned);
             self.unframed += u32::from(w.unframed);
             self.untracked += u32::from(w.untracked);
+            self.bodies_begun += u32::from(w.delta.bodies_begun);
+            self.bodies_ended += u32::from(w.delta.bodies_ended);
             w
+        }
+
+        /// Streams whose body has begun and not ended.
+        fn streaming(&self) -> u32 {
+            self.bodies_begun - self.bodies_ended
         }
 
         /// The client sends `bytes`: what its first payload said the connection is, if this
@@ -1137,6 +1167,8 @@ mod tests {
         fn close(&mut self) {
             let open = core::mem::take(&mut *self.streams.open.borrow_mut());
             self.abandoned += open.len() as u32;
+            let bodies = core::mem::take(&mut *self.streams.bodies.borrow_mut());
+            self.bodies_ended += bodies.intersection(&open).count() as u32;
         }
 
         /// Preface and SETTINGS both ways.
@@ -1282,6 +1314,94 @@ mod tests {
             c.server_sends(&[response(3, 0, &[0x88]), data(3, 0, 12)].concat());
             c.server_sends(&response(3, END_STREAM, &[0x40, 0x0b]));
             assert_eq!((c.completed, c.rejected), (2, rejected));
+        }
+    }
+
+    #[test]
+    fn a_stream_waits_until_its_first_data_frame_then_streams_until_its_end() {
+        let mut c = Conn::default();
+        c.start();
+        c.client_sends(
+            &(0..5u32)
+                .flat_map(|i| request(2 * i + 1))
+                .collect::<Vec<u8>>(),
+        );
+        // Headers at once for all five, as an engine sends them before it schedules: all wait.
+        c.server_sends(
+            &(0..5u32)
+                .flat_map(|i| response(2 * i + 1, 0, &[0x88]))
+                .collect::<Vec<u8>>(),
+        );
+        assert_eq!((c.open(), c.streaming()), (5, 0));
+        // 1 and 3 get their first tokens, 1 several; an empty DATA frame begins nothing.
+        c.server_sends(&[data(1, 0, 7), data(3, 0, 5), data(1, 0, 9), data(5, 0, 0)].concat());
+        assert_eq!((c.bodies_begun, c.streaming()), (2, 2));
+        // 1 ends on its last DATA, 3 on trailers; 7 begins and ends in one frame.
+        c.server_sends(
+            &[
+                data(1, END_STREAM, 3),
+                response(3, END_STREAM, &[0x40, 0x0b]),
+                data(7, END_STREAM, 4),
+            ]
+            .concat(),
+        );
+        assert_eq!(
+            (c.completed, c.bodies_begun, c.bodies_ended, c.streaming()),
+            (3, 3, 3, 0)
+        );
+        // 5 streams, then the client cancels it; 9 is answered without a body; a 429's body
+        // begins nothing (its headers ended the stream).
+        c.client_sends(&request(11));
+        c.server_sends(&data(5, 0, 10));
+        c.client_sends(&frame(RST_STREAM, 0, 5, &[0, 0, 0, 8]));
+        c.server_sends(&response(9, END_STREAM, &[0x88]));
+        c.server_sends(
+            &[
+                response(11, 0, &[0x48, 0x03, b'4', b'2', b'9']),
+                data(11, END_STREAM, 6),
+            ]
+            .concat(),
+        );
+        assert_eq!(
+            (c.abandoned, c.rejected, c.bodies_begun, c.bodies_ended),
+            (1, 1, 4, 4)
+        );
+        // Streams still streaming at the close end with it.
+        c.client_sends(&[request(13), request(15)].concat());
+        c.server_sends(&[response(13, 0, &[0x88]), data(13, 0, 2)].concat());
+        assert_eq!((c.open(), c.streaming()), (2, 1));
+        c.close();
+        assert_eq!((c.open(), c.streaming(), c.bodies_ended), (0, 0, 5));
+    }
+
+    #[test]
+    fn frames_cut_anywhere_begin_and_end_bodies_exactly_once() {
+        // HEADERS, DATA and DATA with END_STREAM for 20 streams, in one byte stream cut at
+        // every offset: every body begins and ends once, whatever the cut.
+        let ids: Vec<u32> = (0..20).map(|i| 2 * i + 1).collect();
+        let answers: Vec<u8> = ids
+            .iter()
+            .flat_map(|&id| {
+                [
+                    response(id, 0, &[0x88]),
+                    data(id, 0, 11),
+                    data(id, END_STREAM, 3),
+                ]
+                .concat()
+            })
+            .collect();
+        for cut in 1..answers.len() {
+            let mut c = Conn::default();
+            c.start();
+            c.client_sends(&ids.iter().flat_map(|&id| request(id)).collect::<Vec<u8>>());
+            c.server_sends(&answers[..cut]);
+            assert!(c.streaming() <= 20);
+            c.server_sends(&answers[cut..]);
+            assert_eq!(
+                (c.completed, c.bodies_begun, c.bodies_ended),
+                (20, 20, 20),
+                "cut at {cut}"
+            );
         }
     }
 

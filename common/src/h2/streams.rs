@@ -3,12 +3,22 @@
 //!
 //! A connection has no limit of its own on how many streams it holds open: the table's size
 //! ([`STREAMS_MAP`], set by the agent from its configuration) bounds them all together. The
-//! walk ([`super::FrameStream`]) asks the table two things, through [`StreamTable`]: open a
-//! stream (a client's HEADERS on a stream id above every one before it) and end one (the
+//! walk ([`super::FrameStream`]) asks the table three things, through [`StreamTable`]: open a
+//! stream (a client's HEADERS on a stream id above every one before it), begin its body (the
+//! server's first DATA frame on it: the request stops waiting and streams) and end one (the
 //! server's END_STREAM, RST_STREAM or rejection, or the client's RST_STREAM). Removing an entry
 //! succeeds once, whichever direction (and CPU) tries first, so each end is counted exactly
 //! once. A stream that finds the table full is not counted at all (neither started nor ended)
 //! and is counted as untracked instead: never silently miscounted.
+//!
+//! **Bodies.** A stream whose body has begun has an entry in a second table ([`BODIES_MAP`]),
+//! put there by the server's first DATA frame and removed by the stream's end. Both are
+//! removals and insertions that succeed once, so the two directions agree without atomics of
+//! their own (none that fetch on 5.10): the end removes the stream, then its body entry, and
+//! counts the body ended if that removal succeeded; the first DATA frame inserts the body
+//! entry, then looks for the stream: still open, the body is counted begun; ended meanwhile,
+//! it takes its entry back, and counts the body begun only if the end took it first (and so
+//! counted it ended). Every interleaving counts a body begun and ended both, or neither.
 //!
 //! What the walk does not end, the agent does ([`StreamEntry::opened_ns`] and
 //! [`CLOSED_MAP`]): the streams of a connection that closed with streams open (a GOAWAY's
@@ -17,6 +27,9 @@
 
 /// The stream table, by the name the programs and the agent share.
 pub const STREAMS_MAP: &str = "H2_STREAMS";
+/// The open streams whose body has begun (the server's first DATA frame on them went by), by
+/// the name the programs and the agent share: [`StreamKey`] to 0. Sized as the stream table.
+pub const BODIES_MAP: &str = "H2_BODIES";
 /// Connections that closed with streams open, for the agent to abandon them: connection id
 /// to close time (`bpf_ktime_get_ns`).
 pub const CLOSED_MAP: &str = "H2_CLOSED";
@@ -48,8 +61,11 @@ pub struct StreamEntry {
     pub generation: u32,
     /// The watch slot of its connection (below [`crate::MAX_WATCHED_ENDPOINTS`]).
     pub slot: u16,
-    /// The vantage point: `Side as u16`.
-    pub side: u16,
+    /// The vantage point: `Side as u8`.
+    pub side: u8,
+    /// 1 once the server's first DATA frame on it went by (written by the server's walk only,
+    /// so that later DATA frames skip the body table); [`BODIES_MAP`] is what counts.
+    pub body: u8,
 }
 
 /// What opening a stream did.
@@ -63,14 +79,31 @@ pub enum Opened {
     Full,
 }
 
+/// What ending a stream did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// It was not open (ended already, by the other direction or the agent, or never
+    /// tracked): nothing.
+    NotOpen,
+    /// Ended by this call, before its first body byte.
+    Waiting,
+    /// Ended by this call, its body begun.
+    Streaming,
+}
+
 /// The open streams of one connection, as the walk changes them. Both directions of a
 /// connection may call these at once from two CPUs: an implementation's `end` must remove the
-/// entry atomically, true for the one call that removed it.
+/// entry atomically, and say so for the one call that removed it (see the module's
+/// "Bodies" for `begin_body`).
 pub trait StreamTable {
     /// Open stream `stream`.
     fn open(&self, stream: u32) -> Opened;
-    /// End stream `stream`: true if it was open and this call ended it.
-    fn end(&self, stream: u32) -> bool;
+    /// Stream `stream`'s first body byte went by (called for each of the server's DATA frames
+    /// with a payload): true if it is open and this call is the first to see its body. The
+    /// table counts the wait since it opened (the time to first body byte) itself.
+    fn begin_body(&self, stream: u32) -> bool;
+    /// End stream `stream`.
+    fn end(&self, stream: u32) -> Ended;
 }
 
 #[cfg(test)]
@@ -81,12 +114,13 @@ pub(crate) mod host {
     use core::cell::RefCell;
     use std::collections::BTreeSet;
 
-    use super::{Opened, StreamTable};
+    use super::{Ended, Opened, StreamTable};
 
-    /// The open streams of one connection, at most `capacity`.
+    /// The open streams of one connection, at most `capacity`, and those whose body began.
     #[derive(Debug, Default)]
     pub struct HostStreams {
         pub open: RefCell<BTreeSet<u32>>,
+        pub bodies: RefCell<BTreeSet<u32>>,
         pub capacity: Option<usize>,
     }
 
@@ -103,8 +137,18 @@ pub(crate) mod host {
             }
         }
 
-        fn end(&self, stream: u32) -> bool {
-            self.open.borrow_mut().remove(&stream)
+        fn begin_body(&self, stream: u32) -> bool {
+            self.open.borrow().contains(&stream) && self.bodies.borrow_mut().insert(stream)
+        }
+
+        fn end(&self, stream: u32) -> Ended {
+            if !self.open.borrow_mut().remove(&stream) {
+                Ended::NotOpen
+            } else if self.bodies.borrow_mut().remove(&stream) {
+                Ended::Streaming
+            } else {
+                Ended::Waiting
+            }
         }
     }
 }

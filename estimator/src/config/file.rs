@@ -79,6 +79,7 @@ pub struct ServiceFile {
     /// Refused with a clear error: the agent reads no queue limit.
     pub max_queued_requests: Option<u64>,
     pub rejected_at: Option<String>,
+    pub replica_queue: Option<String>,
     pub protocol: Option<String>,
     pub proxy_cgroup: Option<String>,
     #[serde(default)]

@@ -27,7 +27,7 @@ use self::file::{
     AgentFile, AttachCgroupsFile, BackendFile, BackpressureFile, ConfigFile, ServiceFile,
 };
 use crate::endpoint::Endpoint;
-use crate::{DrainRateConstants, Estimator, RejectedAt, ServiceSettings};
+use crate::{DrainRateConstants, Estimator, RejectedAt, ReplicaQueue, ServiceSettings};
 
 /// The configuration the agent runs with when no file is given. It watches port 8080 on every
 /// address, computes Retry-After with the proposal's policy and falls back to 5 s until warm.
@@ -95,6 +95,8 @@ pub struct ServiceConfig {
     pub frontend: Option<Endpoint>,
     /// Where requests are queued and rejected.
     pub rejected_at: RejectedAt,
+    /// How the queue inside its replicas is read.
+    pub replica_queue: ReplicaQueue,
     /// What its endpoints' connections speak, which decides how their requests are counted.
     pub protocol: Protocol,
     /// The proxy's cgroup v2, which alone counts on the backends' client side.
@@ -157,6 +159,22 @@ fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
         field: field.into(),
         reason: reason.into(),
     }
+}
+
+/// The entry of a vocabulary that `value` names (its default where there is none), or an
+/// error naming `field` and the names it may take.
+fn named<T: std::str::FromStr + Default>(
+    field: &str,
+    value: Option<String>,
+) -> Result<T, ConfigError>
+where
+    T::Err: std::fmt::Display,
+{
+    value
+        .map(|v| v.parse::<T>())
+        .transpose()
+        .map_err(|e| invalid(field, e.to_string()))
+        .map(Option::unwrap_or_default)
 }
 
 /// `value` within `range`, or an error naming `field`.
@@ -494,12 +512,8 @@ fn service(i: usize, s: ServiceFile) -> Result<ServiceConfig, ConfigError> {
             ),
         ));
     }
-    let rejected_at = s
-        .rejected_at
-        .map(|r| r.parse::<RejectedAt>())
-        .transpose()
-        .map_err(|e| invalid(at("rejected_at"), e.to_string()))?
-        .unwrap_or_default();
+    let rejected_at: RejectedAt = named(&at("rejected_at"), s.rejected_at)?;
+    let replica_queue: ReplicaQueue = named(&at("replica_queue"), s.replica_queue)?;
     let protocol = s
         .protocol
         .map(|p| protocol(&p))
@@ -518,6 +532,7 @@ fn service(i: usize, s: ServiceFile) -> Result<ServiceConfig, ConfigError> {
         backends,
         frontend,
         rejected_at,
+        replica_queue,
         protocol,
         proxy_cgroup: s.proxy_cgroup.map(PathBuf::from),
         backpressure,
@@ -723,6 +738,7 @@ impl ServiceConfig {
         ServiceSettings {
             name: self.name.clone(),
             rejected_at: self.rejected_at,
+            replica_queue: self.replica_queue,
             policy: backpressure.policy,
             constants: backpressure.constants,
             drain: backpressure.drain,

@@ -6,11 +6,17 @@
 //! [`guest_side_of_the_kernel_matrix`]: `retry-after-agent check`, then the agent started,
 //! then exact-count runs against the distribution's nginx on the guest's loopback, with
 //! nginx's stub_status as the truth and the agent's Prometheus counters as the count: ab
-//! (one request per connection), ab -k and wrk over plain HTTP/1.1 and over TLS, and h2load
-//! over cleartext HTTP/2 (4 connections of 16 streams, one of 1,000, and 8 of 100 to a
-//! `deferred` listener, each first flight coming with its handshake). It prints one JSON
-//! object per line after [`MARK`]; the host side reads them back, prints a table per kernel
-//! and asserts what each kernel must do.
+//! (one request per connection), ab -k and wrk over plain HTTP/1.1 and over TLS, curl
+//! fetching slow bodies (a `Content-Length`, and chunked by gzip, at `limit_rate`: they
+//! pause, and must end at their last byte; no plain HTTP/1.1 response is inferred), and
+//! h2load over cleartext HTTP/2 (4 connections of 16 streams, one of 1,000, and 8 of 100 to
+//! a `deferred` listener, each first flight coming with its handshake); then two servers
+//! shaped like an LLM engine (headers at once, a wait for a slot, then a stream of events),
+//! one HTTP/1.1 (`stream_server.py`, curl reading server-sent events) and one gRPC
+//! (`grpc_calls.py serve-engine`, server-streaming calls on one connection), their own
+//! records the truth. Every body is counted begun and ended once. It prints one JSON object
+//! per line after [`MARK`]; the host side reads them back, prints a table per kernel and
+//! asserts what each kernel must do.
 
 use std::{
     fs,
@@ -59,11 +65,17 @@ mod guest {
     /// The three listeners of the guest's nginx.
     struct Ports {
         plain: SocketAddr,
+        /// Slow bodies: a `Content-Length` and chunked, sent at `limit_rate`.
+        streamed: SocketAddr,
         tls: SocketAddr,
         h2c: SocketAddr,
         /// Cleartext HTTP/2 with TCP_DEFER_ACCEPT: each connection's first flight comes with
         /// its handshake, and is walked by the established callback.
         h2c_deferred: SocketAddr,
+        /// The engine-shaped HTTP/1.1 server (`stream_server.py`), no nginx in front.
+        engine_sse: SocketAddr,
+        /// The engine-shaped gRPC server (`grpc_calls.py serve-engine`).
+        engine_grpc: SocketAddr,
     }
 
     /// Print one report line.
@@ -77,9 +89,12 @@ mod guest {
         emit(json!({"kind": "kernel", "release": release.trim()}));
         let ports = Ports {
             plain: free_port(),
+            streamed: free_port(),
             tls: free_port(),
             h2c: free_port(),
             h2c_deferred: free_port(),
+            engine_sse: free_port(),
+            engine_grpc: free_port(),
         };
         let nginx = start_nginx(&ports);
         let dir = std::env::temp_dir().join("kernel-matrix-agent");
@@ -116,16 +131,29 @@ mod guest {
         emit(json!({"kind": "done"}));
     }
 
-    /// nginx with a plain HTTP/1.1, a TLS and two cleartext HTTP/2 listeners (one deferred).
+    /// nginx with a plain HTTP/1.1 listener, one of slow bodies, a TLS one and two cleartext
+    /// HTTP/2 ones (one deferred).
     fn start_nginx(ports: &Ports) -> Nginx {
         let (cert, key) = self_signed_certificate();
         let ok = "keepalive_requests 100000; location / { return 200 \"ok\\n\"; }";
+        let site = std::env::temp_dir().join("kernel-matrix-site");
+        fs::create_dir_all(&site).expect("create the site's directory");
+        let line = "data: {\"token\": \"a few words of an answer\"}\n";
+        fs::write(site.join("big"), line.repeat(64 * 1024 / line.len())).expect("write a body");
+        let slow = format!(
+            "root {site}; location /slow {{ alias {site}/big; limit_rate 64k; }} \
+             location /gzip {{ alias {site}/big; default_type text/plain; gzip on; \
+             gzip_types *; gzip_comp_level 1; limit_rate 4k; }}",
+            site = site.display()
+        );
         Nginx::start(&format!(
-            "  server {{ listen {plain}; {ok} }}\n  server {{ listen {tls} ssl; \
+            "  server {{ listen {plain}; {ok} }}\n  server {{ listen {streamed}; {slow} }}\n  \
+             server {{ listen {tls} ssl; \
              ssl_certificate {cert}; ssl_certificate_key {key}; {ok} }}\n  server {{ listen \
              {h2c} http2; http2_max_concurrent_streams 1000; {ok} }}\n  server {{ listen \
              {deferred} deferred http2; {ok} }}",
             plain = ports.plain,
+            streamed = ports.streamed,
             tls = ports.tls,
             h2c = ports.h2c,
             deferred = ports.h2c_deferred,
@@ -144,12 +172,15 @@ mod guest {
         };
         let config = format!(
             "[agent]\ntick_interval_ms = 200\nsocket_path = {:?}\nmetrics_listen = \
-             \"{metrics}\"\n\n{}{}{}{}",
+             \"{metrics}\"\n\n{}{}{}{}{}{}{}",
             dir.join("agent.sock"),
             service("plain", ports.plain),
+            service("streamed", ports.streamed),
             service("tls", ports.tls),
             service("h2c", ports.h2c),
             service("h2c_deferred", ports.h2c_deferred),
+            service("engine_sse", ports.engine_sse),
+            service("engine_grpc", ports.engine_grpc),
         );
         let path = dir.join("agent.toml");
         fs::write(&path, config).expect("write the agent's configuration");
@@ -239,30 +270,49 @@ mod guest {
             run("http1", "ab", ports.plain, "http"),
             run("http1", "ab -k", ports.plain, "http"),
             run("http1", "wrk", ports.plain, "http"),
+            run("http1", "curl streamed", ports.streamed, "http"),
             run("tls", "ab", ports.tls, "https"),
             run("tls", "ab -k", ports.tls, "https"),
             run("tls", "wrk", ports.tls, "https"),
             run("http2", "h2load", ports.h2c, "http"),
             run("http2", "h2load -m 1000", ports.h2c, "http"),
             run("http2", "h2load deferred", ports.h2c_deferred, "http"),
+            run("http1", "engine sse", ports.engine_sse, "http"),
+            run("http2", "engine grpc", ports.engine_grpc, "http"),
         ]
     }
 
-    /// Run the tool; nginx's count of it beside the agent's, on both vantage points.
+    /// Run the tool; the truth's count of it (nginx's, or an engine-shaped server's own)
+    /// beside the agent's, on both vantage points.
     fn count(nginx: &Nginx, metrics: SocketAddr, run: &Run, agent: &mut Child) -> Value {
         let before_agent = counters(metrics, run.endpoint);
-        let before = nginx.status();
-        let tool = drive(run);
-        let truth = requests_between(before, nginx.status());
+        let (tool, truth, truth_by) = if run.tool.starts_with("engine") {
+            let (tool, served) = engine(run);
+            (tool, served, "server")
+        } else {
+            let before = nginx.status();
+            let tool = drive(run);
+            (tool, requests_between(before, nginx.status()), "nginx")
+        };
         let (server, client) = settle(metrics, run.endpoint, &before_agent, truth, agent);
-        // Both vantage points started and completed what nginx counted: an abandoned request
-        // is a miss, not an allowance.
-        let exact = server.started == truth
-            && client.started == truth
-            && server.completed == truth
-            && client.completed == truth
-            && server.abandoned == 0
-            && client.abandoned == 0;
+        // Both vantage points started and completed what the truth counted: an abandoned
+        // request is a miss, not an allowance. Plain HTTP/1.1 responses end at their last
+        // byte as their framing says: none inferred. Every response here has a body but the
+        // HEADs of the slow bodies' run, and inside TLS none is seen: each body begun and
+        // ended once.
+        let framed = run.protocol != "http1" || server.inferred + client.inferred == 0;
+        let bodies = match (run.protocol, run.tool) {
+            ("tls", _) => 0,
+            (_, "curl streamed") => truth.saturating_sub(STREAMED_HEADS),
+            _ => truth,
+        };
+        let exact = [server, client].iter().all(|side| {
+            side.started == truth
+                && side.completed == truth
+                && side.abandoned == 0
+                && side.bodies_begun == bodies
+                && side.bodies_ended == bodies
+        }) && framed;
         json!({
             "kind": "count",
             "protocol": run.protocol,
@@ -270,11 +320,98 @@ mod guest {
             "tool_ok": tool.ok,
             "tool_summary": tool.summary,
             "tool_done": tool.done,
-            "nginx": truth,
+            "truth": truth,
+            "truth_by": truth_by,
+            "bodies": bodies,
             "server": server.to_json(),
             "client": client.to_json(),
             "exact": exact,
         })
+    }
+
+    /// The `HEAD`s among the slow bodies' fetches (`curl_streamed`): no body.
+    const STREAMED_HEADS: u64 = 4;
+
+    /// Streams the engine-shaped runs send at once.
+    const ENGINE_STREAMS: u32 = 8;
+
+    /// An engine-shaped run: its server started on the run's port (4 slots, a wait of 0.2 s,
+    /// then 10 events 0.05 s apart), `ENGINE_STREAMS` clients at once, to their end; what the
+    /// clients said, and the streams the server's own record holds.
+    fn engine(run: &Run) -> (Tool, u64) {
+        let clients = Path::new(env!("CARGO_MANIFEST_DIR")).join("clients");
+        let port = run.endpoint.port().to_string();
+        let mut server = Command::new("python3");
+        match run.tool {
+            "engine sse" => server.arg(clients.join("stream_server.py")).arg(&port),
+            _ => server
+                .arg(clients.join("grpc_calls.py"))
+                .args(["serve-engine", &port]),
+        };
+        let Ok(mut server) = server
+            .args(["4", "0.2", "10", "0.05"])
+            .stdout(Stdio::piped())
+            .spawn()
+        else {
+            return (failed("cannot start the engine-shaped server"), 0);
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while TcpStream::connect(run.endpoint).is_err() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let tool = match run.tool {
+            "engine sse" => curl_all((0..ENGINE_STREAMS).map(|_| {
+                let mut curl = Command::new("curl");
+                curl.args(["-sS", "-N", "-o", "/dev/null", "--fail", "-d", "{}"])
+                    .arg(&run.url);
+                curl
+            })),
+            _ => {
+                let mut generate = Command::new("python3");
+                generate.arg(clients.join("grpc_calls.py")).args([
+                    "generate",
+                    &port,
+                    &ENGINE_STREAMS.to_string(),
+                ]);
+                grpc_generate(&mut generate)
+            }
+        };
+        let _ = server.kill();
+        let mut record = String::new();
+        if let Some(mut out) = server.stdout.take() {
+            let _ = out.read_to_string(&mut record);
+        }
+        let _ = server.wait();
+        let served = record
+            .lines()
+            .filter(|l| l.starts_with("first ") || l.starts_with("call "))
+            .count();
+        (tool, served as u64)
+    }
+
+    /// A tool that could not run.
+    fn failed(why: &str) -> Tool {
+        Tool {
+            ok: false,
+            summary: why.to_owned(),
+            done: None,
+        }
+    }
+
+    /// `grpc_calls.py generate`: its record of the calls that ended.
+    fn grpc_generate(command: &mut Command) -> Tool {
+        let Ok(out) = command.output() else {
+            return failed("cannot run grpc_calls.py generate");
+        };
+        let line = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        let done = serde_json::from_str::<Value>(&line)
+            .ok()
+            .and_then(|v| v["ended"].as_u64());
+        Tool {
+            ok: out.status.success(),
+            summary: line,
+            done,
+        }
     }
 
     /// Requests nginx received between two readings (the later reading is one of its own).
@@ -293,6 +430,7 @@ mod guest {
                     done: Some(totals.requests),
                 }
             }
+            "curl streamed" => curl_streamed(&run.url),
             "h2load" => tool(
                 Command::new("h2load").args(["-n", "2000", "-c", "4", "-m", "16", &run.url]),
                 "requests:",
@@ -321,6 +459,41 @@ mod guest {
                 }
                 tool(command.arg(&run.url), "Complete requests:")
             }
+        }
+    }
+
+    /// curl fetching slow bodies at once: 8 with a `Content-Length` (64 KiB at 64 KiB/s, in
+    /// bursts), 4 chunked (gzip, at 4 KiB/s) and `STREAMED_HEADS` `HEAD`s; each must succeed.
+    fn curl_streamed(url: &str) -> Tool {
+        let fetch = |path: &str, args: &[&str]| {
+            let mut curl = Command::new("curl");
+            curl.args(["-sS", "-o", "/dev/null", "--fail"])
+                .args(args)
+                .arg(format!("{url}{path}"));
+            curl
+        };
+        curl_all(
+            (0..8)
+                .map(|_| fetch("slow", &[]))
+                .chain((0..4).map(|_| fetch("gzip", &["--compressed"])))
+                .chain((0..STREAMED_HEADS).map(|_| fetch("slow", &["-I"]))),
+        )
+    }
+
+    /// Run every curl of `fetches` at once; each must succeed.
+    fn curl_all(fetches: impl Iterator<Item = Command>) -> Tool {
+        let clients: Vec<_> = fetches.map(|mut curl| curl.spawn()).collect();
+        let total = clients.len();
+        let done = clients
+            .into_iter()
+            .filter_map(Result::ok)
+            .filter_map(|mut child| child.wait().ok())
+            .filter(|status| status.success())
+            .count();
+        Tool {
+            ok: done == total,
+            summary: format!("{done} of {total} curl fetches succeeded"),
+            done: Some(done as u64),
         }
     }
 
@@ -381,6 +554,11 @@ mod guest {
         started: u64,
         completed: u64,
         abandoned: u64,
+        /// Of the completed, those whose end was inferred, their framing not read.
+        inferred: u64,
+        /// Responses whose body began, and of those the ones that ended.
+        bodies_begun: u64,
+        bodies_ended: u64,
     }
 
     impl Side {
@@ -389,12 +567,16 @@ mod guest {
                 started: self.started.saturating_sub(before.started),
                 completed: self.completed.saturating_sub(before.completed),
                 abandoned: self.abandoned.saturating_sub(before.abandoned),
+                inferred: self.inferred.saturating_sub(before.inferred),
+                bodies_begun: self.bodies_begun.saturating_sub(before.bodies_begun),
+                bodies_ended: self.bodies_ended.saturating_sub(before.bodies_ended),
             }
         }
 
         fn to_json(self) -> Value {
             json!({"started": self.started, "completed": self.completed,
-                   "abandoned": self.abandoned})
+                   "abandoned": self.abandoned, "inferred": self.inferred,
+                   "bodies_begun": self.bodies_begun, "bodies_ended": self.bodies_ended})
         }
     }
 
@@ -405,6 +587,9 @@ mod guest {
             started: endpoint_total(&text, "requests_started", endpoint, side),
             completed: endpoint_total(&text, "responses_completed", endpoint, side),
             abandoned: endpoint_total(&text, "requests_abandoned", endpoint, side),
+            inferred: endpoint_total(&text, "responses_inferred", endpoint, side),
+            bodies_begun: endpoint_total(&text, "bodies_begun", endpoint, side),
+            bodies_ended: endpoint_total(&text, "bodies_ended", endpoint, side),
         };
         (side("server"), side("client"))
     }
@@ -605,15 +790,23 @@ fn print_table(report: &Report) {
             Some("count") => {
                 let n = |v: &Value| v.as_u64().unwrap_or(0);
                 println!(
-                    "{:<6} {:<7} tool {:>6}  nginx {:>6}  server {:>6}/{:>6}  client {:>6}/{:>6}  {}",
+                    "{:<6} {:<15} tool {:>6}  {:<6} {:>6}  server {:>6}/{:>6}  client {:>6}/{:>6}  inferred {}/{}  bodies {} {}/{} {}/{}  {}",
                     line["protocol"].as_str().unwrap_or(""),
                     line["tool"].as_str().unwrap_or(""),
                     n(&line["tool_done"]),
-                    n(&line["nginx"]),
+                    line["truth_by"].as_str().unwrap_or(""),
+                    n(&line["truth"]),
                     n(&line["server"]["started"]),
                     n(&line["server"]["completed"]),
                     n(&line["client"]["started"]),
                     n(&line["client"]["completed"]),
+                    n(&line["server"]["inferred"]),
+                    n(&line["client"]["inferred"]),
+                    n(&line["bodies"]),
+                    n(&line["server"]["bodies_begun"]),
+                    n(&line["server"]["bodies_ended"]),
+                    n(&line["client"]["bodies_begun"]),
+                    n(&line["client"]["bodies_ended"]),
                     if line["exact"] == true {
                         "exact"
                     } else if n(&line["server"]["started"]) + n(&line["client"]["started"]) == 0 {
@@ -709,9 +902,10 @@ fn assert_exact(report: &Report, protocol: &str, tools: &[&str]) {
             report.kernel.name
         );
         assert_eq!(line["tool_ok"], true, "{what}");
-        // nginx counted what the tool completed (wrk stops mid-request on its connections at
-        // its end: those reach nginx too), and the agent what nginx counted.
-        let nginx = line["nginx"].as_u64().expect("nginx's count");
+        // The truth (nginx, or an engine-shaped server) counted what the tool completed (wrk
+        // stops mid-request on its connections at its end: those reach nginx too), and the
+        // agent what the truth counted.
+        let nginx = line["truth"].as_u64().expect("the truth's count");
         let done = line["tool_done"].as_u64().expect("the tool's own count");
         if *tool == "wrk" {
             assert!(
@@ -726,8 +920,9 @@ fn assert_exact(report: &Report, protocol: &str, tools: &[&str]) {
     }
 }
 
-const HTTP1_TOOLS: [&str; 3] = ["ab", "ab -k", "wrk"];
-const H2_TOOLS: [&str; 3] = ["h2load", "h2load -m 1000", "h2load deferred"];
+const HTTP1_TOOLS: [&str; 5] = ["ab", "ab -k", "wrk", "curl streamed", "engine sse"];
+const TLS_TOOLS: [&str; 3] = ["ab", "ab -k", "wrk"];
+const H2_TOOLS: [&str; 4] = ["h2load", "h2load -m 1000", "h2load deferred", "engine grpc"];
 
 /// `check` says that HTTP/2 is not counted on this kernel (the agent's words: adjust here if
 /// they change).
@@ -746,7 +941,7 @@ fn assert_everything_exact(name: &str) {
     );
     assert_features(&report, &[]);
     assert_exact(&report, "http1", &HTTP1_TOOLS);
-    assert_exact(&report, "tls", &HTTP1_TOOLS);
+    assert_exact(&report, "tls", &TLS_TOOLS);
     assert_exact(&report, "http2", &H2_TOOLS);
 }
 
@@ -767,7 +962,7 @@ fn kernel_5_10_counts_http1_tls_and_http2_in_steps_exactly() {
     let report = matrix_run("5.10");
     assert_starts(&report);
     assert_exact(&report, "http1", &HTTP1_TOOLS);
-    assert_exact(&report, "tls", &HTTP1_TOOLS);
+    assert_exact(&report, "tls", &TLS_TOOLS);
     assert!(
         !check_reports_http2_not_counted(report.check_output())
             && report

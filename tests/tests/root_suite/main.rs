@@ -36,6 +36,8 @@ mod prometheus;
 mod ray_serve;
 mod real_traffic;
 mod status_view;
+mod streamed_responses;
 mod turns;
 mod vantage_points;
+mod vllm_engine;
 mod watch_set;

@@ -52,6 +52,13 @@ fn ten_keep_alive_connections_of_a_hundred_turns_each() {
         assert_eq!(c.requests_started, 1000, "{side:?}: {c:?}");
         assert_eq!(c.responses_completed, 1000, "{side:?}: {c:?}");
         assert_eq!(c.requests_abandoned, 0, "{side:?}: {c:?}");
+        // Every response is HTTP/1.1 with a Content-Length: each ended at its last byte, its
+        // body begun and ended, none inferred.
+        assert_eq!(
+            (c.responses_inferred, c.bodies_begun, c.bodies_ended),
+            (0, 1000, 1000),
+            "{side:?}: {c:?}"
+        );
     }
 }
 
