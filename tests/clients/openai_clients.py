@@ -29,13 +29,14 @@ import sys
 import threading
 import time
 
+import httpx2
 import openai
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from retrying_clients import open_loop  # noqa: E402
 
 
-#: A chat completion, parsed once before the clients start (see main).
+#: The chat completion the warm-up's in-process transport answers (see warm_up).
 WARM_UP_COMPLETION = {
     "id": "warm-up",
     "object": "chat.completion",
@@ -91,6 +92,38 @@ def call(sdk, waits, index, results, lock, key=None, deadline=None):
         results.append((outcome, waited, elapsed, deadline is not None, no_retry))
 
 
+def warm_up():
+    """Run the SDK's whole path once, on this thread, before the clients start: a call that
+    gives up on two 429s, then one that retries a 429 and succeeds, answered in process by
+    httpx2's own transport (nothing reaches the network). pydantic builds the SDK's models
+    lazily at their first use, and two threads building one at once can fail ("BaseModel
+    cannot be instantiated directly": seen in CI twice, once after only the response model
+    had been built ahead)."""
+    statuses = iter([429, 429, 429, 200])
+
+    def answer(request):
+        status = next(statuses)
+        if status == 429:
+            return httpx2.Response(429, headers={"retry-after-ms": "1"}, json={"error": {"message": "busy"}})
+        return httpx2.Response(200, json=WARM_UP_COMPLETION)
+
+    client = openai.OpenAI(
+        base_url="http://warm-up.invalid/v1",
+        api_key="test",
+        max_retries=1,
+        http_client=httpx2.Client(transport=httpx2.MockTransport(answer)),
+    )
+    for _ in range(2):
+        try:
+            client.chat.completions.create(
+                model="test-model",
+                messages=[{"role": "user", "content": "hello"}],
+                extra_headers={"x-request-timeout": "1"},
+            )
+        except openai.RateLimitError:
+            pass
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--url", required=True, help="the SDK's base_url, e.g. http://127.0.0.1:8000/v1")
@@ -103,6 +136,7 @@ def main():
     parser.add_argument("--deadline-every", type=int, default=2, help="every Nth client has the deadline")
     args = parser.parse_args()
 
+    warm_up()
     waits = Waits()
     sdk_log = logging.getLogger("openai")
     sdk_log.setLevel(logging.INFO)
@@ -110,10 +144,6 @@ def main():
     sdk_log.propagate = False
     sdk = openai.OpenAI(base_url=args.url, api_key="test", max_retries=args.max_retries, timeout=120)
     results, lock = [], threading.Lock()
-    # The SDK's response model is built lazily by pydantic at its first use, and two threads
-    # building it at once can fail ("BaseModel cannot be instantiated directly", seen in a
-    # CI run): build it once here, before the clients start.
-    openai.types.chat.ChatCompletion.model_validate(WARM_UP_COMPLETION)
     key = (lambda i: f"client-{args.seed}-{i}") if args.keyed else (lambda i: None)
     has_deadline = lambda i: args.deadline is not None and i % args.deadline_every == 0  # noqa: E731
     arrivals = open_loop(
