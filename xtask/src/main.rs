@@ -9,8 +9,9 @@
 //!   needs neither root nor an installed package (the crates' own tests, and the Lua and
 //!   Python ports against the shared vectors): the lane for any contributor, with bpf-linker
 //!   the only thing it installs.
-//! * `test`: setup, `check`, then the root suite: the integration tests that attach the real
-//!   programs and drive real proxies (needs root). Ends with the time each part took.
+//! * `test`: bpf-linker, then `check` and the root suite's build while everything else the
+//!   tests run installs beside them, then the root suite: the integration tests that attach
+//!   the real programs and drive real proxies (needs root). Ends with the time each part took.
 //! * `bench [datapath|estimate|socket|sim]`: setup, then the benchmarks, all four by default
 //!   (see docs/evaluation.md).
 //! * `soak [MINUTES]`: setup, then the agent under mixed traffic for MINUTES, restarted once,
@@ -140,7 +141,8 @@ fn task() -> Result<()> {
     let cli = Cli::parse();
     let root = workspace_root();
     let needs = match &cli.task {
-        Task::Run { .. } | Task::Check => setup::Needs::Run,
+        // The tests' own packages install beside the checks (`test`), which need bpf-linker only.
+        Task::Run { .. } | Task::Check | Task::Test => setup::Needs::Run,
         Task::Setup { purpose } if purpose == "run" => setup::Needs::Run,
         Task::Package { .. } => setup::Needs::Package,
         _ => setup::Needs::Everything,
@@ -318,14 +320,34 @@ fn test(root: &Path, env: &setup::Env, timings: &mut Timings) -> Result<()> {
             "the root suite loads and attaches eBPF programs: run `./dev test` as root (CAP_BPF, CAP_NET_ADMIN), or `./dev check` for everything that needs no root"
         );
     }
-    check(root, env, timings)?;
-    // The detach test runs the real binary.
-    let mut build = env.cargo(root);
-    build.args(["build", "--package", "retry-after-agent", "--bins"]);
-    let suite = timings.part("build the root suite", || {
-        run(build)?;
-        suite_binary(root, env)
+    // What the root suite runs (the Debian and Python packages, Ray Serve's and vLLM's
+    // environments, the kernels, cargo-deb) installs while the checks compile and run: the
+    // downloads and unpacking wait on the network and the disk, the checks on the CPU.
+    let packages = {
+        let root = root.to_path_buf();
+        std::thread::spawn(move || {
+            let started = Instant::now();
+            let outcome = setup::setup(&root, setup::Needs::Everything);
+            (outcome, started.elapsed())
+        })
+    };
+    let built = check(root, env, timings).and_then(|()| {
+        // The detach test runs the real binary.
+        let mut build = env.cargo(root);
+        build.args(["build", "--package", "retry-after-agent", "--bins"]);
+        timings.part("build the root suite", || {
+            run(build)?;
+            suite_binary(root, env)
+        })
+    });
+    let (installed, took) = timings.part("waiting for the tests' packages", || {
+        packages
+            .join()
+            .map_err(|_| anyhow::anyhow!("installing the tests' packages panicked"))
     })?;
+    timings.record("  the tests' packages took, from the checks' start", took);
+    let suite = built?;
+    installed.context("installing what the root suite runs")?;
     // Run as cargo would (from the crate's folder), with libtest's own timing of each test.
     // The kernel matrix runs in virtual machines of its own, beside the lanes.
     let dir = root.join("tests");
