@@ -11,6 +11,7 @@ pub mod kernels;
 pub mod netns;
 pub mod nginx_kept;
 pub mod proxies;
+pub mod quiet;
 pub mod rejections;
 pub mod replica;
 pub mod vm;

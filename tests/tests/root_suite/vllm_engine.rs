@@ -25,7 +25,7 @@ use retry_after_estimator::endpoint::Endpoint;
 use retry_after_testkit::{
     AgentProcess, AttachedProbe, SETTLE,
     engine::{Vllm, VllmCounts},
-    free_port, sample,
+    free_port, quiet, sample,
 };
 
 /// The engine's batch (`--max-num-seqs`).
@@ -100,10 +100,15 @@ fn share(readings: &[Reading], what: &str, agrees: impl Fn(&Reading) -> bool) ->
     held as f64 / readings.len() as f64
 }
 
-/// One engine for both: it takes about 50 s to start.
+/// One engine for both: it takes about 50 s to start. `./dev test` starts this test niced
+/// beside the lanes, so the engine starts there; its load waits for a quiet machine.
 #[test]
 fn the_agent_sees_the_engine_queue_and_drain_as_vllm_counts_them() {
+    let started = Instant::now();
     let engine = Vllm::start(free_port(), BATCH);
+    let up = started.elapsed();
+    let waited = quiet::wait_for_quiet();
+    println!("vLLM up in {up:.1?}, then {waited:.1?} waiting for a quiet machine");
     closed_loop_is_read_as_vllm_counts_it(&engine);
     open_loop_past_the_engine_s_capacity_is_read_as_vllm_counts_it(&engine);
 }
