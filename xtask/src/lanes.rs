@@ -19,7 +19,8 @@
 
 use std::{
     collections::VecDeque,
-    path::Path,
+    fs::File,
+    path::{Path, PathBuf},
     process::Command,
     sync::Mutex,
     time::{Duration, Instant},
@@ -61,23 +62,45 @@ const LANES: [Lane; 2] = [
 /// got in at 87–91% of their retries in runs of their own, and at 60% (261 of 435) and 59%
 /// (279 of 472) in fresh-clone runs beside other lanes, one of them after the heaviest load
 /// had passed (docs/integrations/ray-serve.md).
-///
-/// vLLM's engine also runs alone: its agreement with the agent is read against the engine's own
-/// gauges, and an engine starved of CPU by another lane and the kernel matrix's machines
-/// hands requests from its HTTP server to its scheduler late, which the agent counts as
-/// waiting and vLLM does not (docs/integrations/vllm.md).
-const ALONE: [&str; 3] = [
+const ALONE: [&str; 2] = [
     "ray_serve::serve_rejections",
     "ray_serve::the_ingress_keeps_the_places",
-    "vllm_engine",
 ];
+
+/// Tests started beside the lanes, niced ([`BESIDE_NICENESS`]), whose software takes long to
+/// start and whose load needs the machine to itself: each starts its software, then waits for
+/// the quiet lock (`testkit::quiet`), which is released once the lanes, the kernel matrix and
+/// the [`ALONE`] tests have ended. vLLM's engine takes about 50 s to start; its agreement with
+/// the agent is read against the engine's own gauges, and an engine starved of CPU by another
+/// lane and the kernel matrix's machines hands requests from its HTTP server to its scheduler
+/// late, which the agent counts as waiting and vLLM does not (docs/integrations/vllm.md).
+const STARTED_EARLY: [&str; 1] = ["vllm_engine"];
+
+/// The network namespace of the tests started early: its servers take 50000–59999, ports no
+/// lane's servers take (the lanes' own ephemeral ports are clients', not watched), and its
+/// load runs once the lanes have ended.
+const EARLY_LANE: Lane = Lane {
+    name: "started beside the lanes",
+    ephemeral_ports: "60000 64999",
+};
+
+/// The niceness of what runs beside the lanes (the kernel matrix's machines, the tests started
+/// early): about a tenth of a core's share when a lane wants both cores, all the CPU the lanes
+/// leave when they wait (their load runs mostly wait out retries). A fresh-clone run beside
+/// matrix machines at the same priority saw HAProxy's polling loop lag into early returns (17
+/// of 388, guard 3%) and a p99 over its guard (2.03 times the bound's, guard 2).
+pub const BESIDE_NICENESS: &str = "10";
+
+/// The variable naming the quiet lock to the tests started early (`testkit::quiet`).
+const QUIET_LOCK_ENV: &str = "RETRY_AFTER_QUIET_LOCK";
 
 /// Modules handed out first, longest first (their time in the last fresh-clone runs). The
 /// others follow in name order. Only the order depends on it: a module missing here still
 /// runs.
-const LONG_FIRST: [&str; 11] = [
+const LONG_FIRST: [&str; 12] = [
     "one_agent",
     "http2",
+    "streamed_responses",
     "behind_nginx",
     "agent_service",
     "kept_flood",
@@ -98,9 +121,40 @@ const ENTER_LANE: &str = "ip link set lo up && \
 /// The root suite's tests of one module: the module and its tests' full names.
 type Module = (String, Vec<String>);
 
-/// Run every test of the root suite binary `suite` except the modules `skip`s: the modules in
-/// [`LANES`], then, once `beside` (what ran beside the lanes) has ended too, the [`ALONE`]
-/// ones, each module one process of `suite` given `args` and the module's test names
+/// The root suite's binary and how each run of it is given its tests.
+#[derive(Clone, Copy)]
+struct Suite<'a> {
+    binary: &'a Path,
+    dir: &'a Path,
+    args: &'a [&'a str],
+}
+
+impl Suite<'_> {
+    /// The tests `tests` (exact names) in a new network namespace with `lane`'s ports.
+    fn command(self, lane: &Lane, tests: &[String]) -> Command {
+        let mut command = Command::new("unshare");
+        self.enter(&mut command, lane, tests);
+        command
+    }
+
+    /// `command` (unshare, or a wrapper that runs it) given the rest of the line.
+    fn enter(self, command: &mut Command, lane: &Lane, tests: &[String]) {
+        command
+            .current_dir(self.dir)
+            .env("RUSTC_BOOTSTRAP", "1")
+            .args(["--net", "--", "sh", "-c", ENTER_LANE, "sh"])
+            .arg(lane.ephemeral_ports)
+            .arg(self.binary)
+            .args(self.args)
+            .arg("--exact")
+            .args(tests);
+    }
+}
+
+/// Run every test of the root suite binary `suite` except the modules `skip`s: the
+/// [`STARTED_EARLY`] tests at once, niced, and the modules in [`LANES`]; then, once `beside`
+/// (what ran beside the lanes) has ended too, the [`ALONE`] tests; then the quiet lock is
+/// released. Each module is one process of `suite` given `args` and the module's test names
 /// (exact). Records each lane's time and each module's in `timings`. Fails if any test fails,
 /// or `beside` does, after running them all.
 pub fn run(
@@ -111,31 +165,62 @@ pub fn run(
     timings: &Mutex<Timings>,
     beside: impl FnOnce() -> Result<()>,
 ) -> Result<()> {
-    let (alone, shared) = split_alone(modules(suite, dir, skip)?);
-    let queue = Mutex::new(order(shared));
-    let command = |lane: &Lane, tests: &[String]| {
-        let mut command = Command::new("unshare");
-        command
-            .current_dir(dir)
-            .env("RUSTC_BOOTSTRAP", "1")
-            .args(["--net", "--", "sh", "-c", ENTER_LANE, "sh"])
-            .arg(lane.ephemeral_ports)
-            .arg(suite)
-            .args(args)
-            .arg("--exact")
-            .args(tests);
-        command
+    let (early, modules) = split(modules(suite, dir, skip)?, &STARTED_EARLY);
+    let (alone, shared) = split(modules, &ALONE);
+    let suite = Suite {
+        binary: suite,
+        dir,
+        args,
     };
+    let quiet = QuietLock::hold()?;
+    std::thread::scope(|scope| {
+        let (tests, lock) = (&early, quiet.path().to_path_buf());
+        let early = scope.spawn(move || run_early(suite, tests, &lock, timings));
+        let mut outcome = run_lanes(suite, order(shared), timings);
+        let started = Instant::now();
+        outcome = outcome.and(beside());
+        add(
+            timings,
+            "  waiting for the kernel matrix",
+            started.elapsed(),
+        );
+        let started = Instant::now();
+        if !alone.is_empty() {
+            outcome = outcome.and(record(run_tests(suite.command(&LANES[0], &alone)), timings));
+        }
+        add(
+            timings,
+            "  alone, after the lanes and the matrix",
+            started.elapsed(),
+        );
+        let released = Instant::now();
+        drop(quiet);
+        let early = early
+            .join()
+            .unwrap_or_else(|_| bail!("the tests started early panicked"));
+        add(
+            timings,
+            "  started early, after the quiet",
+            released.elapsed(),
+        );
+        outcome.and(early)
+    })
+}
+
+/// The modules of `queue` in [`LANES`], each lane taking the next module when it is done.
+fn run_lanes(suite: Suite, queue: VecDeque<Module>, timings: &Mutex<Timings>) -> Result<()> {
+    let queue = Mutex::new(queue);
     let outcomes: Vec<Result<()>> = std::thread::scope(|scope| {
         let handles: Vec<_> = LANES
             .iter()
             .map(|lane| {
-                let (queue, command) = (&queue, &command);
+                let queue = &queue;
                 scope.spawn(move || {
                     let started = Instant::now();
                     let mut outcome = Ok(());
                     while let Some((_, tests)) = next(queue) {
-                        outcome = outcome.and(record(run_tests(command(lane, &tests)), timings));
+                        let run = run_tests(suite.command(lane, &tests));
+                        outcome = outcome.and(record(run, timings));
                     }
                     add(timings, &format!("  {}", lane.name), started.elapsed());
                     outcome
@@ -151,24 +236,51 @@ pub fn run(
             })
             .collect()
     });
-    let started = Instant::now();
-    let mut outcome = outcomes.into_iter().collect::<Result<Vec<()>>>().map(drop);
-    outcome = outcome.and(beside());
-    add(
-        timings,
-        "  waiting for the kernel matrix",
-        started.elapsed(),
-    );
-    let started = Instant::now();
-    if !alone.is_empty() {
-        outcome = outcome.and(record(run_tests(command(&LANES[0], &alone)), timings));
+    outcomes.into_iter().collect::<Result<Vec<()>>>().map(drop)
+}
+
+/// The [`STARTED_EARLY`] tests `tests`, niced, in [`EARLY_LANE`], told the quiet lock `lock`.
+fn run_early(suite: Suite, tests: &[String], lock: &Path, timings: &Mutex<Timings>) -> Result<()> {
+    if tests.is_empty() {
+        return Ok(());
     }
-    add(
-        timings,
-        "  alone, after the lanes and the matrix",
-        started.elapsed(),
-    );
-    outcome
+    let mut command = Command::new("nice");
+    command
+        .env(QUIET_LOCK_ENV, lock)
+        .args(["-n", BESIDE_NICENESS, "unshare"]);
+    suite.enter(&mut command, &EARLY_LANE, tests);
+    record(run_tests(command), timings)
+}
+
+/// The lock the tests started early wait for: held from before they start until it is
+/// dropped; its file is removed then.
+struct QuietLock {
+    file: File,
+    path: PathBuf,
+}
+
+impl QuietLock {
+    /// Create the lock's file and hold it.
+    fn hold() -> Result<Self> {
+        let path =
+            std::env::temp_dir().join(format!("retry-after-quiet-{}.lock", std::process::id()));
+        let file = File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+        file.lock()
+            .with_context(|| format!("locking {}", path.display()))?;
+        Ok(Self { file, path })
+    }
+
+    /// Its file.
+    fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for QuietLock {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+        let _ = self.file.unlock();
+    }
 }
 
 /// The modules of the root suite binary `suite` and their tests, from libtest's own list,
@@ -200,14 +312,15 @@ fn modules(suite: &Path, dir: &Path, skip: &str) -> Result<Vec<Module>> {
     Ok(modules)
 }
 
-/// The tests of `modules` that [`ALONE`] names, and the modules with the rest.
-fn split_alone(modules: Vec<Module>) -> (Vec<String>, Vec<Module>) {
+/// The tests of `modules` that `prefixes` name (a module's path, or a test's), and the modules
+/// with the rest.
+fn split(modules: Vec<Module>, prefixes: &[&str]) -> (Vec<String>, Vec<Module>) {
     let mut alone = Vec::new();
     let mut shared = Vec::new();
     for (module, tests) in modules {
         let (apart, rest): (Vec<String>, Vec<String>) = tests
             .into_iter()
-            .partition(|test| ALONE.iter().any(|prefix| test.starts_with(prefix)));
+            .partition(|test| prefixes.iter().any(|prefix| test.starts_with(prefix)));
         alone.extend(apart);
         if !rest.is_empty() {
             shared.push((module, rest));
@@ -254,22 +367,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_tests_run_alone_leave_their_module_in_the_lanes() {
-        let (alone, shared) = split_alone(vec![
-            (
-                "vllm_engine".to_owned(),
-                vec!["vllm_engine::the_agent_sees".to_owned()],
-            ),
-            (
-                "ray_serve".to_owned(),
-                vec![
-                    "ray_serve::serve_rejections".to_owned(),
-                    "ray_serve::the_ingress_keeps_the_places_it_gives".to_owned(),
-                    "ray_serve::another".to_owned(),
-                ],
-            ),
-            ("turns".to_owned(), vec!["turns::ipv6".to_owned()]),
-        ]);
+    fn the_tests_named_apart_leave_the_rest_of_their_module_in_the_lanes() {
+        let (alone, shared) = split(
+            vec![
+                (
+                    "vllm_engine".to_owned(),
+                    vec!["vllm_engine::the_agent_sees".to_owned()],
+                ),
+                (
+                    "ray_serve".to_owned(),
+                    vec![
+                        "ray_serve::serve_rejections".to_owned(),
+                        "ray_serve::the_ingress_keeps_the_places_it_gives".to_owned(),
+                        "ray_serve::another".to_owned(),
+                    ],
+                ),
+                ("turns".to_owned(), vec!["turns::ipv6".to_owned()]),
+            ],
+            &[
+                "vllm_engine",
+                "ray_serve::serve_rejections",
+                "ray_serve::the_ingress_keeps",
+            ],
+        );
         assert_eq!(
             alone,
             [

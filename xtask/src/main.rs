@@ -367,7 +367,7 @@ fn test(root: &Path, env: &setup::Env, timings: &mut Timings) -> Result<()> {
             command
                 .current_dir(&dir)
                 .env("RUSTC_BOOTSTRAP", "1")
-                .args(["-n", MATRIX_NICENESS])
+                .args(["-n", lanes::BESIDE_NICENESS])
                 .arg(&suite)
                 .arg(MATRIX)
                 .args(args);
@@ -386,12 +386,6 @@ fn test(root: &Path, env: &setup::Env, timings: &mut Timings) -> Result<()> {
 
 /// The root suite's module that runs in virtual machines (tests/tests/root_suite/).
 const MATRIX: &str = "kernel_matrix::";
-/// The niceness the matrix's machines run at beside the lanes: about a tenth of a core's
-/// share when a lane wants both cores, all the CPU the lanes leave when they wait (their
-/// load runs mostly wait out retries). A fresh-clone run beside matrix machines at the same
-/// priority saw HAProxy's polling loop lag into early returns (17 of 388, guard 3%) and a
-/// p99 over its guard (2.03 times the bound's, guard 2).
-const MATRIX_NICENESS: &str = "10";
 
 /// Build the root suite (the integration tests crate's one test binary); its path.
 fn suite_binary(root: &Path, env: &setup::Env) -> Result<PathBuf> {
