@@ -16,6 +16,9 @@
 //! when another lane loads it run after the lanes, alone. The kernel matrix runs beside the
 //! lanes, in virtual machines with no network, and the tests run alone wait for it too: its
 //! machines load both cores as much as a lane does.
+//! The tests whose software takes long to start (vLLM's engine) start with the lanes, niced, in
+//! a namespace of their own, and wait for the quiet lock before their load: it is released
+//! once the tests run alone have ended.
 
 use std::{
     collections::VecDeque,
