@@ -30,7 +30,7 @@ pub fn wait_for_quiet() -> Duration {
 
 /// Every thread of process `root` and of its descendants at `niceness` (niceness belongs to a
 /// thread on Linux). Panics if one cannot be set, as lowering it needs CAP_SYS_NICE.
-pub fn set_niceness_of_tree(root: u32, niceness: i32) {
+fn set_niceness_of_tree(root: u32, niceness: i32) {
     for pid in descendants(root) {
         let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
             continue; // it exited
@@ -40,13 +40,13 @@ pub fn set_niceness_of_tree(root: u32, niceness: i32) {
             .filter_map(|t| t.file_name().to_str()?.parse::<u32>().ok())
         {
             // SAFETY: setpriority(2) on a thread id; no memory is passed.
-            let set = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, niceness) };
-            let gone = std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
-            assert!(
-                set == 0 || gone,
-                "niceness {niceness} for thread {tid} of process {pid}: {}",
-                std::io::Error::last_os_error()
-            );
+            if unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, niceness) } != 0 {
+                let error = std::io::Error::last_os_error();
+                assert!(
+                    error.raw_os_error() == Some(libc::ESRCH), // the thread exited
+                    "niceness {niceness} for thread {tid} of process {pid}: {error}"
+                );
+            }
         }
     }
 }
