@@ -2,7 +2,8 @@
 --
 -- Keeps a subscription to the agent per service in a background task, so the rejection rule
 -- only reads a variable: the Retry-After is computed in memory from the pushed estimate, with
--- HAProxy's own backend queue length as the queue depth, by the same ladder, formula, jitter,
+-- HAProxy's own backend queue length as the queue depth (the agent's, for a service named
+-- without a backend), by the same ladder, formula, jitter,
 -- rounding and clamp as the agent (checked against vectors from the agent's implementation).
 -- When no estimate newer than RETRY_AFTER_STALE_MS is held (the agent is unreachable), the
 -- static value. A second task reports admissions, rejections and the values handed out to
@@ -11,7 +12,9 @@
 --
 -- Configuration (global section of haproxy.cfg), see docs/integrations/haproxy.md:
 --   lua-load /etc/haproxy/retry_after.lua
---   setenv RETRY_AFTER_SERVICES  api:replicas     # service:backend[,service:backend...]
+--   setenv RETRY_AFTER_SERVICES  api:replicas     # service:backend[,service:backend...]; a
+--                                                 # service alone: its servers have no maxconn,
+--                                                 # the depth is the agent's (give it the frontend)
 --   setenv RETRY_AFTER_SOCKET    /run/retry-after-agent/agent.sock
 --   setenv RETRY_AFTER_STATIC    5                # seconds, when no estimate is held
 --   setenv RETRY_AFTER_STALE_MS  5000
@@ -93,9 +96,9 @@ local function now_ms()
   return t.sec * 1000 + t.usec // 1000
 end
 
--- HAProxy's queue for a backend, outside a transaction.
+-- HAProxy's queue for a backend, outside a transaction (nil for none).
 local function backend_queue(backend)
-  local proxy = core.backends[backend]
+  local proxy = backend and core.backends[backend]
   if proxy == nil then return nil end
   return tonumber(proxy:get_stats()["qcur"])
 end
@@ -105,6 +108,13 @@ local function connect()
   sock:settimeout(stale_ms / 1000)
   if not sock:connect("unix@" .. socket_path) then sock:close() return nil end
   return sock
+end
+
+-- HAProxy's own queue for a service in a transaction; nil for a service named without a
+-- backend (servers without maxconn: the queue is inside them, and the depth is the agent's).
+local function own_queue(txn, state)
+  if state.backend == nil then return nil end
+  return txn.f:queue(state.backend)
 end
 
 -- One subscription per service, reconnecting with jittered, doubling delays.
@@ -312,6 +322,7 @@ core.register_init(function()
   ms_header = ms_setting ~= "off"
   for item in string.gmatch(os.getenv("RETRY_AFTER_SERVICES") or "", "[^,]+") do
     local name, backend = string.match(item, "^%s*([^:%s]+):([^%s]+)%s*$")
+    if not name then name = string.match(item, "^%s*([^:%s]+)%s*$") end
     if name then
       services[name] = { backend = backend, admitted = 0, rejected = 0, handed_out = {}, own = {},
         retries = { admitted = 0, rejected = 0 } }
@@ -320,7 +331,7 @@ core.register_init(function()
   read_kept_settings()
   read_shared_places()
   if next(services) == nil then
-    core.Alert("retry_after.lua: RETRY_AFTER_SERVICES names no service:backend; only the static value will be used")
+    core.Alert("retry_after.lua: RETRY_AFTER_SERVICES names no service; only the static value will be used")
   end
   for name, state in pairs(services) do core.register_task(follow(name, state)) end
   core.register_task(reporter)
@@ -373,7 +384,7 @@ core.register_action("retry_after", { "http-req" }, function(txn, name)
   local millis = seconds and seconds * 1000
   if state then
     if state.push then status = state.push.status_code end
-    local answered, answered_ms, answered_rung = computed_answer(state, txn.f:queue(state.backend), now_ms())
+    local answered, answered_ms, answered_rung = computed_answer(state, own_queue(txn, state), now_ms())
     if answered_rung then seconds, millis, rung = answered, answered_ms, answered_rung end
     count_rejection(state, seconds, rung)
   end
@@ -526,11 +537,12 @@ core.register_action("retry_after_admit", { "http-req" }, function(txn, name)
   local state = services[name]
   local full = txn:get_var("txn.reject")
   full = full == true or full == 1
-  local depth = state and txn.f:queue(state.backend) or 0
+  local own = state and own_queue(txn, state)
   local now = now_ms()
   local outcome, due, hasher, found, held = full and "rejected" or "queued", nil, nil, nil, nil
   local push, drain = nil, nil
   if state then push, drain = T.book_inputs(fresh_push(state, now)) end
+  local depth = own or (push and push.queue_depth) or 0
   if state and state.kept then
     hasher = T.hasher(function(message) return txn.c:hmac(message, "sha1", secret_b64) end)
     found = returning(txn, state.kept, hasher, name)
@@ -551,7 +563,7 @@ core.register_action("retry_after_admit", { "http-req" }, function(txn, name)
   elseif state and state.kept then
     seconds, rung = reject_kept(txn, name, state, hasher, found, depth, drain, now)
   elseif state then
-    local answered, answered_ms, answered_rung = computed_answer(state, depth, now)
+    local answered, answered_ms, answered_rung = computed_answer(state, own, now)
     if answered_rung then seconds, millis, rung = answered, answered_ms, answered_rung end
   end
   if state then count_rejection(state, seconds, rung, retry) end

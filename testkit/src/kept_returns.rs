@@ -281,9 +281,24 @@ pub fn haproxy_frontend_sharing(
         .enumerate()
         .map(|(i, addr)| format!("    server r{i} {addr} maxconn {maxconn}\n"))
         .collect();
+    let full = format!("queue(be_{name}) ge {QUEUE_LIMIT}");
+    haproxy_kept_frontend_when(name, bind, &full, &sharing, &servers)
+}
+
+/// A frontend `fe_<name>` on `bind` keeping returns for service `name`, as
+/// [`haproxy_frontend_sharing`] does, with `full` (an HAProxy condition) saying the room is
+/// full, `sharing` its lines for shared places, before backend `be_<name>` of `servers` (its
+/// `server` lines).
+pub fn haproxy_kept_frontend_when(
+    name: &str,
+    bind: SocketAddr,
+    full: &str,
+    sharing: &str,
+    servers: &str,
+) -> String {
     format!(
         "frontend fe_{name}\n    bind {bind}\n\
-         \x20   http-request set-var(txn.reject) bool(true) if {{ queue(be_{name}) ge {QUEUE_LIMIT} }}\n\
+         \x20   http-request set-var(txn.reject) bool(true) if {{ {full} }}\n\
          \x20   http-request lua.retry_after_admit {name}\n{sharing}\
          \x20   acl reject var(txn.retry_after_kept) -m str early rejected\n\
          \x20   http-request set-priority-class int(-10) if {{ var(txn.retry_after_kept) -m str returned }}\n\

@@ -5,6 +5,8 @@
 //! real TCP on 127.0.0.1 or ::1 and the probe is the agent's own, attached to the root cgroup.
 
 pub mod engine;
+pub mod engine_load;
+pub mod gateway;
 pub mod http;
 pub mod kept_returns;
 pub mod kernels;

@@ -503,9 +503,26 @@ pub fn haproxy_frontend_rejecting_at(
         .enumerate()
         .map(|(i, r)| format!("    server r{i} {} maxconn 2\n", r.addr()))
         .collect();
+    haproxy_frontend_rejecting_when(
+        name,
+        bind,
+        &format!("queue(be_{name}) ge {limit}"),
+        &servers,
+    )
+}
+
+/// A frontend `fe_<name>` on `bind` rejecting for service `name` when `full` (an HAProxy
+/// condition) holds, as [`haproxy_frontend_rejecting_at`] does, before backend `be_<name>`
+/// of `servers` (its `server` lines).
+pub fn haproxy_frontend_rejecting_when(
+    name: &str,
+    bind: SocketAddr,
+    full: &str,
+    servers: &str,
+) -> String {
     format!(
         "frontend fe_{name}\n    bind {bind}\n\
-         \x20   http-request set-var(txn.reject) bool(true) if {{ queue(be_{name}) ge {limit} }}\n\
+         \x20   http-request set-var(txn.reject) bool(true) if {{ {full} }}\n\
          \x20   acl reject var(txn.reject) -m bool\n\
          \x20   http-request lua.retry_after {name} if reject\n\
          \x20   http-request return status 503 content-type text/plain string \"busy\" hdr Retry-After %[var(txn.retry_after)] if reject {{ var(txn.retry_after_status) -m int 503 }} {{ var(txn.retry_after) -m found }}\n\

@@ -27,6 +27,7 @@ mod kept_outage;
 mod kept_returns;
 mod kernel_matrix;
 mod least_privilege;
+mod llm_gateway;
 mod nginx_book;
 mod nginx_lua;
 mod one_agent;

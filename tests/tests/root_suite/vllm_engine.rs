@@ -5,7 +5,9 @@
 //! engine's port; its reading of the server side, taken just before each scrape, is held to
 //! the scrape. Then open-loop clients at 1.7 times what the engine completes, streamed and
 //! not, with the agent's own process watching the port as services in replica scope: its
-//! depth and drain each second against vLLM's waiting and completions, and its answers.
+//! depth and drain each second against vLLM's waiting and completions, and its answers. Last,
+//! with the same engine, the OpenAI SDK streaming through nginx and HAProxy in front of it
+//! (`llm_gateway`).
 //!
 //! What the kernel cannot tell apart: a request the server has read but not yet handed to the
 //! engine (its API server tokenizes and queues it first), or one in prefill (scheduled, its
@@ -25,7 +27,8 @@ use retry_after_estimator::endpoint::Endpoint;
 use retry_after_testkit::{
     AgentProcess, AttachedProbe, SETTLE,
     engine::{Vllm, VllmCounts},
-    free_port, quiet, sample,
+    engine_load::{self, Second, completion_rate, drain_of_completions},
+    free_port, quiet,
 };
 
 /// The engine's batch (`--max-num-seqs`).
@@ -111,7 +114,10 @@ fn the_agent_sees_the_engine_queue_and_drain_as_vllm_counts_them() {
     let waited = quiet::wait_for_quiet();
     println!("vLLM up in {up:.1?}, then {waited:.1?} waiting for a quiet machine");
     closed_loop_is_read_as_vllm_counts_it(&engine);
-    open_loop_past_the_engine_s_capacity_is_read_as_vllm_counts_it(&engine);
+    let capacity = open_loop_past_the_engine_s_capacity_is_read_as_vllm_counts_it(&engine);
+    crate::llm_gateway::the_sdk_streaming_through_proxies_comes_back_when_the_engine_has_room(
+        &engine, BATCH, capacity,
+    );
 }
 
 /// Closed-loop clients, three a place in the batch, read by a probe of the test's own.
@@ -186,7 +192,7 @@ const OPEN_TOKENS: u32 = 256;
 /// full (measured at the start of the test: closed-loop clients, two a place in the batch).
 const OVERLOAD: f64 = 1.7;
 /// How long the arrivals last.
-const OPEN_SECONDS: u64 = 15;
+const OPEN_SECONDS: u64 = 12;
 
 /// The agent's services of the engine's port, in replica scope, without jitter: `chat` reads
 /// the queue as what waits for a first body byte (no capacity), `chat-whole` as what is in
@@ -204,60 +210,6 @@ fn engine_services(engine: &Vllm) -> String {
             "beyond_capacity",
             &format!(", max_ongoing_requests = {BATCH}"),
         )
-}
-
-/// One second of an open-loop run: what the agent says of `service`, then vLLM's counts.
-struct Second {
-    /// Seconds since the arrivals began.
-    at: f64,
-    /// The agent's `queue_depth` gauge (none: no source sees the queue).
-    depth: Option<f64>,
-    /// The agent's drain rate, completions a second.
-    drain: f64,
-    /// The agent's answer to a proxy's QUERY, in milliseconds (none: no answer computed).
-    answer_ms: Option<f64>,
-    engine: VllmCounts,
-}
-
-/// The agent's reading of `service` now.
-fn read_agent(agent: &AgentProcess, service: &str) -> (Option<f64>, f64, Option<f64>) {
-    let metrics = agent.metrics();
-    let gauge = |name: &str| sample(&metrics, &format!("{name}{{service=\"{service}\"}}"));
-    let answer = agent
-        .request(&format!("QUERY {service}"))
-        .unwrap_or_default();
-    let millis = answer
-        .split_whitespace()
-        .find_map(|f| f.strip_prefix("millis="))
-        .and_then(|m| m.parse().ok());
-    let rung = answer.contains("rung=computed");
-    (
-        gauge("retry_after_service_queue_depth"),
-        gauge("retry_after_service_drain_rate_per_second").unwrap_or(0.0),
-        millis.filter(|_| rung),
-    )
-}
-
-/// What the engine completes a second of [`OPEN_TOKENS`]-token answers with its batch full:
-/// closed-loop clients, two a place in the batch, for 8 s, counted by vLLM.
-fn engine_capacity(engine: &Vllm) -> f64 {
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/engine_clients.py");
-    let before = engine.counts().finished;
-    let start = Instant::now();
-    let out = Command::new("python3")
-        .arg(script)
-        .arg(engine.addr().to_string())
-        .args([
-            "closed",
-            &(2 * BATCH).to_string(),
-            "8",
-            &OPEN_TOKENS.to_string(),
-            "stream",
-        ])
-        .output()
-        .expect("python3 runs the engine's clients");
-    assert!(out.status.success(), "{out:?}");
-    (engine.counts().finished - before) / start.elapsed().as_secs_f64()
 }
 
 /// Send `rate` requests a second (`stream` or whole answers) for [`OPEN_SECONDS`], and
@@ -283,16 +235,9 @@ fn open_loop(
     let mut seconds = Vec::new();
     loop {
         thread::sleep(Duration::from_secs(1));
-        let (depth, drain, answer_ms) = read_agent(agent, service);
-        let engine = engine.counts();
-        let idle = engine.waiting + engine.running == 0.0;
-        seconds.push(Second {
-            at: start.elapsed().as_secs_f64(),
-            depth,
-            drain,
-            answer_ms,
-            engine,
-        });
+        let second = Second::read(agent, service, engine, start);
+        let idle = second.engine.waiting + second.engine.running == 0.0;
+        seconds.push(second);
         let over = start.elapsed() > Duration::from_secs(OPEN_SECONDS + 2);
         if (over && idle) || start.elapsed() > Duration::from_secs(180) {
             break;
@@ -306,58 +251,19 @@ fn open_loop(
     )
 }
 
-/// vLLM's completions a second over the `window` seconds before second `i` (none that early).
-fn engine_rate(seconds: &[Second], i: usize, window: usize) -> Option<f64> {
-    let before = seconds.get(i.checked_sub(window)?)?;
-    let now = &seconds[i];
-    Some((now.engine.finished - before.engine.finished) / (now.at - before.at))
-}
-
-/// The proposal's drain rate (an EWMA of completions a second, `alpha` 0.3 a second, seeded
-/// by the first interval with completions, as `estimator/src/drain_rate.rs` computes it) of
-/// vLLM's own completions at each second, plus the one scrape of /metrics a second the test
-/// makes, which the agent counts too: what the agent's drain should be if its counts are
-/// vLLM's. (Completions come in batches: a window's plain rate swings further than 5% from
-/// one second to the next.)
-fn engine_drain(seconds: &[Second]) -> Vec<Option<f64>> {
-    let mut average: Option<f64> = None;
-    let mut drains = vec![None];
-    for pair in seconds.windows(2) {
-        let dt = pair[1].at - pair[0].at;
-        let rate = (pair[1].engine.finished - pair[0].engine.finished) / dt + 1.0 / dt;
-        let weight = 1.0 - (1.0 - 0.3f64).powf(dt);
-        average = Some(match average {
-            Some(a) => a + weight * (rate - a),
-            None => rate,
-        });
-        drains.push(average);
-    }
-    drains
-}
-
 /// What an open-loop run shows, printed as a table a second a row: the shares of the seconds
 /// under load where the agent's depth is within 10% or 2 of vLLM's waiting, and its drain
-/// within 5% of the proposal's drain rate of vLLM's completions ([`engine_drain`]), and the
+/// within 5% of the proposal's drain rate of vLLM's completions ([`drain_of_completions`]), and the
 /// answers' ratios to the time vLLM's queue then took to drain at vLLM's own rate.
 fn open_loop_figures(label: &str, seconds: &[Second]) -> (f64, f64, Vec<f64>) {
     let (mut depth_held, mut drain_held, mut loaded, mut ratios) = (0, 0, 0, Vec::new());
-    let drains = engine_drain(seconds);
+    let drains = drain_of_completions(seconds, 1.0);
     println!(
         "{label}: second | agent depth, drain, answer | vLLM waiting, running, completions/s, drain"
     );
     for (i, s) in seconds.iter().enumerate() {
-        let rate = engine_rate(seconds, i, 5);
-        println!(
-            "{label}: {:5.1} | {:?} {:.2} {:?} | {} {} {:?} {:?}",
-            s.at,
-            s.depth,
-            s.drain,
-            s.answer_ms,
-            s.engine.waiting,
-            s.engine.running,
-            rate,
-            drains[i]
-        );
+        let rate = completion_rate(seconds, i, 5);
+        println!("{label}: {} {rate:?} {:?}", s.describe(), drains[i]);
         let Some(rate) = rate.filter(|_| s.engine.waiting >= 2.0 * f64::from(BATCH)) else {
             continue;
         };
@@ -390,10 +296,10 @@ const OPEN_DEPTH_GUARD: f64 = 0.75;
 const OPEN_DRAIN_GUARD: f64 = 0.5;
 
 /// Open-loop arrivals at [`OVERLOAD`] times the engine's capacity, read by the agent's own
-/// process as a proxy would ask it.
-fn open_loop_past_the_engine_s_capacity_is_read_as_vllm_counts_it(engine: &Vllm) {
+/// process as a proxy would ask it; what the engine completes a second with its batch full.
+fn open_loop_past_the_engine_s_capacity_is_read_as_vllm_counts_it(engine: &Vllm) -> f64 {
     let agent = AgentProcess::start("", &engine_services(engine));
-    let capacity = engine_capacity(engine);
+    let capacity = engine_load::capacity(engine, BATCH, OPEN_TOKENS);
     println!("the engine completes {capacity:.2} answers a second with its batch full");
     for (service, stream) in [("chat", true), ("chat-whole", false)] {
         let label = if stream {
@@ -423,4 +329,5 @@ fn open_loop_past_the_engine_s_capacity_is_read_as_vllm_counts_it(engine: &Vllm)
             "{label}: drain held at {drain:.2}"
         );
     }
+    capacity
 }
