@@ -13,7 +13,7 @@ use retry_after_testkit::{
 
 /// Arrivals, as a multiple of what the engine completes with its batch full, and how long.
 const OVERLOAD: f64 = 1.7;
-const SECONDS: u32 = 8;
+const SECONDS: u32 = 6;
 /// Tokens an answer, as the open-loop runs of `vllm_engine`.
 const TOKENS: u32 = 256;
 

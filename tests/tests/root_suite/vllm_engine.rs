@@ -125,7 +125,7 @@ fn closed_loop_is_read_as_vllm_counts_it(engine: &Vllm) {
     let endpoint = Endpoint::from(engine.addr());
     let probe = AttachedProbe::watching(&[endpoint]);
     let before = engine.counts();
-    let (streamed, readings) = run(engine, &probe, true, 20);
+    let (streamed, readings) = run(engine, &probe, true, 15);
     println!("streamed: {streamed}");
     // The queue: what waits for its first token, as vLLM's scheduler counts it.
     let waiting = share(&readings, "streamed", |r| {
@@ -173,7 +173,7 @@ fn closed_loop_is_read_as_vllm_counts_it(engine: &Vllm) {
     );
 
     // Whole answers: they wait until their last byte, so only in flight is held.
-    let (whole, readings) = run(engine, &probe, false, 12);
+    let (whole, readings) = run(engine, &probe, false, 8);
     println!("whole: {whole}");
     let in_flight = share(&readings, "whole", |r| {
         within(r.agent.in_flight(), r.engine.waiting + r.engine.running)
@@ -192,7 +192,7 @@ const OPEN_TOKENS: u32 = 256;
 /// full (measured at the start of the test: closed-loop clients, two a place in the batch).
 const OVERLOAD: f64 = 1.7;
 /// How long the arrivals last.
-const OPEN_SECONDS: u64 = 12;
+const OPEN_SECONDS: u64 = 10;
 
 /// The agent's services of the engine's port, in replica scope, without jitter: `chat` reads
 /// the queue as what waits for a first body byte (no capacity), `chat-whole` as what is in
