@@ -310,12 +310,16 @@ pub fn run(
     let proxy = Running::start(&stage);
     let url = format!("http://{front}/v1");
     let rate = load.overload * load.capacity;
-    let tokens = load.tokens.to_string();
-    let mut options = vec!["--stream", "--tokens", &tokens, "--model", "tiny-llama"];
+    let mut options = vec![
+        "--stream".to_owned(),
+        "--tokens".to_owned(),
+        load.tokens.to_string(),
+        "--model".to_owned(),
+        "tiny-llama".to_owned(),
+    ];
     if layout.answer.keeps() {
-        options.push("--keyed");
+        options.push("--keyed".to_owned());
     }
-    let options: Vec<String> = options.iter().map(|o| (*o).to_owned()).collect();
     let (seed, seconds) = (layout.seed, load.seconds);
     let clients = thread::spawn(move || {
         let options: Vec<&str> = options.iter().map(String::as_str).collect();
@@ -384,8 +388,8 @@ impl Figures {
     }
 
     /// Each wait the SDK chose over the time vLLM's queue then took to drain (its waiting over
-    /// its completion rate of the 5 s before, at the reading nearest the rejection), where a
-    /// batch or more waited: sorted.
+    /// its completion rate of the 5 s before, at the first reading after the rejection), where
+    /// a batch or more waited: sorted.
     pub fn waits_over_drain_time(&self, batch: u32) -> Vec<f64> {
         let mut ratios: Vec<f64> = self
             .waits
