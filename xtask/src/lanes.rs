@@ -61,14 +61,11 @@ const LANES: [Lane; 2] = [
 /// admitted, p99 3.0 and 6.6 times the bound's; in the suite run one test at a time, 95.2% and
 /// 95.4%, 2.2 and 3.1 times: docs/integrations/ray-serve.md).
 ///
-/// Serve's rejections test runs alone too: its urllib3 clients, told by `scheduled_returns`,
-/// got in at 87–91% of their retries in runs of their own, and at 60% (261 of 435) and 59%
-/// (279 of 472) in fresh-clone runs beside other lanes, one of them after the heaviest load
-/// had passed (docs/integrations/ray-serve.md).
-const ALONE: [&str; 2] = [
-    "ray_serve::serve_rejections",
-    "ray_serve::the_ingress_keeps_the_places",
-];
+/// Serve's rejections run alone too: its urllib3 clients, told by `scheduled_returns`, got in
+/// at 87–91% of their retries in runs of their own, and at 60% (261 of 435) and 59% (279 of
+/// 472) in fresh-clone runs beside other lanes, one of them after the heaviest load had passed
+/// (docs/integrations/ray-serve.md). Both are one test, with one Serve.
+const ALONE: [&str; 1] = ["ray_serve::serve_rejections"];
 
 /// Tests started beside the lanes, niced ([`BESIDE_NICENESS`]), whose software takes long to
 /// start and whose load needs the machine to itself: each starts its software, then waits for

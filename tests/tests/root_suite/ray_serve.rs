@@ -1,10 +1,10 @@
 //! Ray Serve, the proposal's own system, end to end: the real Ray Serve 2.60 from PyPI
-//! (`tests/clients/serve_apps.py`, in the project's virtual environment), started for each
-//! test, the real agent watching Serve's HTTP port from the kernel, wrk as the load.
-//! Both places a Serve rejection happens:
+//! (`tests/clients/serve_apps.py`, in the project's virtual environment), started once, the
+//! real agent watching Serve's HTTP port from the kernel, wrk as the load. Both places a Serve
+//! rejection happens, loaded at once through one kill and restart of the agent:
 //!
 //! * **Serve's proxy rejects** (`/direct`: the ingress deployment's queue is full). nginx and
-//!   HAProxy in front (both at once, through one restart of the agent) replace Serve's static
+//!   HAProxy in front replace Serve's static
 //!   `Retry-After` with the agent's while it runs; Serve's own value passes through with the
 //!   agent stopped; the agent's again after it restarts. The
 //!   queue is the one the kernel sees at Serve's port beyond the replicas' capacity, and the
@@ -13,7 +13,7 @@
 //!   the model): `retry_after_ray` answers the `BackPressureError` with the agent's value for
 //!   the depth Serve states in it, Serve's own value with the agent stopped.
 //!
-//! Then urllib3 clients honouring Retry-After get in through nginx; and, in a test of its own,
+//! Then urllib3 clients honouring Retry-After get in through nginx; and, with the same Serve,
 //! urllib3 clients with a key each get in at the places an ingress keeps (`retry_after_ray`
 //! with `keep`, policy `kept_returns`).
 
@@ -183,26 +183,41 @@ struct Cycle {
     millis_disagree: Vec<Rejection>,
 }
 
-/// Load each of `layouts` (a target and a path there), probe each, and kill and restart the
-/// agent once for all of them; `agent_says` is the agent's own answer for the queue the
-/// layouts answer for. One cycle a layout, in their order.
+/// A place a test loads and probes: a target, a path there, wrk's connections to it, and which
+/// of the agent's answers its rejections carry.
+struct Layout {
+    target: SocketAddr,
+    path: &'static str,
+    connections: u32,
+    answer: usize,
+}
+
+/// Load each of `layouts`, probe each, and kill and restart the agent once for all of them;
+/// `agent_says` is the agent's own answers for the queues the layouts answer for (`None` until
+/// it computes them all). One cycle a layout, in their order.
 fn kill_and_restart(
     agent: &mut AgentProcess,
-    layouts: &[(SocketAddr, &'static str)],
-    agent_says: impl Fn(&AgentProcess) -> Option<u64>,
+    layouts: &[Layout],
+    agent_says: impl Fn(&AgentProcess) -> Option<Vec<u64>>,
 ) -> Vec<Cycle> {
-    // Longer than the outage's schedule (about 25 s); 30 connections in all.
-    let connections = 30 / layouts.len() as u32;
+    // Longer than the outage's schedule (about 25 s).
     let loads: Vec<Wrk> = layouts
         .iter()
-        .map(|(target, path)| Wrk::start_url(&format!("http://{target}{path}"), 1, connections, 60))
+        .map(|l| {
+            Wrk::start_url(
+                &format!("http://{}{}", l.target, l.path),
+                1,
+                l.connections,
+                60,
+            )
+        })
         .collect();
     let stop = Arc::new(AtomicBool::new(false));
     let probes: Vec<Vec<_>> = layouts
         .iter()
-        .map(|(target, path)| {
+        .map(|l| {
             (0..PROBERS)
-                .map(|_| prober(*target, path, SERVE_PROBE_WAIT, stop.clone()))
+                .map(|_| prober(l.target, l.path, SERVE_PROBE_WAIT, stop.clone()))
                 .collect()
         })
         .collect();
@@ -210,9 +225,10 @@ fn kill_and_restart(
     stop.store(true, Ordering::SeqCst);
     let cycles = probes
         .into_iter()
-        .map(|probes| {
+        .zip(layouts)
+        .map(|(probes, layout)| {
             let seen: Vec<Rejection> = probes.into_iter().flat_map(|p| p.join().unwrap()).collect();
-            Cycle::of(seen, &outage)
+            Cycle::of(seen, &outage, layout.answer)
         })
         .collect();
     drop(loads);
@@ -220,8 +236,8 @@ fn kill_and_restart(
 }
 
 impl Cycle {
-    /// What `seen` says about each part of `outage`.
-    fn of(seen: Vec<Rejection>, outage: &Outage<u64>) -> Self {
+    /// What `seen` says about each part of `outage`, whose answer `answer` it carries.
+    fn of(seen: Vec<Rejection>, outage: &Outage<Vec<u64>>, answer: usize) -> Self {
         let within = |r: &Rejection, (from, to): (Instant, Instant)| r.at >= from && r.at <= to;
         let millis_disagree = seen
             .iter()
@@ -235,8 +251,8 @@ impl Cycle {
             fallback: values(&seen, outage.fallback),
             again: values(&seen, outage.again),
             seen,
-            agent_before: outage.before,
-            agent_after: outage.after,
+            agent_before: outage.before[answer],
+            agent_after: outage.after[answer],
         }
     }
 
@@ -332,31 +348,54 @@ fn computed(agent: &AgentProcess, request: &str, source: QueueDepthSource) -> Op
     }
 }
 
+/// Serve's rejections carry the agent's Retry-After in both places Serve rejects (its proxy
+/// and, through retry_after_ray, a DeploymentHandle in its ingress), through nginx and
+/// HAProxy and across the agent's kill and restart; urllib3 clients told by
+/// `scheduled_returns` get in; then, with the same Serve and agent, the ingress keeps the
+/// places it gives (one Serve started for both: it takes 12 s to start and 8 s to stop here).
 #[test]
-fn serve_rejections_carry_the_agents_retry_after_in_both_places_serve_rejects() {
+fn serve_rejections_carry_the_agents_retry_after_and_the_ingress_keeps_its_places() {
     let serve_addr = free_port();
     let mut agent = AgentProcess::start(&nginx_workers_may_connect(), &services(serve_addr));
     let serve = ServeApps::start(serve_addr, &agent.socket);
 
     // Serve's proxy rejects; nginx and HAProxy in front answer with the agent's value for the
-    // queue the kernel sees at Serve's port beyond its replicas' capacity.
+    // queue the kernel sees at Serve's port beyond its replicas' capacity. At the same time a
+    // DeploymentHandle rejects inside the ingress, and retry_after_ray answers for the depth
+    // Serve states in the error (the model's queue: max_queued_requests 8, behind 4 running).
     let (nginx, front) = front(serve.addr, &agent.socket);
     let (haproxy, haproxy_front) = haproxy_front(serve.addr, &agent.socket);
-    let direct = kill_and_restart(
+    let layout = |target, path, connections, answer| Layout {
+        target,
+        path,
+        connections,
+        answer,
+    };
+    let cycles = kill_and_restart(
         &mut agent,
-        &[(front, "/direct"), (haproxy_front, "/direct")],
+        &[
+            layout(front, "/direct", 10, 0),
+            layout(haproxy_front, "/direct", 10, 0),
+            layout(serve.addr, "/ingress/", 15, 1),
+        ],
         |agent| {
-            let (seconds, depth) = computed(
+            let (direct, depth) = computed(
                 agent,
                 "QUERY serve-direct",
                 QueueDepthSource::BeyondCapacity,
             )?;
+            let (ingress, _) = computed(
+                agent,
+                "QUERY serve-ingress queue_depth=8",
+                QueueDepthSource::Proxy,
+            )?;
             eprintln!("serve-direct: the agent sees a queue of {depth}");
-            Some(seconds)
+            Some(vec![direct, ingress])
         },
     );
-    direct[0].check("Serve's proxy, nginx in front");
-    direct[1].check("Serve's proxy, HAProxy in front");
+    cycles[0].check("Serve's proxy, nginx in front");
+    cycles[1].check("Serve's proxy, HAProxy in front");
+    cycles[2].check("a DeploymentHandle, retry_after_ray");
     drop(haproxy);
     // The drain is Serve's work: its rejections are counted apart.
     let metrics = agent.metrics();
@@ -373,29 +412,24 @@ fn serve_rejections_carry_the_agents_retry_after_in_both_places_serve_rejects() 
     );
     eprintln!("at Serve's port since the restart: {completed} responses, {rejected} rejections");
     assert!(rejected > 0.0 && rejected < completed);
-
-    // A DeploymentHandle rejects inside the ingress; retry_after_ray answers for the depth
-    // Serve states in the error (the model's queue: max_queued_requests 8).
-    let ingress = kill_and_restart(&mut agent, &[(serve.addr, "/ingress/")], |agent| {
-        computed(
-            agent,
-            "QUERY serve-ingress queue_depth=8",
-            QueueDepthSource::Proxy,
-        )
-        .map(|(seconds, _)| seconds)
-    });
-    ingress[0].check("a DeploymentHandle, retry_after_ray");
     let reported = sample(
-        &agent.metrics(),
+        &metrics,
         "retry_after_proxy_requests_total{outcome=\"rejected\",service=\"serve-ingress\"}",
     )
     .unwrap_or(0.0);
     eprintln!("retry_after_ray reported {reported} rejections to the restarted agent");
     assert!(reported > 0.0);
 
-    // Clients that honour Retry-After (urllib3's own Retry) get in through nginx, told by
-    // scheduled_returns (the same Serve app, under its own service name). They arrive for
-    // 15 s, and the last of them wait out their answers (up to a minute).
+    urllib3_clients_told_by_scheduled_returns_get_in(front);
+    drop(nginx);
+    the_ingress_keeps_the_places_it_gives_to_keyed_urllib3_clients(&serve, &agent);
+    drop(serve);
+}
+
+/// Clients that honour Retry-After (urllib3's own Retry) get in through nginx at `front`, told
+/// by `scheduled_returns` (the same Serve app, under its own service name). They arrive for
+/// 15 s, and the last of them wait out their answers (up to a minute).
+fn urllib3_clients_told_by_scheduled_returns_get_in(front: SocketAddr) {
     let script = repo().join("tests/clients/retrying_clients.py");
     let out = retry_after_testkit::run_stdout(
         Command::new("python3")
@@ -404,7 +438,6 @@ fn serve_rejections_carry_the_agents_retry_after_in_both_places_serve_rejects() 
             .args(["--rate", "30", "--seconds", "15"])
             .args(["--retries", "3", "--seed", "7"]),
     );
-    drop(nginx);
     let record: serde_json::Value = serde_json::from_str(out.trim()).expect("the clients' record");
     let count = |key: &str| record[key].as_u64().unwrap();
     let (clients, succeeded, retries, admitted) = (
@@ -427,18 +460,16 @@ fn serve_rejections_carry_the_agents_retry_after_in_both_places_serve_rejects() 
         succeeded as f64 >= SCHEDULED_SUCCEEDED_GUARD * clients as f64,
         "guard: nearly every client got in"
     );
-    drop(serve);
 }
 
 /// The ingress keeps the places it promises (retry_after_ray with keep="header:x-api-key") to
 /// urllib3 clients with a key each, at 1.5x the model's 20 requests a second for 20 s,
 /// straight to Serve's port. Its figures move with the machine's load (Serve's proxy, ingress
 /// and replicas are Python processes), so `./dev test` runs it with nothing beside it.
-#[test]
-fn the_ingress_keeps_the_places_it_gives_to_keyed_urllib3_clients() {
-    let serve_addr = free_port();
-    let agent = AgentProcess::start(&nginx_workers_may_connect(), &services(serve_addr));
-    let serve = ServeApps::start(serve_addr, &agent.socket);
+fn the_ingress_keeps_the_places_it_gives_to_keyed_urllib3_clients(
+    serve: &ServeApps,
+    agent: &AgentProcess,
+) {
     let (kept, mid_run) = thread::scope(|s| {
         let asked = s.spawn(|| {
             thread::sleep(Duration::from_secs(12));
@@ -495,5 +526,4 @@ fn the_ingress_keeps_the_places_it_gives_to_keyed_urllib3_clients() {
     // admitted here: Serve may refuse it.)
     book.accounts_for_rejections(&kept, &line);
     book.accounts_for_admitted_retries(&kept, &line);
-    drop(serve);
 }
