@@ -36,6 +36,7 @@ mod package;
 mod prometheus;
 mod ray_serve;
 mod real_traffic;
+mod serve_streams;
 mod status_view;
 mod streamed_responses;
 mod turns;

@@ -151,23 +151,21 @@ impl Drop for ServeApps {
 }
 
 fn services(serve: SocketAddr) -> String {
-    let service = |name: &str, capacity: &str, policy: &str| {
+    let service = |name: &str, queue: &str, capacity: &str, policy: &str| {
         format!(
-            "[[service]]\nname = \"{name}\"\nrejected_at = \"replica\"\nbackends = [{{ address = \"{serve}\"{capacity} }}]\n[service.backpressure]\nretry_after_policy = \"{policy}\"\nretry_after_s = 7\njitter = 0.0\n"
+            "[[service]]\nname = \"{name}\"\nrejected_at = \"replica\"\nreplica_queue = \"{queue}\"\nbackends = [{{ address = \"{serve}\"{capacity} }}]\n[service.backpressure]\nretry_after_policy = \"{policy}\"\nretry_after_s = 7\njitter = 0.0\n"
         )
     };
     // Two replicas × max_ongoing_requests 2: beyond 4 in flight at Serve's port, a queue.
-    service(
-        "serve-direct",
-        ", max_ongoing_requests = 4",
-        "router_queue_drain_rate",
-    ) + &service("serve-ingress", "", "router_queue_drain_rate")
-        + &service(
-            "serve-scheduled",
-            ", max_ongoing_requests = 4",
-            "scheduled_returns",
-        )
-        + &service("serve-kept", "", "kept_returns")
+    let four = ", max_ongoing_requests = 4";
+    let beyond = "beyond_capacity";
+    service("serve-direct", beyond, four, "router_queue_drain_rate")
+        + &service("serve-ingress", beyond, "", "router_queue_drain_rate")
+        + &service("serve-scheduled", beyond, four, "scheduled_returns")
+        + &service("serve-kept", beyond, "", "kept_returns")
+        // The streaming replica at serve.llm's default max_ongoing_requests: its queue is
+        // what waits for a first body byte.
+        + &service("serve-stream", "waiting", "", "router_queue_drain_rate")
 }
 
 /// What the probes of one layout saw through the agent's kill and restart.
@@ -423,6 +421,7 @@ fn serve_rejections_carry_the_agents_retry_after_and_the_ingress_keeps_its_place
     urllib3_clients_told_by_scheduled_returns_get_in(front);
     drop(nginx);
     the_ingress_keeps_the_places_it_gives_to_keyed_urllib3_clients(&serve, &agent);
+    crate::serve_streams::serve_streams_wait_then_stream_as_its_replica_says(serve.addr, &agent);
     drop(serve);
 }
 

@@ -130,7 +130,7 @@ fn hold_readings(
 }
 
 /// `curl` fetching `url` with `args`, its output thrown away; it must succeed.
-fn curl(url: &str, args: &[&str]) -> Child {
+pub(crate) fn curl(url: &str, args: &[&str]) -> Child {
     Command::new("curl")
         .args(["-sS", "-o", "/dev/null", "--fail"])
         .args(args)
@@ -140,7 +140,7 @@ fn curl(url: &str, args: &[&str]) -> Child {
 }
 
 /// Wait for every client; each must have succeeded.
-fn finish(clients: Vec<Child>) {
+pub(crate) fn finish(clients: Vec<Child>) {
     for mut client in clients {
         assert!(client.wait().unwrap().success(), "a curl client failed");
     }
