@@ -86,7 +86,7 @@ const KEPT_ADMITTED_GUARD: f64 = 0.85;
 const KEPT_GAVE_UP_GUARD: f64 = 0.01;
 const KEPT_P99_GUARD: f64 = 4.0;
 
-/// The two Serve apps, running until dropped (their stdin closes: Serve and Ray shut down).
+/// The Serve apps, running until dropped (their stdin closes: Serve and Ray shut down).
 struct ServeApps {
     child: Child,
     stdin: Option<ChildStdin>,

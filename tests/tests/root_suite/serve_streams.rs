@@ -9,13 +9,13 @@ use std::{
     net::SocketAddr,
     process::{Child, Command},
     thread,
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant},
 };
 
 use retry_after_protocol::{Response, policy::QueueDepthSource};
 use retry_after_testkit::{AgentProcess, endpoint_total, run_stdout, sample};
 
-use crate::streamed_responses::{curl, finish};
+use crate::streamed_responses::{curl, finish, unix_now};
 
 /// Streams sent at once; the replica's places and each stream's length once it has one
 /// (serve_apps.py: STREAM_SLOTS, STREAM_WAIT + STREAM_TOKENS × STREAM_GAP): 16 streams are
@@ -108,14 +108,6 @@ pub(crate) fn serve_streams_wait_then_stream_as_its_replica_says(
         "Serve's streams: mean time to first body byte {mean:.3} s, the replica's {truth:.3} s"
     );
     assert!((mean - truth).abs() <= WAIT_TOLERANCE_S);
-}
-
-/// Now, in Unix seconds.
-fn unix_now() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs_f64()
 }
 
 /// The agent's gauges at Serve's port every 250 ms while the streams are served, and its

@@ -77,7 +77,7 @@ struct Reading {
 }
 
 /// Now, in Unix seconds.
-fn unix_now() -> f64 {
+pub(crate) fn unix_now() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
