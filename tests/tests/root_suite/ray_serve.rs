@@ -350,7 +350,8 @@ fn computed(agent: &AgentProcess, request: &str, source: QueueDepthSource) -> Op
 /// and, through retry_after_ray, a DeploymentHandle in its ingress), through nginx and
 /// HAProxy and across the agent's kill and restart; urllib3 clients told by
 /// `scheduled_returns` get in; then, with the same Serve and agent, the ingress keeps the
-/// places it gives (one Serve started for both: it takes 12 s to start and 8 s to stop here).
+/// places it gives, and a replica streams as serve.llm's do (`serve_streams`). One Serve for
+/// all of it: it takes 12 s to start and 8 s to stop here.
 #[test]
 fn serve_rejections_carry_the_agents_retry_after_and_the_ingress_keeps_its_places() {
     let serve_addr = free_port();
