@@ -10,13 +10,13 @@
 
 use std::{
     net::SocketAddr,
-    path::Path,
+    path::{Path, PathBuf},
     thread,
     time::{Duration, Instant},
 };
 
 use crate::{
-    AgentProcess,
+    AgentProcess, Launch,
     engine::Vllm,
     engine_load::{Second, completion_rate},
     kept_returns::{
@@ -131,16 +131,65 @@ pub const ANSWERS: [Answer; 5] = [
     Answer::Policy("kept_returns"),
 ];
 
+/// Which build of the agent answers a series.
+#[derive(Clone, Debug)]
+pub enum AgentBuild {
+    /// This tree's: responses end at their framing, and the depth is what waits inside the
+    /// engine (`replica_queue = "waiting"`).
+    Current,
+    /// An earlier build at this path, from before HTTP/1.1 responses were walked to their end:
+    /// a response ends at its quiet turn (docs/kernel-observation.md), and its services have
+    /// no `replica_queue` (it knows none), so the depth is the listener's in flight beyond the
+    /// proxy's to the engine.
+    QuietTurn(PathBuf),
+}
+
+impl AgentBuild {
+    /// The build in a table's title.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Current => "the agent: responses end at their framing",
+            Self::QuietTurn(_) => {
+                "the agent before the framing walk: responses end at the quiet turn"
+            }
+        }
+    }
+
+    /// The service lines this build is configured with beyond those every build shares.
+    fn depth_lines(&self) -> &'static str {
+        match self {
+            Self::Current => "replica_queue = \"waiting\"\n",
+            Self::QuietTurn(_) => "",
+        }
+    }
+
+    fn launch(&self) -> Launch {
+        Launch {
+            binary: match self {
+                Self::Current => None,
+                Self::QuietTurn(path) => Some(path.clone()),
+            },
+            ..Launch::default()
+        }
+    }
+}
+
 /// The agent's services for `layouts`, each on the listener in `fronts` at the same index,
-/// over `engine`.
-pub fn agent_services(layouts: &[Layout], fronts: &[SocketAddr], engine: &Vllm) -> String {
+/// over `engine`, as `build` is configured.
+pub fn agent_services(
+    layouts: &[Layout],
+    fronts: &[SocketAddr],
+    engine: &Vllm,
+    build: &AgentBuild,
+) -> String {
     layouts
         .iter()
         .zip(fronts)
         .map(|(layout, front)| {
             format!(
-                "[[service]]\nname = \"{}\"\nfrontend = \"{front}\"\nreplica_queue = \"waiting\"\nbackends = [{{ address = \"{}\" }}]\n[service.backpressure]\n{}",
+                "[[service]]\nname = \"{}\"\nfrontend = \"{front}\"\n{}backends = [{{ address = \"{}\" }}]\n[service.backpressure]\n{}",
                 layout.service(),
+                build.depth_lines(),
                 engine.addr(),
                 layout.answer.backpressure()
             )
@@ -505,16 +554,18 @@ impl Figures {
     }
 }
 
-/// Run `layouts` one after another under `load`, one agent answering for all of them (a
-/// service each, on a listener of its own): their figures, each row printed as it ends.
-pub fn series(engine: &Vllm, layouts: &[Layout], load: &Load) -> Vec<Figures> {
+/// Run `layouts` one after another under `load`, one agent of `build` answering for all of
+/// them (a service each, on a listener of its own): their figures, each row printed as it
+/// ends.
+pub fn series(engine: &Vllm, layouts: &[Layout], load: &Load, build: &AgentBuild) -> Vec<Figures> {
     let fronts: Vec<SocketAddr> = layouts.iter().map(|_| crate::free_port()).collect();
-    let agent = AgentProcess::start(
+    let agent = AgentProcess::start_with(
         &crate::proxies::nginx_workers_may_connect(),
-        &agent_services(layouts, &fronts, engine),
+        &agent_services(layouts, &fronts, engine, build),
+        build.launch(),
     );
     let (_shared, secret) = crate::kept_returns::proxies_secret();
-    println!("{}", Figures::head());
+    println!("{}:\n{}", build.name(), Figures::head());
     layouts
         .iter()
         .zip(&fronts)

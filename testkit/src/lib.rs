@@ -265,6 +265,9 @@ pub struct Launch {
     /// Give the test's directory (configuration, socket) to this uid, for an agent that runs
     /// as that user.
     pub owner: Option<u32>,
+    /// Another build of the agent to run instead of this tree's ([`agent_binary`]): a bench's
+    /// earlier version beside the current one.
+    pub binary: Option<std::path::PathBuf>,
 }
 
 /// The real agent binary, running with a configuration of the test's, stopped (SIGTERM) when
@@ -324,13 +327,14 @@ impl AgentProcess {
 
     fn spawn(config: &std::path::Path, launch: &Launch) -> std::process::Child {
         use std::os::unix::process::CommandExt;
+        let binary = launch.binary.clone().unwrap_or_else(agent_binary);
         let mut command = match launch.prefix.split_first() {
             Some((program, args)) => {
                 let mut command = std::process::Command::new(program);
-                command.args(args).arg(agent_binary());
+                command.args(args).arg(binary);
                 command
             }
-            None => std::process::Command::new(agent_binary()),
+            None => std::process::Command::new(binary),
         };
         command
             .args(["run", "--config"])

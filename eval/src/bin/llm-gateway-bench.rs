@@ -6,15 +6,17 @@
 //! vLLM's queue then took to drain, p99 time to success against the clairvoyant bound, the
 //! engine's places left idle while clients waited.
 //!
-//! Usage: `llm-gateway-bench [SECONDS] [OVERLOAD] [TOKENS] [ONLY]` (defaults 15 1.7 256; ONLY:
-//! the runs whose service name holds it, e.g. `haproxy`; run as root after `./dev setup`, with
-//! the agent built: `cargo build --release -p retry-after-agent`). Each run's readings, a
-//! second a line, follow the table.
+//! Usage: `llm-gateway-bench [SECONDS] [OVERLOAD] [TOKENS] [ONLY] [BEFORE]` (defaults 15 1.7
+//! 256; ONLY: the runs whose service name holds it, e.g. `haproxy`, `''` for all; run as root
+//! after `./dev setup`, with the agent built: `cargo build --release -p retry-after-agent`).
+//! BEFORE: an agent built from before the framing walk (commit 148e714's parent), whose
+//! responses end at the quiet turn: the same runs again with it, one engine for both series.
+//! Each run's readings, a second a line, follow the tables.
 
 use retry_after_testkit::{
     engine::Vllm,
     engine_load, free_port,
-    gateway::{self, ANSWERS, Layout, Load, Proxy},
+    gateway::{self, ANSWERS, AgentBuild, Layout, Load, Proxy},
     require_root,
 };
 
@@ -30,6 +32,8 @@ fn main() {
     };
     let (seconds, overload, tokens) = (next(15.0) as u32, next(1.7), next(256.0) as u32);
     let only = args.next().unwrap_or_default();
+    let mut builds = vec![AgentBuild::Current];
+    builds.extend(args.next().map(|path| AgentBuild::QuietTurn(path.into())));
     let engine = Vllm::start(free_port(), BATCH);
     let capacity = engine_load::capacity(&engine, BATCH, tokens);
     println!(
@@ -53,9 +57,15 @@ fn main() {
         })
         .filter(|layout| layout.service().contains(&only))
         .collect();
-    let series = gateway::series(&engine, &layouts, &load);
-    for figures in &series {
-        println!("\n{}", figures.readings());
-        figures.check_counts();
+    let series: Vec<_> = builds
+        .iter()
+        .map(|build| gateway::series(&engine, &layouts, &load, build))
+        .collect();
+    for (build, series) in builds.iter().zip(&series) {
+        println!("\n{}", build.name());
+        for figures in series {
+            println!("\n{}", figures.readings());
+            figures.check_counts();
+        }
     }
 }

@@ -42,7 +42,7 @@ pub(crate) fn the_sdk_streaming_through_proxies_comes_back_when_the_engine_has_r
         answer: Answer::Policy("kept_returns"),
         seed: 61,
     });
-    for figures in gateway::series(engine, &layouts, &load) {
+    for figures in gateway::series(engine, &layouts, &load, &gateway::AgentBuild::Current) {
         figures.check_counts();
         let line = figures.row(batch);
         assert!(figures.rejected_clients >= 10, "the load overloads: {line}");
