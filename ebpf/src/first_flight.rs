@@ -9,10 +9,9 @@ use retry_after_common::{ConnState, ProbeStat, Protocol, h2::Detected, tls::Send
 
 use crate::{
     counters,
+    h2_walk::{H2_LOOP, H2_OFF, cut, walk_taking_steps},
     maps::{PROBE_STATS, live_counters},
-    parking,
-    segments::{H2_LOOP, H2_OFF, cut, walk_taking_steps},
-    steps,
+    parking, steps,
 };
 
 /// Make `conn` (not stored yet), whose socket's cookie is `cookie`, HTTP/2 from the preface

@@ -21,14 +21,13 @@ use retry_after_common::{ConnState, ProbeStat, Protocol, Side, WatchValue, turn:
 use crate::{
     addresses::{Addresses, addresses, endpoint_of},
     counters, first_flight,
+    h2_walk::{H2_LOOP, H2_OFF, H2_STEPS},
     maps::{
         EARLY_FIRST_FLIGHT, EARLY_NOT_A_REQUEST, EARLY_PAYLOADS, HandshakePeer,
         MADE_AT_ESTABLISHED, PROBE_STATS, Stored, forget, live_counters, matching_watch, store,
         tracked,
     },
-    parking,
-    segments::{H2_LOOP, H2_OFF, H2_STEPS},
-    streams, walk_lock,
+    parking, streams, walk_lock,
 };
 
 /// Connection establishment and close.

@@ -44,6 +44,7 @@ mod counters;
 mod exchange;
 mod features;
 mod first_flight;
+mod h2_walk;
 mod http1;
 mod lifecycle;
 mod maps;

@@ -323,7 +323,46 @@ fn check(
 }
 
 impl ScenarioFile {
+    /// The scenario this file describes, or the first field out of range, named with its
+    /// value.
     fn validate(self) -> Result<Scenario, String> {
+        self.check_fields()?;
+        let replicas = self.replicas()?;
+        let capacity: f64 = replicas
+            .iter()
+            .filter(|r| r.present)
+            .map(Replica::capacity)
+            .sum();
+        check(
+            capacity > 0.0,
+            "replicas",
+            "none present at the start",
+            "at least one present",
+        )?;
+        let phases = self.phases(capacity)?;
+        let events = self.events(&replicas, phases.iter().map(|p| p.seconds).sum())?;
+        let clients = self.clients()?;
+        Ok(Scenario {
+            name: self.name,
+            title: self.title,
+            replicas,
+            proxies: self.proxies,
+            front: match self.front {
+                FrontFile::Random => Front::Random,
+                FrontFile::KeyHash => Front::KeyHash,
+            },
+            max_queued_requests: self.max_queued_requests,
+            phases,
+            events,
+            clients,
+            attempts: self.attempts,
+            agent_tick: Duration::from_millis(self.agent_tick_ms),
+            report_every: Duration::from_millis(self.report_every_ms),
+        })
+    }
+
+    /// The fields checked on their own: the name, the counts, the ticks and the warm-up.
+    fn check_fields(&self) -> Result<(), String> {
         check(
             !self.name.is_empty()
                 && self
@@ -376,38 +415,7 @@ impl ScenarioFile {
             self.warm_up_rate,
             "0 to 100 (× capacity)",
         )?;
-        let replicas = self.replicas()?;
-        let capacity: f64 = replicas
-            .iter()
-            .filter(|r| r.present)
-            .map(Replica::capacity)
-            .sum();
-        check(
-            capacity > 0.0,
-            "replicas",
-            "none present at the start",
-            "at least one present",
-        )?;
-        let phases = self.phases(capacity)?;
-        let events = self.events(&replicas, phases.iter().map(|p| p.seconds).sum())?;
-        let clients = self.clients()?;
-        Ok(Scenario {
-            name: self.name,
-            title: self.title,
-            replicas,
-            proxies: self.proxies,
-            front: match self.front {
-                FrontFile::Random => Front::Random,
-                FrontFile::KeyHash => Front::KeyHash,
-            },
-            max_queued_requests: self.max_queued_requests,
-            phases,
-            events,
-            clients,
-            attempts: self.attempts,
-            agent_tick: Duration::from_millis(self.agent_tick_ms),
-            report_every: Duration::from_millis(self.report_every_ms),
-        })
+        Ok(())
     }
 
     fn replicas(&self) -> Result<Vec<Replica>, String> {

@@ -456,14 +456,7 @@ impl<'a> Sim<'a> {
             None => self.retry_after(p, queue_depth, backoff_streak),
             Some(_) => None,
         };
-        // The wait the request allows, where the proxy reads it.
-        let deadline = match self.policy {
-            Policy::KeptReturns(_, _, Deadlines::Honoured) => {
-                let client = &self.clients[c];
-                client.behaviour.deadline_left(self.now - client.arrival)
-            }
-            _ => None,
-        };
+        let deadline = self.deadline_left(c);
         let place = give_place(
             &mut self.proxies[p].book,
             key,
@@ -484,24 +477,39 @@ impl<'a> Sim<'a> {
         let seconds = match place {
             Placement::BeyondDeadline(place) => Some(place.seconds),
             Placement::Kept(place) => {
-                match by {
-                    KeptBy::Key => {}
-                    KeptBy::Cookie => {
-                        let cookie = ReturnCookie {
-                            due: place.due,
-                            nonce: key.0,
-                        };
-                        self.clients[c].cookie = Some(cookie.write(&self.hasher, SERVICE));
-                    }
-                    // Replicated to every proxy (a peers' stick table): the latest place wins.
-                    KeptBy::SharedKey => self.clients[c].shared_due = Some(place.due),
-                }
+                self.remember_place(c, by, key, place.due);
                 Some(place.seconds)
             }
             Placement::HintAlone => hint,
         };
         let beyond = matches!(place, Placement::BeyondDeadline(_));
         self.reject_with(c, index, p, retry, seconds, beyond);
+    }
+
+    /// The wait client `c`'s request allows, where the proxy reads it (kept returns that honour
+    /// deadlines): `None` for none.
+    fn deadline_left(&self, c: usize) -> Option<u64> {
+        match self.policy {
+            Policy::KeptReturns(_, _, Deadlines::Honoured) => {
+                let client = &self.clients[c];
+                client.behaviour.deadline_left(self.now - client.arrival)
+            }
+            _ => None,
+        }
+    }
+
+    /// What client `c` carries back to its place due at `due`, kept under `key`: nothing more
+    /// for its own key, a return cookie, or the place replicated to every proxy.
+    fn remember_place(&mut self, c: usize, by: KeptBy, key: TicketKey, due: u64) {
+        match by {
+            KeptBy::Key => {}
+            KeptBy::Cookie => {
+                let cookie = ReturnCookie { due, nonce: key.0 };
+                self.clients[c].cookie = Some(cookie.write(&self.hasher, SERVICE));
+            }
+            // Replicated to every proxy (a peers' stick table): the latest place wins.
+            KeptBy::SharedKey => self.clients[c].shared_due = Some(due),
+        }
     }
 
     /// Client `c`'s key: what its requests carry (a header's value), as the book keeps it.

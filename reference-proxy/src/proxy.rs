@@ -41,7 +41,7 @@ use retry_after_policy::{
 };
 
 use crate::{
-    kept::{Keeping, KeyFrom},
+    kept::{Keeping, KeyFrom, Returning},
     router::{Arrival, Fleet, KeptArrival, RetryBacklog, Router, Wake},
 };
 
@@ -377,27 +377,11 @@ fn arrive_kept(
     waiter: oneshot::Sender<usize>,
 ) -> Option<Response<Body>> {
     let service = &state.config.service;
-    let header = match &keeping.key_from {
-        KeyFrom::Header(name) => headers.get(name.as_str()).map(|v| v.as_bytes()),
-        KeyFrom::Cookie(_) => None,
-    };
-    let cookie = headers
-        .get(hyper::header::COOKIE)
-        .and_then(|v| v.to_str().ok());
-    let returning = keeping.returning(service, header, cookie);
-    let source_header = keeping
-        .source_header
-        .as_ref()
-        .and_then(|name| headers.get(name.as_str()))
-        .map(|v| v.as_bytes());
-    let source = keeping.source(source_header, peer);
-    let deadline = keeping.deadline(
-        keeping
-            .deadline_header
-            .as_ref()
-            .and_then(|name| headers.get(name.as_str()))
-            .map(|v| v.as_bytes()),
-    );
+    let KeptRequest {
+        returning,
+        source,
+        deadline,
+    } = kept_request(keeping, service, headers, peer);
     let (drain_rate, clamp) = state
         .subscription
         .drain_and_clamp()
@@ -459,26 +443,75 @@ fn arrive_kept(
     );
     report_tickets(state, &mut routing);
     drop(routing);
+    Some(answer_place(
+        state,
+        keeping,
+        place,
+        (depth, streak),
+        key,
+        now,
+    ))
+}
+
+/// What a request says to the kept-returns book: the place it may return to, the source it
+/// comes from, and how long it may wait.
+struct KeptRequest {
+    returning: Option<Returning>,
+    source: Option<TicketKey>,
+    deadline: Option<u64>,
+}
+
+/// Read [`KeptRequest`] from a request's `headers` and its connection's `peer`, as `keeping`
+/// says where each is found.
+fn kept_request(
+    keeping: &Keeping,
+    service: &str,
+    headers: &hyper::HeaderMap,
+    peer: IpAddr,
+) -> KeptRequest {
+    let named = |name: Option<&String>| {
+        name.and_then(|n| headers.get(n.as_str()))
+            .map(|v| v.as_bytes())
+    };
+    let header = match &keeping.key_from {
+        KeyFrom::Header(name) => named(Some(name)),
+        KeyFrom::Cookie(_) => None,
+    };
+    let cookie = headers
+        .get(hyper::header::COOKIE)
+        .and_then(|v| v.to_str().ok());
+    KeptRequest {
+        returning: keeping.returning(service, header, cookie),
+        source: keeping.source(named(keeping.source_header.as_ref()), peer),
+        deadline: keeping.deadline(named(keeping.deadline_header.as_ref())),
+    }
+}
+
+/// The rejection that tells a client of `key`, rejected at `(depth, streak)` at `now`, where
+/// `place` put it: its kept place (with a return cookie for cookie keys), the place beyond its
+/// deadline with `x-should-retry: false`, or the hint alone.
+fn answer_place(
+    state: &State,
+    keeping: &Keeping,
+    place: Placement,
+    (depth, streak): (usize, u32),
+    key: TicketKey,
+    now: Duration,
+) -> Response<Body> {
     let place = match place {
         Placement::Kept(place) => place,
-        Placement::HintAlone => return Some(reject(state, depth, streak)),
+        Placement::HintAlone => return reject(state, depth, streak),
         Placement::BeyondDeadline(place) => {
             let mut response = rejection(state, depth, streak, kept_answer(place.seconds), None);
             response.headers_mut().insert(
                 "x-should-retry",
                 hyper::header::HeaderValue::from_static("false"),
             );
-            return Some(response);
+            return response;
         }
     };
-    let cookie = keeping.set_cookie(service, &place, key.0, now.as_secs());
-    Some(rejection(
-        state,
-        depth,
-        streak,
-        kept_answer(place.seconds),
-        cookie,
-    ))
+    let cookie = keeping.set_cookie(&state.config.service, &place, key.0, now.as_secs());
+    rejection(state, depth, streak, kept_answer(place.seconds), cookie)
 }
 
 /// The answer that tells a client its kept place, `seconds` away: a place is a whole second,
