@@ -355,9 +355,9 @@ impl ResponseFraming {
         begins_with_status: impl FnOnce() -> bool,
     ) -> bool {
         let gaps = self.gaps;
-        if self.flags.get() & FRAMED == 0 || !crate::turn::seq_after(seq, self.next_seq) {
+        if self.flags.get() & FRAMED == 0 || !crate::seq_after(seq, self.next_seq) {
             // The gap's bytes came: the walk goes on from them.
-            if gaps & GAP_WAITING != 0 && crate::turn::seq_after(end, self.next_seq) {
+            if gaps & GAP_WAITING != 0 && crate::seq_after(end, self.next_seq) {
                 self.gaps = gaps & !GAP_WAITING | GAP_WAITED;
                 self.held = 0;
             }

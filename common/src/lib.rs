@@ -15,6 +15,12 @@ mod vocabulary;
 
 use core::ptr::{read_volatile, write_volatile};
 
+/// True if sequence number `a` is after `b`, modulo 2^32 (RFC 793 comparison).
+#[inline(always)]
+pub const fn seq_after(a: u32, b: u32) -> bool {
+    (a.wrapping_sub(b) as i32) > 0
+}
+
 /// The bit flags of a walk over one direction's bytes (TLS records, HTTP/2 frames), read and
 /// written in memory every time: kept in a register across a walk's loop, each combination of
 /// known bits would be a separate state for the eBPF verifier, and the loop would exceed its
@@ -59,10 +65,10 @@ impl WalkFlags {
         begins_with_header: impl FnOnce() -> bool,
     ) -> Resume {
         if self.get() & framed != 0 {
-            if !turn::seq_after(end, next_seq) {
+            if !seq_after(end, next_seq) {
                 return Resume::Walked;
             }
-            if !turn::seq_after(seq, next_seq) {
+            if !seq_after(seq, next_seq) {
                 return Resume::At(next_seq.wrapping_sub(seq));
             }
             self.clear(framed);

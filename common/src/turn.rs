@@ -48,7 +48,7 @@
 
 use core::ptr::{read_volatile, write_volatile};
 
-use crate::http1;
+use crate::{http1, seq_after};
 
 /// No request is open.
 pub const PHASE_IDLE: u8 = 0;
@@ -241,12 +241,6 @@ impl ResponseStart {
             _ => Self::Other,
         }
     }
-}
-
-/// True if sequence number `a` is after `b`, modulo 2^32 (RFC 793 comparison).
-#[inline(always)]
-pub const fn seq_after(a: u32, b: u32) -> bool {
-    (a.wrapping_sub(b) as i32) > 0
 }
 
 impl Turn {

@@ -22,8 +22,8 @@ use aya_ebpf::{
 use retry_after_common::{
     ConnState, Payload, ProbeStat,
     h2::{PARKED_BYTES, PARKED_PER_CONNECTION, ParkKey, Parked, ParkedBytes, ParkedPlaces},
+    seq_after,
     tls::Sender,
-    turn::seq_after,
 };
 
 use crate::{counters, maps::PROBE_STATS, packet::Segment};

@@ -546,7 +546,7 @@ impl FrameStream {
     /// programs can (see [`Parked`]) and walked once the gap fills.
     #[inline(always)]
     pub fn is_ahead(&self, seq: u32) -> bool {
-        self.is_framed() && crate::turn::seq_after(seq, self.next_seq)
+        self.is_framed() && crate::seq_after(seq, self.next_seq)
     }
 
     /// The sequence number just past the bytes walked so far, if the walk knows its place.
@@ -924,12 +924,11 @@ impl Hole {
     fn enter(&mut self, walk: &mut FrameStream, (seq, len): (u32, u32), sender: Sender) {
         let ours = self.sender == sender as u8;
         let at = self.place.next_seq;
-        let holds_place =
-            !crate::turn::seq_after(seq, at) && crate::turn::seq_after(seq.wrapping_add(len), at);
+        let holds_place = !crate::seq_after(seq, at) && crate::seq_after(seq.wrapping_add(len), at);
         if self.state == HOLE_OPEN && ours && holds_place {
             core::mem::swap(&mut self.place, walk);
             self.state = HOLE_FILLING;
-        } else if walk.is_framed() && crate::turn::seq_after(seq, walk.next_seq) {
+        } else if walk.is_framed() && crate::seq_after(seq, walk.next_seq) {
             *self = Self {
                 place: *walk,
                 end: seq,
@@ -960,7 +959,7 @@ impl Hole {
             return;
         }
         core::mem::swap(&mut self.place, walk);
-        let filled = !crate::turn::seq_after(self.end, self.place.next_seq);
+        let filled = !crate::seq_after(self.end, self.place.next_seq);
         let at_end = self.place.next_seq == self.end;
         if !self.place.is_framed() || (at_end && !self.place.between_frames()) {
             seen.unframed = true;
