@@ -15,6 +15,7 @@
 //! can beat; [`figures`] turns a run into the figures; [`report`] writes the tables, the
 //! charts and `results.json`.
 
+pub mod bench;
 pub mod bound;
 pub mod figures;
 pub mod load;

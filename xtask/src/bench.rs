@@ -10,7 +10,8 @@ use crate::setup::Env;
 /// Which benchmarks to run, and the data-path benchmark's options.
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
-    /// `datapath` (the kernel programs' cost under wrk load), `estimate` (one estimate call),
+    /// `datapath` (the kernel programs' cost under wrk load), `loss` (the throughput nginx and
+    /// HAProxy lose to the agent, flat out, and the program time against the floor), `estimate` (one estimate call),
     /// `socket` (query round trip and the client library's reject path), `sim` (the
     /// evaluation's simulator: CPU seconds per simulated second), or all by default.
     which: Option<String>,
@@ -26,6 +27,10 @@ pub struct BenchArgs {
     /// Data path: rounds of the in-kernel cost measurement (not watching, then watching).
     #[arg(long, default_value_t = 5)]
     kernel_rounds: u64,
+    /// Loss: rounds, each measuring every cell without the agent and with it (`--seconds`
+    /// each).
+    #[arg(long, default_value_t = 5)]
+    loss_rounds: u64,
 }
 
 /// Build and run the chosen benchmarks.
@@ -33,9 +38,9 @@ pub fn bench(root: &Path, env: &Env, args: &BenchArgs) -> Result<()> {
     let which = args.which.as_deref();
     if !matches!(
         which,
-        None | Some("datapath" | "estimate" | "socket" | "sim")
+        None | Some("datapath" | "loss" | "estimate" | "socket" | "sim")
     ) {
-        anyhow::bail!("unknown benchmark {which:?}: datapath, estimate, socket or sim");
+        anyhow::bail!("unknown benchmark {which:?}: datapath, loss, estimate, socket or sim");
     }
     if matches!(which, None | Some("estimate")) {
         let mut command = env.cargo(root);
@@ -48,8 +53,8 @@ pub fn bench(root: &Path, env: &Env, args: &BenchArgs) -> Result<()> {
         ]);
         crate::run(command)?;
     }
-    // The other three (`sim-bench`, `socket-bench`, `datapath-bench`) are binaries of the
-    // evaluation crate.
+    // The others (`sim-bench`, `socket-bench`, `datapath-bench`, `loss-bench`) are binaries of
+    // the evaluation crate.
     let bench_bin = |bin: &str| {
         let mut command = env.cargo(root);
         command.args(["run", "--release", "--package", "retry-after-eval"]);
@@ -73,6 +78,11 @@ pub fn bench(root: &Path, env: &Env, args: &BenchArgs) -> Result<()> {
             ]
             .map(|n| n.to_string()),
         );
+        crate::run(command)?;
+    }
+    if matches!(which, None | Some("loss")) {
+        let mut command = bench_bin("loss-bench");
+        command.args([args.loss_rounds, args.seconds].map(|n| n.to_string()));
         crate::run(command)?;
     }
     Ok(())

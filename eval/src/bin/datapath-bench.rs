@@ -12,11 +12,12 @@
 //! Usage: `datapath-bench [ROUNDS] [SECONDS] [CONNECTIONS] [KERNEL_ROUNDS]`   (defaults 10 5 16 5;
 //! run as root; ROUNDS 0 skips the throughput table)
 
-use std::{process::Command, time::Duration};
+use std::time::Duration;
 
 use retry_after_agent::kernel::{Floor, ProbeOptions, ProgramRunStats, find_cgroup2_root};
 use retry_after_common::Side;
 use retry_after_estimator::endpoint::Endpoint;
+use retry_after_eval::bench::{self, median, pin_to_cpu};
 use retry_after_testkit::{
     AttachedProbe, TestCgroup, free_port,
     http::{HttpServer, ServerOptions},
@@ -532,84 +533,32 @@ fn watched_request_over_floor(watch: &Measured, floor: &Measured) -> f64 {
 
 /// A figure's median and spread (lowest to highest), with `digits` decimals.
 fn summary(digits: usize, name: &str, values: &[f64]) -> String {
-    let low = values.iter().copied().fold(f64::INFINITY, f64::min);
-    let high = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let (low, high) = bench::spread(values);
     format!(
         "| {name} | {:.digits$} | {low:.digits$} to {high:.digits$} |",
         median(values.to_vec())
     )
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
-}
-
-fn pin_to_cpu(cpu: usize) {
-    // SAFETY: cpu_set_t is plain data; sched_setaffinity reads it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        assert_eq!(
-            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
-            0,
-            "sched_setaffinity"
-        );
-    }
-}
-
 /// Requests per second that wrk reports for one run (wrk runs on CPU 1).
 fn wrk(url: &str, seconds: u64, connections: u64) -> f64 {
-    wrk_with(url, seconds, connections, &[])
+    bench::wrk(url, seconds, connections as u32, &[]).rps
 }
 
 /// [`wrk`] with `Connection: close` on every request: a new connection per request.
 fn wrk_closing(url: &str, seconds: u64, connections: u64) -> f64 {
-    wrk_with(url, seconds, connections, &["-H", "Connection: close"])
+    bench::wrk(
+        url,
+        seconds,
+        connections as u32,
+        &["-H", "Connection: close"],
+    )
+    .rps
 }
 
 /// h2load for `seconds` s on CPU 1 (one thread, `connections` connections, 8 streams at once
 /// on each): requests per second, and requests done.
 fn h2load_for(url: &str, seconds: u64, connections: u64) -> (f64, f64) {
-    let out = Command::new("taskset")
-        .args(["-c", "1", "h2load", "-t1", "-m8"])
-        .args(["-c", &connections.to_string(), "-D", &seconds.to_string()])
-        .arg(url)
-        .output()
-        .expect("run h2load (./dev setup installs it)");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "h2load failed: {text}");
-    let done = text
-        .lines()
-        .find_map(|l| l.strip_prefix("requests: "))
-        .and_then(|rest| rest.split(", ").find_map(|part| part.strip_suffix(" done")))
-        .and_then(|n| n.parse::<f64>().ok())
-        .unwrap_or_else(|| panic!("no requests done in h2load output:\n{text}"));
-    (done / seconds as f64, done)
-}
-
-fn wrk_with(url: &str, seconds: u64, connections: u64, extra: &[&str]) -> f64 {
-    let out = Command::new("taskset")
-        .args([
-            "-c",
-            "1",
-            "wrk",
-            "-t1",
-            &format!("-c{connections}"),
-            &format!("-d{seconds}s"),
-        ])
-        .args(extra)
-        .arg(url)
-        .output()
-        .expect("run wrk (./dev setup installs it)");
-    assert!(
-        out.status.success(),
-        "wrk failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
-    text.lines()
-        .find_map(|line| line.strip_prefix("Requests/sec:"))
-        .and_then(|value| value.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no Requests/sec in wrk output:\n{text}"))
+    let done = bench::h2load(url, seconds, connections as u32, 8);
+    (done.rps, done.requests)
 }
