@@ -42,7 +42,7 @@ use retry_after_estimator::{
 
 pub use cgroup::{CgroupScope, attach_dirs, cgroup_scope, find_cgroup2_root};
 pub use features::{FeatureState, KernelFeature, KernelFeatures};
-pub use floor::Floor;
+pub use floor::{FLOOR_PROGRAM_NAMES, Floor};
 pub use listeners::{ListenerBacklog, listener_backlogs};
 pub use owners::{Held, SocketOwner, TcpSocket, owner_cgroups, socket_owners, tcp_sockets};
 pub use streams::Http2Options;

@@ -22,7 +22,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use retry_after_agent::kernel::{Floor, find_cgroup2_root};
+use retry_after_agent::kernel::{FLOOR_PROGRAM_NAMES, Floor, find_cgroup2_root};
 use retry_after_eval::bench::{Done, h2load, median, pin_to_cpu, spread, wrk};
 use retry_after_testkit::{
     AGENT_TICK_MS, AgentProcess, Launch, TestCgroup, endpoint_total, free_port,
@@ -117,11 +117,16 @@ impl Setup {
             Self::None => "no agent".to_owned(),
             Self::Agent { binary, both_ends } => format!(
                 "{}, {}",
-                if binary.is_some() { "before" } else { "agent" },
+                build_name(binary),
                 if *both_ends { "both ends" } else { "one end" }
             ),
         }
     }
+}
+
+/// A build of the agent in the tables: this one (`None`), or the earlier one given.
+fn build_name(binary: &Option<PathBuf>) -> &'static str {
+    if binary.is_some() { "before" } else { "agent" }
 }
 
 /// The servers of every cell, running while the bench lasts, in one cgroup.
@@ -382,12 +387,9 @@ fn print_loss(cells: &[Cell], setups: &[Setup], measured: &Measured, rounds: usi
 fn print_program_time(servers: &Servers, builds: &[Option<PathBuf>], rounds: usize, seconds: u64) {
     let _stats =
         aya::sys::enable_stats(aya::sys::Stats::RunTime).expect("enable BPF run-time stats");
-    let names: Vec<&str> = builds
+    let head: Vec<String> = builds
         .iter()
-        .map(|b| if b.is_some() { "before" } else { "agent" })
-        .collect();
-    let head: Vec<String> = names
-        .iter()
+        .map(build_name)
         .map(|n| format!("{n} ns per request | {n} / floor (spread) | {n} runs per request"))
         .collect();
     println!(
@@ -429,7 +431,6 @@ fn program_rounds(
     seconds: u64,
 ) -> Vec<Vec<(f64, f64)>> {
     let setups = builds.len() + 1;
-    let agents = |name: &str| name.starts_with("ra_") && !name.starts_with("ra_floor");
     (0..rounds)
         .map(|round| {
             let mut row = vec![(0.0, 0.0); setups];
@@ -437,11 +438,16 @@ fn program_rounds(
                 let s = (step + round) % setups;
                 row[s] = if s == 0 {
                     let root = find_cgroup2_root().expect("a cgroup v2 hierarchy");
-                    let _floor = Floor::attach(&root).expect("attach the floor programs");
-                    program_time(cell, seconds, |name| name.starts_with("ra_floor"))
+                    let floor = Floor::attach(&root).expect("attach the floor programs");
+                    program_time(cell, seconds, || {
+                        let stats = floor.program_run_stats();
+                        stats.iter().fold((0, 0), |(t, n), s| {
+                            (t + s.run_time.as_nanos(), n + s.run_count)
+                        })
+                    })
                 } else {
                     let _agent = servers.agent(builds[s - 1].clone(), true);
-                    program_time(cell, seconds, agents)
+                    program_time(cell, seconds, agent_run_stats)
                 };
             }
             row
@@ -449,17 +455,23 @@ fn program_rounds(
         .collect()
 }
 
-/// Run `cell`'s load and read the loaded programs whose names `ours` picks: their run time
-/// per request completed (ns), and their runs per request.
-fn program_time(cell: &Cell, seconds: u64, ours: impl Fn(&str) -> bool) -> (f64, f64) {
-    let read = || {
-        aya::programs::loaded_programs()
-            .filter_map(Result::ok)
-            .filter(|p| p.name_as_str().is_some_and(&ours))
-            .fold((0u128, 0u64), |(t, n), p| {
-                (t + p.run_time().as_nanos(), n + p.run_count())
-            })
-    };
+/// The run time (ns) and runs, summed, of the loaded programs the agent's process holds: ours
+/// by their prefix, the floor's left out.
+fn agent_run_stats() -> (u128, u64) {
+    aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .filter(|p| {
+            p.name_as_str()
+                .is_some_and(|n| n.starts_with("ra_") && !FLOOR_PROGRAM_NAMES.contains(&n))
+        })
+        .fold((0, 0), |(t, n), p| {
+            (t + p.run_time().as_nanos(), n + p.run_count())
+        })
+}
+
+/// Run `cell`'s load, reading the programs' summed run time (ns) and runs by `read` before
+/// and after: their run time per request completed, and their runs per request.
+fn program_time(cell: &Cell, seconds: u64, read: impl Fn() -> (u128, u64)) -> (f64, f64) {
     let (t0, n0) = read();
     let requests = cell.load(seconds).requests;
     let (t1, n1) = read();
